@@ -1,0 +1,123 @@
+//! What a run reports while it runs: node paths and the event stream.
+
+use std::fmt;
+use std::sync::Arc;
+
+use serde::{Deserialize, Serialize};
+
+use crate::ids::{NodeId, RunId, ThreadId};
+use crate::value::Value;
+
+/// One step of a [`NodePath`].
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+pub enum Frame {
+    /// A node of the workflow (or of a body sub-graph).
+    Node(NodeId),
+    /// An iteration of the enclosing loop node, from 0.
+    Iteration(u32),
+    /// An item of the enclosing parallel node, by input index.
+    Item(u32),
+}
+
+/// Where something happens in a run, through nested frames:
+/// `loop_1/#3/parallel_2/@7/ask_user` reads "node `ask_user` in item 7 of `parallel_2` in
+/// iteration 3 of `loop_1`". Positions are always named by path, never by list position.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord, Default, Serialize, Deserialize)]
+pub struct NodePath(Vec<Frame>);
+
+impl NodePath {
+    /// The path of a top-level node.
+    pub fn node(node: NodeId) -> Self {
+        Self(vec![Frame::Node(node)])
+    }
+
+    /// This path extended by a frame.
+    pub fn child(&self, frame: Frame) -> Self {
+        let mut frames = Vec::with_capacity(self.0.len() + 1);
+        frames.extend_from_slice(&self.0);
+        frames.push(frame);
+        Self(frames)
+    }
+
+    /// The frames, outermost first.
+    pub fn frames(&self) -> &[Frame] {
+        &self.0
+    }
+
+    /// The innermost node of the path.
+    pub fn leaf(&self) -> Option<&NodeId> {
+        self.0.iter().rev().find_map(|f| match f {
+            Frame::Node(n) => Some(n),
+            _ => None,
+        })
+    }
+}
+
+impl fmt::Display for NodePath {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        for (i, frame) in self.0.iter().enumerate() {
+            if i > 0 {
+                f.write_str("/")?;
+            }
+            match frame {
+                Frame::Node(n) => f.write_str(n.as_str())?,
+                Frame::Iteration(i) => write!(f, "#{i}")?,
+                Frame::Item(i) => write!(f, "@{i}")?,
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Something that happened in a run. Every node event carries the node's path.
+#[derive(Debug, Clone, PartialEq)]
+#[non_exhaustive]
+pub enum RunEvent {
+    /// The run's supervisor is up and its entry node is about to start.
+    RunStarted {
+        /// The run.
+        run_id: RunId,
+        /// Its thread.
+        thread: ThreadId,
+    },
+    /// A node's handler started.
+    NodeStarted {
+        /// Where.
+        path: NodePath,
+        /// The node's kind.
+        kind: Arc<str>,
+    },
+    /// A node streamed a piece of output.
+    NodeChunk {
+        /// Where.
+        path: NodePath,
+        /// The piece.
+        text: Arc<str>,
+    },
+    /// A node finished with an output.
+    NodeFinished {
+        /// Where.
+        path: NodePath,
+        /// Its output.
+        output: Arc<Value>,
+    },
+    /// A node will not run: no active branch leads to it.
+    NodeSkipped {
+        /// Where.
+        path: NodePath,
+    },
+    /// A node failed.
+    NodeFailed {
+        /// Where.
+        path: NodePath,
+        /// Why.
+        error: String,
+    },
+    /// The run ended; [`RunHandle::wait`](crate::RunHandle::wait) has the outcome.
+    RunFinished {
+        /// The run.
+        run_id: RunId,
+        /// `succeeded`, `failed`, `stopped`, ...
+        status: crate::store::RunStatus,
+    },
+}

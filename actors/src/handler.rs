@@ -1,0 +1,307 @@
+//! The node handler contract: what the host implements for its own node kinds, and the
+//! context the engine hands to every running node.
+//!
+//! A handler gets its parameters already resolved (references replaced by values) and a
+//! [`NodeContext`]. The context says when a stop is requested (a flag and a future), streams
+//! chunks (kept as the node's partial output, so a stop never loses them) and appends history
+//! messages. The handler returns a [`NodeOutput`] or a typed [`NodeError`].
+
+use std::fmt;
+use std::sync::{Arc, Mutex, MutexGuard};
+
+use async_trait::async_trait;
+use tokio::sync::broadcast;
+use tokio_util::sync::CancellationToken;
+
+use crate::event::{NodePath, RunEvent};
+use crate::ids::{NodeId, RunId, ThreadId};
+use crate::message::Message;
+use crate::scheduler::Route;
+use crate::schema::ParamSchema;
+use crate::value::{Map, Value};
+
+/// The logic of a node kind. Registered by kind name on the runtime builder.
+///
+/// Contract:
+/// - `run` may be aborted at any `.await` when a stop is forced; everything it streamed with
+///   [`NodeContext::emit`] and appended with [`NodeContext::append_message`] before that is kept.
+/// - On a graceful stop, [`NodeContext::stop_requested`] turns true and
+///   [`NodeContext::stopped`] resolves; the handler may finish its work or return early with
+///   [`NodeError::Stopped`]. `emit` refuses chunks once a stop is requested.
+/// - A panic in `run` fails the run with the node id and the panic message.
+#[async_trait]
+pub trait NodeHandler: Send + Sync + 'static {
+    /// The parameters this kind accepts, checked when a workflow is validated.
+    /// The default accepts any object.
+    fn params(&self) -> ParamSchema {
+        ParamSchema::any()
+    }
+
+    /// The branch labels this kind may activate on its outgoing edges, given its raw
+    /// parameters. `None` (the default) means any label is allowed.
+    fn branches(&self, params: &serde_json::Value) -> Option<Vec<String>> {
+        let _ = params;
+        None
+    }
+
+    /// Runs the node.
+    async fn run(&self, input: Value, ctx: NodeContext) -> Result<NodeOutput, NodeError>;
+}
+
+/// What a node produced.
+#[derive(Debug, Clone, PartialEq)]
+pub struct NodeOutput {
+    /// The output value, referenced downstream as `{{node_id.field}}`.
+    pub value: Value,
+    /// Which outgoing edges are active. [`Route::All`] unless the node routes.
+    pub route: Route,
+    /// Workflow variables to assign (`{{env.NAME}}`), applied when the node completes.
+    pub variables: Vec<(String, Value)>,
+}
+
+impl NodeOutput {
+    /// An output that activates every outgoing edge.
+    pub fn new(value: impl Into<Value>) -> Self {
+        Self {
+            value: value.into(),
+            route: Route::All,
+            variables: Vec::new(),
+        }
+    }
+
+    /// Activates only the edges labelled with these branches (unlabelled edges stay active).
+    pub fn with_branches<I, S>(mut self, branches: I) -> Self
+    where
+        I: IntoIterator<Item = S>,
+        S: Into<String>,
+    {
+        self.route = Route::Branches(branches.into_iter().map(Into::into).collect());
+        self
+    }
+
+    /// Assigns a workflow variable when the node completes.
+    pub fn with_variable(mut self, name: impl Into<String>, value: impl Into<Value>) -> Self {
+        self.variables.push((name.into(), value.into()));
+        self
+    }
+}
+
+impl From<Value> for NodeOutput {
+    fn from(value: Value) -> Self {
+        Self::new(value)
+    }
+}
+
+/// Why a node did not produce an output.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+#[non_exhaustive]
+pub enum NodeError {
+    /// The handler failed.
+    #[error("{0}")]
+    Failed(String),
+    /// An input field is missing or has the wrong type.
+    #[error("input `{field}`: {reason}")]
+    InvalidInput {
+        /// The field, as named in `params`.
+        field: String,
+        /// What is wrong with it.
+        reason: String,
+    },
+    /// A reference in the node's parameters could not be resolved.
+    #[error(transparent)]
+    Resolve(#[from] crate::reference::ResolveError),
+    /// The handler gave up because a stop was requested.
+    #[error("stopped before finishing")]
+    Stopped,
+    /// The handler panicked.
+    #[error("handler panicked: {0}")]
+    Panicked(String),
+}
+
+impl NodeError {
+    /// A failure with a message.
+    pub fn failed(message: impl fmt::Display) -> Self {
+        NodeError::Failed(message.to_string())
+    }
+
+    /// An invalid input field.
+    pub fn invalid_input(field: impl Into<String>, reason: impl Into<String>) -> Self {
+        NodeError::InvalidInput {
+            field: field.into(),
+            reason: reason.into(),
+        }
+    }
+}
+
+/// The stop was requested: the chunk was not kept.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+#[error("a stop was requested; the chunk was not kept")]
+pub struct StopRequested;
+
+/// What a running node has produced so far, shared between its handler task and its actor.
+#[derive(Debug, Default)]
+pub(crate) struct NodeBuffer {
+    /// Everything streamed with `emit`, in order.
+    pub(crate) partial: String,
+    /// How many chunks were streamed.
+    pub(crate) chunks: u64,
+    /// Messages appended with `append_message`.
+    pub(crate) messages: Vec<Message>,
+}
+
+/// Everything about a run a node may read.
+#[derive(Debug)]
+pub(crate) struct RunInfo {
+    pub(crate) run_id: RunId,
+    pub(crate) thread: ThreadId,
+    pub(crate) inputs: Arc<Map>,
+    pub(crate) events: broadcast::Sender<RunEvent>,
+}
+
+/// The context of one running node.
+#[derive(Clone)]
+pub struct NodeContext {
+    run: Arc<RunInfo>,
+    node: NodeId,
+    path: NodePath,
+    stop: CancellationToken,
+    buffer: Arc<Mutex<NodeBuffer>>,
+    history: Arc<[Message]>,
+}
+
+impl fmt::Debug for NodeContext {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("NodeContext")
+            .field("run_id", &self.run.run_id)
+            .field("path", &self.path)
+            .field("stop_requested", &self.stop.is_cancelled())
+            .finish_non_exhaustive()
+    }
+}
+
+impl NodeContext {
+    pub(crate) fn new(
+        run: Arc<RunInfo>,
+        node: NodeId,
+        path: NodePath,
+        stop: CancellationToken,
+        history: Arc<[Message]>,
+    ) -> Self {
+        Self {
+            run,
+            node,
+            path,
+            stop,
+            buffer: Arc::default(),
+            history,
+        }
+    }
+
+    /// The run this node belongs to.
+    pub fn run_id(&self) -> RunId {
+        self.run.run_id
+    }
+
+    /// The thread (conversation) of the run.
+    pub fn thread(&self) -> &ThreadId {
+        &self.run.thread
+    }
+
+    /// This node's id.
+    pub fn node_id(&self) -> &NodeId {
+        &self.node
+    }
+
+    /// Where this node runs, through loop iterations and parallel items.
+    pub fn path(&self) -> &NodePath {
+        &self.path
+    }
+
+    /// The run's inputs, as given to `start` (defaults applied).
+    pub fn inputs(&self) -> &Map {
+        &self.run.inputs
+    }
+
+    /// The thread's history as this node sees it: what was persisted before the run, then the
+    /// messages of the nodes that completed before this one started.
+    pub fn history(&self) -> &[Message] {
+        &self.history
+    }
+
+    /// Whether a stop was requested.
+    pub fn stop_requested(&self) -> bool {
+        self.stop.is_cancelled()
+    }
+
+    /// Resolves when a stop is requested (at once if it already was).
+    pub async fn stopped(&self) {
+        self.stop.cancelled().await
+    }
+
+    /// Streams a chunk of output: it is published as an event and kept as the node's partial
+    /// output. Once a stop is requested the chunk is refused and [`StopRequested`] returned;
+    /// a streaming handler should then return.
+    pub fn emit(&self, chunk: impl Into<String>) -> Result<(), StopRequested> {
+        if self.stop.is_cancelled() {
+            return Err(StopRequested);
+        }
+        let chunk: String = chunk.into();
+        {
+            let mut buffer = self.lock();
+            buffer.partial.push_str(&chunk);
+            buffer.chunks += 1;
+        }
+        // No subscriber is fine: events are for whoever listens.
+        let _ = self.run.events.send(RunEvent::NodeChunk {
+            path: self.path.clone(),
+            text: Arc::from(chunk),
+        });
+        Ok(())
+    }
+
+    /// Appends a message to the thread's history. It is persisted with the run's other
+    /// messages when the run finishes, pauses, fails or stops, even if this node is cut short.
+    pub fn append_message(&self, mut message: Message) {
+        message.run_id = Some(self.run.run_id);
+        message.node_id.get_or_insert_with(|| self.node.clone());
+        self.lock().messages.push(message);
+    }
+
+    /// Everything streamed so far.
+    pub fn partial_output(&self) -> String {
+        self.lock().partial.clone()
+    }
+
+    pub(crate) fn buffer(&self) -> &Arc<Mutex<NodeBuffer>> {
+        &self.buffer
+    }
+
+    fn lock(&self) -> MutexGuard<'_, NodeBuffer> {
+        // A handler that panicked while holding the lock left consistent data (plain pushes).
+        self.buffer.lock().unwrap_or_else(|e| e.into_inner())
+    }
+}
+
+/// Reads a required string field from a resolved input.
+pub fn input_str<'a>(input: &'a Value, field: &str) -> Result<&'a str, NodeError> {
+    match input.get(field) {
+        Some(Value::String(s)) => Ok(s),
+        Some(other) => Err(NodeError::invalid_input(
+            field,
+            format!("expected a string, found {}", other.type_name()),
+        )),
+        None => Err(NodeError::invalid_input(field, "is required")),
+    }
+}
+
+/// Reads an optional boolean field from a resolved input.
+pub fn input_bool(input: &Value, field: &str, default: bool) -> Result<bool, NodeError> {
+    match input.get(field) {
+        None | Some(Value::Null) => Ok(default),
+        Some(Value::Bool(b)) => Ok(*b),
+        Some(other) => Err(NodeError::invalid_input(
+            field,
+            format!("expected a boolean, found {}", other.type_name()),
+        )),
+    }
+}

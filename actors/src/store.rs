@@ -1,0 +1,206 @@
+//! Ports: the engine's only ways to the outside world. Checkpoints, run metadata, history and
+//! stop/cancel signals. The engine depends on these traits, never on a database client; the
+//! in-memory implementations in [`memory`] are the embedded default, and the `runvisor` crate
+//! implements them on Redis.
+//!
+//! Every method is fallible with a [`StoreError`]; none may panic on what it reads.
+
+pub mod memory;
+
+use std::fmt;
+
+use async_trait::async_trait;
+use serde::{Deserialize, Serialize};
+
+use crate::ids::{CheckpointId, RunId, ThreadId};
+use crate::message::Message;
+
+/// A store operation that failed.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum StoreError {
+    /// The backing service could not be reached or answered with an error.
+    #[error("store unavailable: {0}")]
+    Unavailable(String),
+    /// The backing service did not answer in time.
+    #[error("store timed out after {0:?}")]
+    Timeout(std::time::Duration),
+    /// A checkpoint write was older than what is stored (a retried or late write).
+    #[error(
+        "stale checkpoint write for run {run}: sequence {sequence} is not newer than stored {stored}"
+    )]
+    StaleSequence {
+        /// The run.
+        run: RunId,
+        /// The sequence of the refused write.
+        sequence: u64,
+        /// The sequence already stored.
+        stored: u64,
+    },
+    /// Stored data could not be read.
+    #[error("corrupt data at {key}: {reason}")]
+    Corrupt {
+        /// What was being read.
+        key: String,
+        /// Why it is unreadable.
+        reason: String,
+    },
+}
+
+/// A snapshot as the checkpoint store sees it: opaque, encoded bytes plus what indexes it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StoredCheckpoint {
+    /// Time-ordered id.
+    pub id: CheckpointId,
+    /// The run that wrote it.
+    pub run: RunId,
+    /// The run's write sequence: strictly increasing per run.
+    pub sequence: u64,
+    /// The encoded snapshot.
+    pub bytes: Vec<u8>,
+}
+
+/// Stores snapshots per thread.
+///
+/// Contract: `put` is atomic (payload and index together) and refuses a sequence that is not
+/// greater than the newest stored for the same run ([`StoreError::StaleSequence`]), so a retry
+/// or a late write never replaces newer state. Ids are time-ordered; `latest` returns the
+/// checkpoint with the greatest id.
+#[async_trait]
+pub trait CheckpointStore: Send + Sync + 'static {
+    /// Writes a checkpoint of a thread.
+    async fn put(&self, thread: &ThreadId, checkpoint: StoredCheckpoint) -> Result<(), StoreError>;
+    /// Reads one checkpoint.
+    async fn get(
+        &self,
+        thread: &ThreadId,
+        id: CheckpointId,
+    ) -> Result<Option<StoredCheckpoint>, StoreError>;
+    /// Reads the newest checkpoint of a thread.
+    async fn latest(&self, thread: &ThreadId) -> Result<Option<StoredCheckpoint>, StoreError>;
+    /// The ids of a thread's checkpoints, oldest first.
+    async fn list(&self, thread: &ThreadId) -> Result<Vec<CheckpointId>, StoreError>;
+    /// Deletes all but the newest `keep` checkpoints of a thread; returns how many went.
+    async fn prune(&self, thread: &ThreadId, keep: usize) -> Result<usize, StoreError>;
+}
+
+/// The status of a run, as recorded in the run store.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum RunStatus {
+    /// Executing.
+    Running,
+    /// Paused at an interactive node, waiting for an answer.
+    AwaitingInput,
+    /// Stopped by a user or a shutdown; resumable.
+    Stopped,
+    /// Finished normally.
+    Succeeded,
+    /// A node failed.
+    Failed,
+    /// Cancelled.
+    Cancelled,
+}
+
+impl RunStatus {
+    /// Whether the run has ended (anything but running).
+    pub fn is_terminal(&self) -> bool {
+        !matches!(self, RunStatus::Running)
+    }
+
+    /// The lower-case name used in records and output.
+    pub fn as_str(&self) -> &'static str {
+        match self {
+            RunStatus::Running => "running",
+            RunStatus::AwaitingInput => "awaiting_input",
+            RunStatus::Stopped => "stopped",
+            RunStatus::Succeeded => "succeeded",
+            RunStatus::Failed => "failed",
+            RunStatus::Cancelled => "cancelled",
+        }
+    }
+}
+
+impl fmt::Display for RunStatus {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// What the run store keeps about a run.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct RunRecord {
+    /// The run.
+    pub run_id: RunId,
+    /// Its thread.
+    pub thread: ThreadId,
+    /// The workflow's id.
+    pub workflow_id: String,
+    /// Current status.
+    pub status: RunStatus,
+    /// The run this one resumed, if any.
+    pub parent_run_id: Option<RunId>,
+    /// The newest checkpoint written for it.
+    pub checkpoint_id: Option<CheckpointId>,
+    /// Milliseconds since the epoch.
+    pub started_at_ms: u64,
+    /// Milliseconds since the epoch, once ended.
+    pub finished_at_ms: Option<u64>,
+    /// Why it failed (node and error), if it did.
+    pub failure_reason: Option<String>,
+    /// Why it stopped, if it did.
+    pub stop_reason: Option<String>,
+    /// Messages that could not be persisted when it ended, with the error.
+    pub unpersisted: Option<String>,
+}
+
+/// Keeps run metadata.
+///
+/// Contract: `put` replaces the record of its run (idempotent); `get` of an unknown run is
+/// `Ok(None)`.
+#[async_trait]
+pub trait RunStore: Send + Sync + 'static {
+    /// Writes a run's record.
+    async fn put(&self, record: &RunRecord) -> Result<(), StoreError>;
+    /// Reads a run's record.
+    async fn get(&self, run: RunId) -> Result<Option<RunRecord>, StoreError>;
+    /// The records of a thread's runs, oldest first.
+    async fn list_thread(&self, thread: &ThreadId) -> Result<Vec<RunRecord>, StoreError>;
+}
+
+/// Keeps each thread's history.
+///
+/// Contract: `append` is idempotent by message id (appending a message already stored does
+/// nothing), so a retried flush or a resumed run never duplicates a message. On error nothing
+/// of the batch may be assumed stored; the caller reports the batch as not persisted.
+#[async_trait]
+pub trait HistoryStore: Send + Sync + 'static {
+    /// Appends messages to a thread, in order.
+    async fn append(&self, thread: &ThreadId, messages: &[Message]) -> Result<(), StoreError>;
+    /// Reads a thread's history, oldest first.
+    async fn load(&self, thread: &ThreadId) -> Result<Vec<Message>, StoreError>;
+}
+
+/// A request to end a run, as set by any process.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Signal {
+    /// Stop gracefully and stay resumable.
+    Stop,
+    /// Cancel.
+    Cancel,
+}
+
+/// Where stop and cancel requests come from.
+///
+/// Contract: `read` looks up many keys in one round trip and answers in key order; a key with
+/// no flag is `None`. An error means "unknown", which callers treat as "not stopping".
+#[async_trait]
+pub trait SignalSource: Send + Sync + 'static {
+    /// Reads the flags of the given keys.
+    async fn read(&self, keys: &[String]) -> Result<Vec<Option<Signal>>, StoreError>;
+    /// Sets a flag.
+    async fn raise(&self, key: &str, signal: Signal) -> Result<(), StoreError>;
+    /// Removes a flag (when its run ends).
+    async fn clear(&self, key: &str) -> Result<(), StoreError>;
+}

@@ -1,0 +1,265 @@
+//! In-memory implementations of the ports: the embedded default. Nothing external is needed;
+//! everything is lost when the process ends.
+//!
+//! Each store can be switched into a failing mode ([`MemoryHistoryStore::fail_appends`] and
+//! friends) so hosts and tests can check what happens when persistence breaks.
+
+use std::collections::{BTreeMap, HashSet};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+
+use async_trait::async_trait;
+use dashmap::DashMap;
+
+use super::{
+    CheckpointStore, HistoryStore, RunRecord, RunStore, Signal, SignalSource, StoreError,
+    StoredCheckpoint,
+};
+use crate::ids::{CheckpointId, MessageId, RunId, ThreadId};
+use crate::message::Message;
+
+/// Checkpoints in memory, per thread, ordered by id.
+#[derive(Debug, Default)]
+pub struct MemoryCheckpointStore {
+    threads: DashMap<ThreadId, BTreeMap<CheckpointId, StoredCheckpoint>>,
+    sequences: DashMap<RunId, u64>,
+}
+
+impl MemoryCheckpointStore {
+    /// An empty store.
+    pub fn new() -> Self {
+        Self::default()
+    }
+}
+
+#[async_trait]
+impl CheckpointStore for MemoryCheckpointStore {
+    async fn put(&self, thread: &ThreadId, checkpoint: StoredCheckpoint) -> Result<(), StoreError> {
+        // The sequence entry stays locked while the payload is written: the pair is atomic.
+        let _guard = match self.sequences.entry(checkpoint.run) {
+            dashmap::Entry::Occupied(mut stored) => {
+                if checkpoint.sequence <= *stored.get() {
+                    return Err(StoreError::StaleSequence {
+                        run: checkpoint.run,
+                        sequence: checkpoint.sequence,
+                        stored: *stored.get(),
+                    });
+                }
+                stored.insert(checkpoint.sequence);
+                stored.into_ref()
+            }
+            dashmap::Entry::Vacant(slot) => slot.insert(checkpoint.sequence),
+        };
+        self.threads
+            .entry(thread.clone())
+            .or_default()
+            .insert(checkpoint.id, checkpoint);
+        Ok(())
+    }
+
+    async fn get(
+        &self,
+        thread: &ThreadId,
+        id: CheckpointId,
+    ) -> Result<Option<StoredCheckpoint>, StoreError> {
+        Ok(self.threads.get(thread).and_then(|t| t.get(&id).cloned()))
+    }
+
+    async fn latest(&self, thread: &ThreadId) -> Result<Option<StoredCheckpoint>, StoreError> {
+        Ok(self
+            .threads
+            .get(thread)
+            .and_then(|t| t.values().next_back().cloned()))
+    }
+
+    async fn list(&self, thread: &ThreadId) -> Result<Vec<CheckpointId>, StoreError> {
+        Ok(self
+            .threads
+            .get(thread)
+            .map(|t| t.keys().copied().collect())
+            .unwrap_or_default())
+    }
+
+    async fn prune(&self, thread: &ThreadId, keep: usize) -> Result<usize, StoreError> {
+        let Some(mut t) = self.threads.get_mut(thread) else {
+            return Ok(0);
+        };
+        let excess = t.len().saturating_sub(keep);
+        let doomed: Vec<CheckpointId> = t.keys().take(excess).copied().collect();
+        for id in &doomed {
+            t.remove(id);
+        }
+        Ok(doomed.len())
+    }
+}
+
+/// Run records in memory.
+#[derive(Debug, Default)]
+pub struct MemoryRunStore {
+    runs: DashMap<RunId, RunRecord>,
+}
+
+impl MemoryRunStore {
+    /// An empty store.
+    pub fn new() -> Self {
+        Self::default()
+    }
+}
+
+#[async_trait]
+impl RunStore for MemoryRunStore {
+    async fn put(&self, record: &RunRecord) -> Result<(), StoreError> {
+        self.runs.insert(record.run_id, record.clone());
+        Ok(())
+    }
+
+    async fn get(&self, run: RunId) -> Result<Option<RunRecord>, StoreError> {
+        Ok(self.runs.get(&run).map(|r| r.clone()))
+    }
+
+    async fn list_thread(&self, thread: &ThreadId) -> Result<Vec<RunRecord>, StoreError> {
+        let mut records: Vec<RunRecord> = self
+            .runs
+            .iter()
+            .filter(|r| &r.thread == thread)
+            .map(|r| r.clone())
+            .collect();
+        records.sort_by_key(|r| r.run_id);
+        Ok(records)
+    }
+}
+
+/// Histories in memory; appends are idempotent by message id.
+#[derive(Debug, Default)]
+pub struct MemoryHistoryStore {
+    threads: DashMap<ThreadId, (Vec<Message>, HashSet<MessageId>)>,
+    fail_appends: AtomicBool,
+}
+
+impl MemoryHistoryStore {
+    /// An empty store.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Makes every `append` fail (or succeed again), to exercise what a run does when its
+    /// history cannot be persisted.
+    pub fn fail_appends(&self, fail: bool) {
+        self.fail_appends.store(fail, Ordering::SeqCst);
+    }
+}
+
+#[async_trait]
+impl HistoryStore for MemoryHistoryStore {
+    async fn append(&self, thread: &ThreadId, messages: &[Message]) -> Result<(), StoreError> {
+        if self.fail_appends.load(Ordering::SeqCst) {
+            return Err(StoreError::Unavailable(
+                "history store is failing appends".into(),
+            ));
+        }
+        let mut entry = self.threads.entry(thread.clone()).or_default();
+        let (list, ids) = &mut *entry;
+        for m in messages {
+            if ids.insert(m.id) {
+                list.push(m.clone());
+            }
+        }
+        Ok(())
+    }
+
+    async fn load(&self, thread: &ThreadId) -> Result<Vec<Message>, StoreError> {
+        Ok(self
+            .threads
+            .get(thread)
+            .map(|t| t.0.clone())
+            .unwrap_or_default())
+    }
+}
+
+/// Stop and cancel flags in memory.
+#[derive(Debug, Default, Clone)]
+pub struct MemorySignalSource {
+    flags: Arc<DashMap<String, Signal>>,
+}
+
+impl MemorySignalSource {
+    /// An empty source.
+    pub fn new() -> Self {
+        Self::default()
+    }
+}
+
+#[async_trait]
+impl SignalSource for MemorySignalSource {
+    async fn read(&self, keys: &[String]) -> Result<Vec<Option<Signal>>, StoreError> {
+        Ok(keys.iter().map(|k| self.flags.get(k).map(|s| *s)).collect())
+    }
+
+    async fn raise(&self, key: &str, signal: Signal) -> Result<(), StoreError> {
+        self.flags.insert(key.to_owned(), signal);
+        Ok(())
+    }
+
+    async fn clear(&self, key: &str) -> Result<(), StoreError> {
+        self.flags.remove(key);
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn thread() -> ThreadId {
+        ThreadId::new("t1").expect("valid id")
+    }
+
+    fn checkpoint(run: RunId, sequence: u64) -> StoredCheckpoint {
+        StoredCheckpoint {
+            id: CheckpointId::new(),
+            run,
+            sequence,
+            bytes: vec![sequence as u8],
+        }
+    }
+
+    #[tokio::test]
+    async fn checkpoints_refuse_stale_sequences_and_prune_oldest() {
+        let store = MemoryCheckpointStore::new();
+        let run = RunId::new();
+        let first = checkpoint(run, 1);
+        store.put(&thread(), first.clone()).await.expect("first write");
+        let stale = store.put(&thread(), checkpoint(run, 1)).await;
+        assert!(matches!(stale, Err(StoreError::StaleSequence { sequence: 1, stored: 1, .. })));
+        let second = checkpoint(run, 2);
+        store.put(&thread(), second.clone()).await.expect("second write");
+        assert_eq!(store.latest(&thread()).await, Ok(Some(second.clone())));
+        assert_eq!(store.get(&thread(), first.id).await, Ok(Some(first.clone())));
+        assert_eq!(store.prune(&thread(), 1).await, Ok(1));
+        assert_eq!(store.list(&thread()).await, Ok(vec![second.id]));
+    }
+
+    #[tokio::test]
+    async fn history_appends_are_idempotent_and_can_fail() {
+        let store = MemoryHistoryStore::new();
+        let a = Message::user("hi");
+        let b = Message::assistant("hello");
+        store.append(&thread(), &[a.clone(), b.clone()]).await.expect("append");
+        store.append(&thread(), &[b.clone()]).await.expect("re-append");
+        assert_eq!(store.load(&thread()).await, Ok(vec![a, b]));
+        store.fail_appends(true);
+        assert!(store.append(&thread(), &[Message::user("x")]).await.is_err());
+        assert_eq!(store.load(&thread()).await.map(|h| h.len()), Ok(2));
+    }
+
+    #[tokio::test]
+    async fn signals_read_in_key_order() {
+        let s = MemorySignalSource::new();
+        s.raise("a", Signal::Stop).await.expect("raise");
+        s.raise("c", Signal::Cancel).await.expect("raise");
+        let keys = ["a".to_owned(), "b".to_owned(), "c".to_owned()];
+        assert_eq!(s.read(&keys).await, Ok(vec![Some(Signal::Stop), None, Some(Signal::Cancel)]));
+        s.clear("a").await.expect("clear");
+        assert_eq!(s.read(&keys[..1]).await, Ok(vec![None]));
+    }
+}

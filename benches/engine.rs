@@ -1,0 +1,2 @@
+//! Engine overhead benchmarks.
+fn main() {}

@@ -1,0 +1,2 @@
+//! runvisor: supervised, stoppable, resumable agent workflows.
+pub use runvisor_actors::*;
