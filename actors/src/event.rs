@@ -113,6 +113,11 @@ pub enum RunEvent {
         /// Why.
         error: String,
     },
+    /// A subscriber fell behind the event buffer and missed this many events.
+    EventsMissed {
+        /// How many.
+        count: u64,
+    },
     /// The run ended; [`RunHandle::wait`](crate::RunHandle::wait) has the outcome.
     RunFinished {
         /// The run.

@@ -19,7 +19,7 @@ use crate::schema::{ParamSchema, ParamType};
 use crate::value::{Map, Value};
 use crate::workflow::InputType;
 
-pub use switch::Switch;
+pub use switch::{ELSE, Switch};
 
 /// The entry kind.
 pub const BEGIN: &str = "begin";
@@ -197,7 +197,10 @@ impl NodeHandler for TemplateKind {
                 Some("system") => Role::System,
                 Some("tool") => Role::Tool,
                 Some(other) => {
-                    return Err(NodeError::invalid_input("role", format!("unknown role {other:?}")));
+                    return Err(NodeError::invalid_input(
+                        "role",
+                        format!("unknown role {other:?}"),
+                    ));
                 }
             };
             ctx.append_message(Message::new(role, text.clone()));
@@ -236,8 +239,9 @@ impl NodeHandler for SetVariable {
         let mut out = NodeOutput::new(Value::Null);
         let mut assigned = Map::new();
         for (i, item) in items.iter().enumerate() {
-            let name = input_str(item, "variable")
-                .map_err(|_| NodeError::invalid_input(format!("assignments[{i}].variable"), "expected a string"))?;
+            let name = input_str(item, "variable").map_err(|_| {
+                NodeError::invalid_input(format!("assignments[{i}].variable"), "expected a string")
+            })?;
             let value = item.get("value").cloned().unwrap_or_default();
             assigned.insert(name.to_owned(), value.clone());
             out = out.with_variable(name, value);

@@ -1,6 +1,9 @@
 //! runvisor-actors: the engine. Workflow model and validation, the scheduler state machine,
 //! the supervised actor tree that executes runs, the ports to the outside world and their
 //! in-memory implementations (the embedded default).
+//!
+//! Hosts use the [`Runtime`]: register node kinds, validate workflows, start runs, follow
+//! their events and wait for their outcomes. See the crate's ARCHITECTURE.md for the map.
 
 pub mod event;
 pub mod handler;
@@ -13,3 +16,28 @@ pub mod schema;
 pub mod store;
 pub mod value;
 pub mod workflow;
+
+mod node;
+mod outcome;
+mod registry;
+mod runtime;
+mod supervisor;
+
+pub use event::{Frame, NodePath, RunEvent};
+pub use handler::{NodeContext, NodeError, NodeHandler, NodeOutput, StopRequested};
+pub use ids::{CheckpointId, InvalidId, MessageId, NodeId, RunId, ThreadId};
+pub use kinds::{KindError, Kinds};
+pub use message::{Message, Role};
+pub use outcome::{HistoryFlush, RunError, RunOutcome};
+pub use registry::{ActorTree, RunRegistry, RunSummary};
+pub use runtime::{
+    EventStream, QueryError, RunHandle, Runtime, RuntimeBuilder, RuntimeConfig, StartError,
+};
+pub use scheduler::Route;
+pub use schema::{ParamSchema, ParamType};
+pub use store::{RunStatus, StoreError};
+pub use value::{Map, Value};
+pub use workflow::{ValidationErrors, Workflow, WorkflowDef, WorkflowError};
+
+/// Re-exported so host handlers need no direct dependency to implement [`NodeHandler`].
+pub use async_trait::async_trait;

@@ -142,8 +142,7 @@ impl fmt::Display for Reference {
 
 fn is_identifier(s: &str) -> bool {
     !s.is_empty()
-        && s
-            .bytes()
+        && s.bytes()
             .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-')
 }
 
@@ -224,9 +223,7 @@ impl Template {
         at: &mut String,
     ) -> Result<Template, (String, ReferenceSyntaxError)> {
         Ok(match json {
-            serde_json::Value::String(s) => {
-                compile_text(s).map_err(|e| (at.clone(), e))?
-            }
+            serde_json::Value::String(s) => compile_text(s).map_err(|e| (at.clone(), e))?,
             serde_json::Value::Array(items) => {
                 let mut out = Vec::with_capacity(items.len());
                 for (i, item) in items.iter().enumerate() {
@@ -271,7 +268,10 @@ impl Template {
     }
 
     fn object(fields: Vec<(String, Template)>) -> Template {
-        if fields.iter().all(|(_, t)| matches!(t, Template::Literal(_))) {
+        if fields
+            .iter()
+            .all(|(_, t)| matches!(t, Template::Literal(_)))
+        {
             Template::Literal(Value::Object(
                 fields
                     .into_iter()
@@ -436,13 +436,17 @@ mod tests {
         TestScope {
             nodes: [(id("llm"), out)].into_iter().collect(),
             skipped: vec![id("other")],
-            sys: [("query".to_owned(), Value::from("hi"))].into_iter().collect(),
+            sys: [("query".to_owned(), Value::from("hi"))]
+                .into_iter()
+                .collect(),
             env: [("count".to_owned(), Value::Int(0))].into_iter().collect(),
         }
     }
 
     fn resolve(json: serde_json::Value) -> Result<Value, ResolveError> {
-        Template::compile(&json).expect("compiles").resolve(&scope())
+        Template::compile(&json)
+            .expect("compiles")
+            .resolve(&scope())
     }
 
     #[test]
@@ -457,7 +461,10 @@ mod tests {
             let got = resolve(serde_json::json!(format!("{{{{ llm.{field} }}}}")));
             assert_eq!(got, Ok(want), "field {field}");
         }
-        assert_eq!(resolve(serde_json::json!("{{env.count}}")), Ok(Value::Int(0)));
+        assert_eq!(
+            resolve(serde_json::json!("{{env.count}}")),
+            Ok(Value::Int(0))
+        );
     }
 
     #[test]
@@ -470,7 +477,10 @@ mod tests {
 
     #[test]
     fn node_that_did_not_run_is_null_and_renders_empty() {
-        assert_eq!(resolve(serde_json::json!("{{other.text}}")), Ok(Value::Null));
+        assert_eq!(
+            resolve(serde_json::json!("{{other.text}}")),
+            Ok(Value::Null)
+        );
         assert_eq!(
             resolve(serde_json::json!("x{{other.text}}y")),
             Ok(Value::from("xy"))
@@ -489,7 +499,8 @@ mod tests {
 
     #[test]
     fn nested_structures_resolve() {
-        let got = resolve(serde_json::json!({"a": ["{{llm.zero}}", 1], "b": {"c": "t={{llm.text}}"}}));
+        let got =
+            resolve(serde_json::json!({"a": ["{{llm.zero}}", 1], "b": {"c": "t={{llm.text}}"}}));
         assert_eq!(
             got,
             Ok(serde_json::json!({"a": [0, 1], "b": {"c": "t=hello"}}).into())
@@ -514,8 +525,10 @@ mod tests {
 
     #[test]
     fn references_are_listed_with_paths() {
-        let t = Template::compile(&serde_json::json!({"p": "{{a.x}} and {{sys.query}}", "q": ["{{b}}"]}))
-            .expect("compiles");
+        let t = Template::compile(
+            &serde_json::json!({"p": "{{a.x}} and {{sys.query}}", "q": ["{{b}}"]}),
+        )
+        .expect("compiles");
         let refs: Vec<(String, String)> = t
             .references()
             .into_iter()

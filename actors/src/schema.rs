@@ -169,7 +169,11 @@ fn check_object(
 ) {
     let Some(object) = value.as_object() else {
         issues.push(ParamIssue {
-            field: if at.is_empty() { "params".into() } else { at.into() },
+            field: if at.is_empty() {
+                "params".into()
+            } else {
+                at.into()
+            },
             problem: format!("expected an object, found {}", json_type(value)),
         });
         return;
@@ -297,8 +301,14 @@ mod tests {
 
     #[test]
     fn accepts_valid_params_and_references_for_any_type() {
-        assert!(issues(json!({"text": "a {{x.y}}", "count": 0, "wait": "1s", "mode": "all"})).is_empty());
-        assert!(issues(json!({"text": "{{x.n}}", "count": "{{x.n}}", "cases": "{{x.list}}"})).is_empty());
+        assert!(
+            issues(json!({"text": "a {{x.y}}", "count": 0, "wait": "1s", "mode": "all"}))
+                .is_empty()
+        );
+        assert!(
+            issues(json!({"text": "{{x.n}}", "count": "{{x.n}}", "cases": "{{x.list}}"}))
+                .is_empty()
+        );
     }
 
     #[test]
@@ -313,9 +323,20 @@ mod tests {
         let fields: Vec<&str> = got.iter().map(|(f, _)| f.as_str()).collect();
         assert_eq!(
             fields,
-            vec!["text", "count", "wait", "mode", "cases[1].id", "cases[1].flag", "extra"]
+            vec![
+                "text",
+                "count",
+                "wait",
+                "mode",
+                "cases[1].id",
+                "cases[1].flag",
+                "extra"
+            ]
         );
-        assert!(got[1].1.contains("expected an integer, found a string"), "{got:?}");
+        assert!(
+            got[1].1.contains("expected an integer, found a string"),
+            "{got:?}"
+        );
     }
 
     #[test]

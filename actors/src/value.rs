@@ -164,9 +164,9 @@ impl Value {
                 .unwrap_or(serde_json::Value::Null),
             Value::String(s) => serde_json::Value::String(s.clone()),
             Value::Array(items) => items.iter().map(Value::to_json).collect(),
-            Value::Object(m) => serde_json::Value::Object(
-                m.iter().map(|(k, v)| (k.clone(), v.to_json())).collect(),
-            ),
+            Value::Object(m) => {
+                serde_json::Value::Object(m.iter().map(|(k, v)| (k.clone(), v.to_json())).collect())
+            }
         }
     }
 }
@@ -181,7 +181,9 @@ impl From<&serde_json::Value> for Value {
                 None => Value::Float(n.as_f64().unwrap_or(f64::NAN)),
             },
             serde_json::Value::String(s) => Value::String(s.clone()),
-            serde_json::Value::Array(items) => Value::Array(items.iter().map(Value::from).collect()),
+            serde_json::Value::Array(items) => {
+                Value::Array(items.iter().map(Value::from).collect())
+            }
             serde_json::Value::Object(m) => {
                 Value::Object(m.iter().map(|(k, v)| (k.clone(), Value::from(v))).collect())
             }
@@ -257,7 +259,11 @@ impl<T: Into<Value>> From<Vec<T>> for Value {
 
 impl<K: Into<String>, V: Into<Value>> FromIterator<(K, V)> for Value {
     fn from_iter<T: IntoIterator<Item = (K, V)>>(iter: T) -> Self {
-        Value::Object(iter.into_iter().map(|(k, v)| (k.into(), v.into())).collect())
+        Value::Object(
+            iter.into_iter()
+                .map(|(k, v)| (k.into(), v.into()))
+                .collect(),
+        )
     }
 }
 

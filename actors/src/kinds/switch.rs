@@ -90,10 +90,9 @@ impl NodeHandler for Switch {
             .ok_or_else(|| NodeError::invalid_input("cases", "expected an array"))?;
         let mut matched = Vec::new();
         for (ci, case) in cases.iter().enumerate() {
-            let id = case
-                .get("id")
-                .and_then(Value::as_str)
-                .ok_or_else(|| NodeError::invalid_input(format!("cases[{ci}].id"), "expected a string"))?;
+            let id = case.get("id").and_then(Value::as_str).ok_or_else(|| {
+                NodeError::invalid_input(format!("cases[{ci}].id"), "expected a string")
+            })?;
             if case_matches(case, ci)? {
                 matched.push(id.to_owned());
                 if !all {
@@ -119,16 +118,18 @@ fn case_matches(case: &Value, ci: usize) -> Result<bool, NodeError> {
     let conditions = case
         .get("conditions")
         .and_then(Value::as_array)
-        .ok_or_else(|| NodeError::invalid_input(format!("cases[{ci}].conditions"), "expected an array"))?;
+        .ok_or_else(|| {
+            NodeError::invalid_input(format!("cases[{ci}].conditions"), "expected an array")
+        })?;
     for (ki, cond) in conditions.iter().enumerate() {
         let field = || format!("cases[{ci}].conditions[{ki}]");
-        let op = cond
-            .get("op")
-            .and_then(Value::as_str)
-            .ok_or_else(|| NodeError::invalid_input(format!("{}.op", field()), "expected a string"))?;
+        let op = cond.get("op").and_then(Value::as_str).ok_or_else(|| {
+            NodeError::invalid_input(format!("{}.op", field()), "expected a string")
+        })?;
         let left = cond.get("left").unwrap_or(&Value::Null);
         let right = cond.get("right").unwrap_or(&Value::Null);
-        let hit = evaluate(op, left, right).map_err(|reason| NodeError::invalid_input(field(), reason))?;
+        let hit = evaluate(op, left, right)
+            .map_err(|reason| NodeError::invalid_input(field(), reason))?;
         if hit == any {
             // `or` stops at the first true, `and` at the first false.
             return Ok(hit);
@@ -167,7 +168,9 @@ pub(crate) fn evaluate(op: &str, left: &Value, right: &Value) -> Result<bool, St
             hit == (op == "contains")
         }
         "starts_with" | "ends_with" => match (left, right) {
-            (Value::String(l), Value::String(r)) if op == "starts_with" => l.starts_with(r.as_str()),
+            (Value::String(l), Value::String(r)) if op == "starts_with" => {
+                l.starts_with(r.as_str())
+            }
             (Value::String(l), Value::String(r)) => l.ends_with(r.as_str()),
             _ => return Err(mismatch()),
         },

@@ -228,13 +228,29 @@ mod tests {
         let store = MemoryCheckpointStore::new();
         let run = RunId::new();
         let first = checkpoint(run, 1);
-        store.put(&thread(), first.clone()).await.expect("first write");
+        store
+            .put(&thread(), first.clone())
+            .await
+            .expect("first write");
         let stale = store.put(&thread(), checkpoint(run, 1)).await;
-        assert!(matches!(stale, Err(StoreError::StaleSequence { sequence: 1, stored: 1, .. })));
+        assert!(matches!(
+            stale,
+            Err(StoreError::StaleSequence {
+                sequence: 1,
+                stored: 1,
+                ..
+            })
+        ));
         let second = checkpoint(run, 2);
-        store.put(&thread(), second.clone()).await.expect("second write");
+        store
+            .put(&thread(), second.clone())
+            .await
+            .expect("second write");
         assert_eq!(store.latest(&thread()).await, Ok(Some(second.clone())));
-        assert_eq!(store.get(&thread(), first.id).await, Ok(Some(first.clone())));
+        assert_eq!(
+            store.get(&thread(), first.id).await,
+            Ok(Some(first.clone()))
+        );
         assert_eq!(store.prune(&thread(), 1).await, Ok(1));
         assert_eq!(store.list(&thread()).await, Ok(vec![second.id]));
     }
@@ -244,11 +260,22 @@ mod tests {
         let store = MemoryHistoryStore::new();
         let a = Message::user("hi");
         let b = Message::assistant("hello");
-        store.append(&thread(), &[a.clone(), b.clone()]).await.expect("append");
-        store.append(&thread(), &[b.clone()]).await.expect("re-append");
+        store
+            .append(&thread(), &[a.clone(), b.clone()])
+            .await
+            .expect("append");
+        store
+            .append(&thread(), &[b.clone()])
+            .await
+            .expect("re-append");
         assert_eq!(store.load(&thread()).await, Ok(vec![a, b]));
         store.fail_appends(true);
-        assert!(store.append(&thread(), &[Message::user("x")]).await.is_err());
+        assert!(
+            store
+                .append(&thread(), &[Message::user("x")])
+                .await
+                .is_err()
+        );
         assert_eq!(store.load(&thread()).await.map(|h| h.len()), Ok(2));
     }
 
@@ -258,7 +285,10 @@ mod tests {
         s.raise("a", Signal::Stop).await.expect("raise");
         s.raise("c", Signal::Cancel).await.expect("raise");
         let keys = ["a".to_owned(), "b".to_owned(), "c".to_owned()];
-        assert_eq!(s.read(&keys).await, Ok(vec![Some(Signal::Stop), None, Some(Signal::Cancel)]));
+        assert_eq!(
+            s.read(&keys).await,
+            Ok(vec![Some(Signal::Stop), None, Some(Signal::Cancel)])
+        );
         s.clear("a").await.expect("clear");
         assert_eq!(s.read(&keys[..1]).await, Ok(vec![None]));
     }

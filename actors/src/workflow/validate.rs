@@ -135,7 +135,9 @@ pub enum WorkflowError {
         nodes: Vec<String>,
     },
     /// An edge leads into the entry node.
-    #[error("node `{node}`: field `kind`: the entry node cannot have incoming edges (one comes from `{from}`)")]
+    #[error(
+        "node `{node}`: field `kind`: the entry node cannot have incoming edges (one comes from `{from}`)"
+    )]
     EntryHasIncoming {
         /// The entry node.
         node: String,
@@ -278,8 +280,7 @@ pub(super) fn validate(def: WorkflowDef, kinds: &Kinds) -> Result<Plan, Validati
 
 fn is_identifier(s: &str) -> bool {
     !s.is_empty()
-        && s
-            .bytes()
+        && s.bytes()
             .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-')
 }
 
@@ -307,9 +308,12 @@ fn check_graph(
         }
         if let Some(handler) = handler {
             for issue in handler.params().check(&node.params) {
-                let field = issue.field.strip_prefix("params").map_or(issue.field.clone(), |rest| {
-                    rest.trim_start_matches('.').to_owned()
-                });
+                let field = issue
+                    .field
+                    .strip_prefix("params")
+                    .map_or(issue.field.clone(), |rest| {
+                        rest.trim_start_matches('.').to_owned()
+                    });
                 errors.push(WorkflowError::InvalidParam {
                     node: node.id.clone(),
                     field: if field.is_empty() { "".into() } else { field },
@@ -353,7 +357,10 @@ fn check_graph(
     let mut shape_edges = Vec::with_capacity(edges.len());
     for (i, edge) in edges.iter().enumerate() {
         let mut ends = [None, None];
-        for (slot, (field, id)) in [("from", &edge.from), ("to", &edge.to)].into_iter().enumerate() {
+        for (slot, (field, id)) in [("from", &edge.from), ("to", &edge.to)]
+            .into_iter()
+            .enumerate()
+        {
             match ids.get(id.as_str()) {
                 Some(&n) => ends[slot] = Some(n),
                 None => errors.push(WorkflowError::DanglingEdge {
@@ -365,7 +372,9 @@ fn check_graph(
                 }),
             }
         }
-        let [Some(from), Some(to)] = ends else { continue };
+        let [Some(from), Some(to)] = ends else {
+            continue;
+        };
         check_branch(i, edge, &nodes[from], kinds, errors);
         shape_edges.push(Edge {
             from,
@@ -377,7 +386,10 @@ fn check_graph(
         return None;
     }
     // The entry index is set by `check_structure`; a placeholder keeps construction in one place.
-    let entry = nodes.iter().position(|n| n.kind == kinds::BEGIN).unwrap_or(0);
+    let entry = nodes
+        .iter()
+        .position(|n| n.kind == kinds::BEGIN)
+        .unwrap_or(0);
     match Graph::new(planned.len(), entry, shape_edges) {
         Ok(shape) => Some(GraphPlan {
             nodes: planned,
@@ -589,7 +601,11 @@ fn check_references(graph: &GraphPlan, def: &WorkflowDef, errors: &mut Vec<Workf
     let ancestors = ancestor_sets(graph);
     for (i, node) in graph.nodes.iter().enumerate() {
         for (field, reference) in node.params.references() {
-            let field = if field.is_empty() { "".to_owned() } else { field };
+            let field = if field.is_empty() {
+                "".to_owned()
+            } else {
+                field
+            };
             let unknown = |problem: String| WorkflowError::UnknownReference {
                 node: node.id.to_string(),
                 field: field.clone(),

@@ -1,0 +1,110 @@
+//! How a run ends: [`RunOutcome`], with what was persisted of its history.
+
+use std::collections::BTreeMap;
+
+use crate::event::NodePath;
+use crate::handler::NodeError;
+use crate::ids::{NodeId, RunId};
+use crate::message::Message;
+use crate::store::RunStatus;
+use crate::value::{Map, Value};
+
+/// Why a run failed.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+#[non_exhaustive]
+pub enum RunError {
+    /// A node failed (returned an error, panicked, or its parameters did not resolve).
+    #[error("node `{path}` failed: {error}")]
+    Node {
+        /// Where.
+        path: NodePath,
+        /// What it said.
+        error: NodeError,
+    },
+    /// The engine itself failed (an actor could not be spawned, or ended without a result).
+    #[error("run supervisor failed: {0}")]
+    Supervisor(String),
+}
+
+/// What became of the messages a run produced when it ended.
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct HistoryFlush {
+    /// Messages written to the history store.
+    pub persisted: Vec<Message>,
+    /// Messages the history store refused; they are also recorded in the run store.
+    pub not_persisted: Vec<Message>,
+    /// The history store's error, when there was one.
+    pub error: Option<String>,
+}
+
+/// How a run ended.
+#[derive(Debug, Clone, PartialEq)]
+#[non_exhaustive]
+pub enum RunOutcome {
+    /// Every node that could run has run.
+    Completed {
+        /// The run.
+        run_id: RunId,
+        /// The output of every node that ran (skipped nodes have none).
+        outputs: BTreeMap<NodeId, Value>,
+        /// The workflow variables at the end.
+        variables: Map,
+        /// The run's messages.
+        history: HistoryFlush,
+    },
+    /// A node failed; nodes still running were stopped.
+    Failed {
+        /// The run.
+        run_id: RunId,
+        /// What failed.
+        error: RunError,
+        /// The outputs of the nodes that completed before the failure.
+        outputs: BTreeMap<NodeId, Value>,
+        /// The run's messages (kept even though the run failed).
+        history: HistoryFlush,
+    },
+}
+
+impl RunOutcome {
+    /// The run's final status.
+    pub fn status(&self) -> RunStatus {
+        match self {
+            RunOutcome::Completed { .. } => RunStatus::Succeeded,
+            RunOutcome::Failed { .. } => RunStatus::Failed,
+        }
+    }
+
+    /// The run.
+    pub fn run_id(&self) -> RunId {
+        match self {
+            RunOutcome::Completed { run_id, .. } | RunOutcome::Failed { run_id, .. } => *run_id,
+        }
+    }
+
+    /// The node outputs.
+    pub fn outputs(&self) -> &BTreeMap<NodeId, Value> {
+        match self {
+            RunOutcome::Completed { outputs, .. } | RunOutcome::Failed { outputs, .. } => outputs,
+        }
+    }
+
+    /// The output of one node, looked up by id text.
+    pub fn output(&self, node: &str) -> Option<&Value> {
+        self.outputs().get(node)
+    }
+
+    /// What became of the run's messages.
+    pub fn history(&self) -> &HistoryFlush {
+        match self {
+            RunOutcome::Completed { history, .. } | RunOutcome::Failed { history, .. } => history,
+        }
+    }
+
+    /// The error, if the run failed.
+    pub fn error(&self) -> Option<&RunError> {
+        match self {
+            RunOutcome::Failed { error, .. } => Some(error),
+            RunOutcome::Completed { .. } => None,
+        }
+    }
+}

@@ -1,0 +1,133 @@
+//! `RunRegistry`: the live runs of this process, for ops tooling (`ps`, `tree`) and for
+//! addressing a run by id (stop, query). A run is in the registry from `start` until its
+//! supervisor has persisted its end.
+
+use std::collections::BTreeSet;
+use std::sync::{Arc, Mutex};
+
+use dashmap::DashMap;
+use ractor::ActorRef;
+use serde::Serialize;
+
+use crate::ids::{NodeId, RunId, ThreadId};
+use crate::store::RunStatus;
+use crate::supervisor::RunMsg;
+
+/// What ops tooling sees of a live run.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct RunSummary {
+    /// The run.
+    pub run_id: RunId,
+    /// Its thread.
+    pub thread: ThreadId,
+    /// The workflow it runs.
+    pub workflow_id: String,
+    /// Its status.
+    pub status: RunStatus,
+    /// Milliseconds since the epoch.
+    pub started_at_ms: u64,
+    /// The nodes whose handlers are running now.
+    pub running_nodes: Vec<NodeId>,
+}
+
+/// One node of a run's actor tree, as the actor itself reported it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct ActorTree {
+    /// The ractor actor id (`0.42`).
+    pub actor_id: String,
+    /// `run_supervisor` or `node` (later also `loop` and `parallel`).
+    pub kind: &'static str,
+    /// The workflow node it executes, for node actors.
+    pub node_id: Option<NodeId>,
+    /// What the actor says it is doing: `running`, `stopping`, or `unresponsive` when it did
+    /// not answer in time.
+    pub status: String,
+    /// Its supervised children.
+    pub children: Vec<ActorTree>,
+}
+
+/// The part of a live run that changes while it runs.
+#[derive(Debug)]
+pub(crate) struct LiveState {
+    pub(crate) status: RunStatus,
+    pub(crate) running: BTreeSet<NodeId>,
+}
+
+/// A live run's registry entry.
+#[derive(Debug, Clone)]
+pub(crate) struct LiveRun {
+    pub(crate) thread: ThreadId,
+    pub(crate) workflow_id: String,
+    pub(crate) started_at_ms: u64,
+    pub(crate) state: Arc<Mutex<LiveState>>,
+    pub(crate) supervisor: ActorRef<RunMsg>,
+}
+
+impl LiveRun {
+    pub(crate) fn lock(&self) -> std::sync::MutexGuard<'_, LiveState> {
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+}
+
+/// Live runs by id. Cheap to clone (shared).
+#[derive(Debug, Clone, Default)]
+pub struct RunRegistry {
+    runs: Arc<DashMap<RunId, LiveRun>>,
+}
+
+impl RunRegistry {
+    pub(crate) fn insert(&self, run_id: RunId, run: LiveRun) {
+        self.runs.insert(run_id, run);
+    }
+
+    pub(crate) fn remove(&self, run_id: &RunId) {
+        self.runs.remove(run_id);
+    }
+
+    pub(crate) fn get(&self, run_id: &RunId) -> Option<LiveRun> {
+        self.runs.get(run_id).map(|r| r.clone())
+    }
+
+    /// How many runs are live.
+    pub fn len(&self) -> usize {
+        self.runs.len()
+    }
+
+    /// Whether no run is live.
+    pub fn is_empty(&self) -> bool {
+        self.runs.is_empty()
+    }
+
+    /// The ids of all live runs.
+    pub fn ids(&self) -> Vec<RunId> {
+        self.runs.iter().map(|r| *r.key()).collect()
+    }
+
+    /// A summary of every live run, oldest first.
+    pub fn list(&self) -> Vec<RunSummary> {
+        let mut out: Vec<RunSummary> = self
+            .runs
+            .iter()
+            .map(|entry| summary(*entry.key(), entry.value()))
+            .collect();
+        out.sort_by_key(|r| r.run_id);
+        out
+    }
+
+    /// The summary of one live run.
+    pub fn summary(&self, run_id: &RunId) -> Option<RunSummary> {
+        self.runs.get(run_id).map(|r| summary(*run_id, &r))
+    }
+}
+
+fn summary(run_id: RunId, run: &LiveRun) -> RunSummary {
+    let state = run.lock();
+    RunSummary {
+        run_id,
+        thread: run.thread.clone(),
+        workflow_id: run.workflow_id.clone(),
+        status: state.status,
+        started_at_ms: run.started_at_ms,
+        running_nodes: state.running.iter().cloned().collect(),
+    }
+}
