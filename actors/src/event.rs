@@ -113,6 +113,12 @@ pub enum RunEvent {
         /// Why.
         error: String,
     },
+    /// A stop was requested: no node starts any more; running nodes are finishing or being
+    /// aborted, then the run persists what it holds.
+    Stopping {
+        /// Why.
+        reason: crate::stop::StopReason,
+    },
     /// A subscriber fell behind the event buffer and missed this many events.
     EventsMissed {
         /// How many.

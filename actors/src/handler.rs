@@ -7,7 +7,7 @@
 //! messages. The handler returns a [`NodeOutput`] or a typed [`NodeError`].
 
 use std::fmt;
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 
 use async_trait::async_trait;
 use tokio::sync::broadcast;
@@ -16,6 +16,7 @@ use tokio_util::sync::CancellationToken;
 use crate::event::{NodePath, RunEvent};
 use crate::ids::{NodeId, RunId, ThreadId};
 use crate::message::Message;
+use crate::probe::Probe;
 use crate::scheduler::Route;
 use crate::schema::ParamSchema;
 use crate::value::{Map, Value};
@@ -156,6 +157,9 @@ pub(crate) struct RunInfo {
     pub(crate) thread: ThreadId,
     pub(crate) inputs: Arc<Map>,
     pub(crate) events: broadcast::Sender<RunEvent>,
+    /// The run's supervisor, set when it starts.
+    pub(crate) supervisor: OnceLock<ractor::ActorRef<crate::supervisor::RunMsg>>,
+    pub(crate) probe: Option<Arc<dyn Probe>>,
 }
 
 /// The context of one running node.
@@ -246,16 +250,30 @@ impl NodeContext {
             return Err(StopRequested);
         }
         let chunk: String = chunk.into();
-        {
+        let count = {
             let mut buffer = self.lock();
             buffer.partial.push_str(&chunk);
             buffer.chunks += 1;
-        }
+            buffer.chunks
+        };
         // No subscriber is fine: events are for whoever listens.
         let _ = self.run.events.send(RunEvent::NodeChunk {
             path: self.path.clone(),
             text: Arc::from(chunk),
         });
+        if let Some((mode, reason)) = self
+            .run
+            .probe
+            .as_ref()
+            .and_then(|p| p.chunk(self.run.run_id, &self.path, count))
+        {
+            // This node sees the stop at once (its next chunk is refused); the run learns of
+            // it through its supervisor.
+            self.stop.cancel();
+            if let Some(supervisor) = self.run.supervisor.get() {
+                let _ = supervisor.send_message(crate::supervisor::RunMsg::Stop { mode, reason });
+            }
+        }
         Ok(())
     }
 

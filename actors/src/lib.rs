@@ -13,14 +13,17 @@ pub mod message;
 pub mod reference;
 pub mod scheduler;
 pub mod schema;
+pub mod snapshot;
 pub mod store;
 pub mod value;
 pub mod workflow;
 
 mod node;
 mod outcome;
+mod probe;
 mod registry;
 mod runtime;
+mod stop;
 mod supervisor;
 
 pub use event::{Frame, NodePath, RunEvent};
@@ -29,12 +32,15 @@ pub use ids::{CheckpointId, InvalidId, MessageId, NodeId, RunId, ThreadId};
 pub use kinds::{KindError, Kinds};
 pub use message::{Message, Role};
 pub use outcome::{HistoryFlush, RunError, RunOutcome};
+pub use probe::{Probe, ProbeStop};
 pub use registry::{ActorTree, RunRegistry, RunSummary};
 pub use runtime::{
-    EventStream, QueryError, RunHandle, Runtime, RuntimeBuilder, RuntimeConfig, StartError,
+    EventStream, QueryError, ResumeError, ResumeFrom, ResumeInput, RunHandle, Runtime,
+    RuntimeBuilder, RuntimeConfig, StartError,
 };
 pub use scheduler::Route;
 pub use schema::{ParamSchema, ParamType};
+pub use stop::{FinishedRun, Interrupted, StopError, StopMode, StopReason, StopReply, StopResult};
 pub use store::{RunStatus, StoreError};
 pub use value::{Map, Value};
 pub use workflow::{ValidationErrors, Workflow, WorkflowDef, WorkflowError};

@@ -6,6 +6,7 @@ use crate::event::NodePath;
 use crate::handler::NodeError;
 use crate::ids::{NodeId, RunId};
 use crate::message::Message;
+use crate::stop::StopResult;
 use crate::store::RunStatus;
 use crate::value::{Map, Value};
 
@@ -63,6 +64,8 @@ pub enum RunOutcome {
         /// The run's messages (kept even though the run failed).
         history: HistoryFlush,
     },
+    /// The run was stopped; it can be resumed from its checkpoint.
+    Stopped(StopResult),
 }
 
 impl RunOutcome {
@@ -71,6 +74,7 @@ impl RunOutcome {
         match self {
             RunOutcome::Completed { .. } => RunStatus::Succeeded,
             RunOutcome::Failed { .. } => RunStatus::Failed,
+            RunOutcome::Stopped(stop) => stop.reason.status(),
         }
     }
 
@@ -78,6 +82,7 @@ impl RunOutcome {
     pub fn run_id(&self) -> RunId {
         match self {
             RunOutcome::Completed { run_id, .. } | RunOutcome::Failed { run_id, .. } => *run_id,
+            RunOutcome::Stopped(stop) => stop.run_id,
         }
     }
 
@@ -85,6 +90,7 @@ impl RunOutcome {
     pub fn outputs(&self) -> &BTreeMap<NodeId, Value> {
         match self {
             RunOutcome::Completed { outputs, .. } | RunOutcome::Failed { outputs, .. } => outputs,
+            RunOutcome::Stopped(stop) => &stop.outputs,
         }
     }
 
@@ -97,6 +103,7 @@ impl RunOutcome {
     pub fn history(&self) -> &HistoryFlush {
         match self {
             RunOutcome::Completed { history, .. } | RunOutcome::Failed { history, .. } => history,
+            RunOutcome::Stopped(stop) => &stop.messages,
         }
     }
 
@@ -104,7 +111,15 @@ impl RunOutcome {
     pub fn error(&self) -> Option<&RunError> {
         match self {
             RunOutcome::Failed { error, .. } => Some(error),
-            RunOutcome::Completed { .. } => None,
+            RunOutcome::Completed { .. } | RunOutcome::Stopped(_) => None,
+        }
+    }
+
+    /// The stop result, if the run was stopped.
+    pub fn stop_result(&self) -> Option<&StopResult> {
+        match self {
+            RunOutcome::Stopped(stop) => Some(stop),
+            _ => None,
         }
     }
 }

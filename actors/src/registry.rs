@@ -61,6 +61,7 @@ pub(crate) struct LiveRun {
     pub(crate) started_at_ms: u64,
     pub(crate) state: Arc<Mutex<LiveState>>,
     pub(crate) supervisor: ActorRef<RunMsg>,
+    pub(crate) outcome: tokio::sync::watch::Receiver<Option<Arc<crate::outcome::RunOutcome>>>,
 }
 
 impl LiveRun {

@@ -21,29 +21,37 @@
 //! # Ok(()) }
 //! ```
 
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 use ractor::Actor;
 use serde::{Deserialize, Serialize};
 use tokio::sync::{broadcast, watch};
 
-use crate::event::RunEvent;
 use crate::handler::{NodeHandler, RunInfo};
 use crate::ids::{RunId, ThreadId};
 use crate::kinds::{KindError, Kinds};
 use crate::message::{Message, now_ms};
-use crate::outcome::{RunError, RunOutcome};
-use crate::registry::{ActorTree, LiveRun, LiveState, RunRegistry, RunSummary};
+use crate::outcome::RunOutcome;
+use crate::probe::Probe;
+use crate::registry::{ActorTree, RunRegistry, RunSummary};
+use crate::stop::{FinishedRun, StopError, StopMode, StopReason, StopReply};
 use crate::store::memory::{
     MemoryCheckpointStore, MemoryHistoryStore, MemoryRunStore, MemorySignalSource,
 };
 use crate::store::{
     CheckpointStore, HistoryStore, RunRecord, RunStatus, RunStore, SignalSource, StoreError,
 };
-use crate::supervisor::{RunArgs, RunMsg, RunSupervisor};
+use crate::supervisor::{Restore, RunArgs, RunMsg, RunSupervisor};
 use crate::value::{Map, Value};
-use crate::workflow::{ValidationErrors, Workflow, WorkflowDef};
+use crate::workflow::{Plan, ValidationErrors, Workflow, WorkflowDef};
+
+pub use handle::{EventStream, RunHandle};
+
+mod handle;
+mod resume;
+
+pub use resume::{ResumeError, ResumeFrom, ResumeInput};
 
 /// Runtime settings. Durations are humantime strings in config files (`"30s"`, `"250ms"`).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -89,6 +97,7 @@ pub struct RuntimeBuilder {
     runs: Option<Arc<dyn RunStore>>,
     checkpoints: Option<Arc<dyn CheckpointStore>>,
     signals: Option<Arc<dyn SignalSource>>,
+    probe: Option<Arc<dyn Probe>>,
     config: RuntimeConfig,
 }
 
@@ -143,6 +152,13 @@ impl RuntimeBuilder {
         self
     }
 
+    /// Installs a probe: points where a test (or a policy) may request a stop at an exact
+    /// moment. See [`testkit`](crate::testkit) for scripted interrupts built on it.
+    pub fn probe(mut self, probe: Arc<dyn Probe>) -> Self {
+        self.probe = Some(probe);
+        self
+    }
+
     /// Uses this config.
     pub fn config(mut self, config: RuntimeConfig) -> Self {
         self.config = config;
@@ -171,6 +187,7 @@ impl RuntimeBuilder {
         Ok(Runtime {
             kinds: Arc::new(self.kinds),
             services: Arc::new(services),
+            probe: self.probe,
         })
     }
 
@@ -232,6 +249,7 @@ pub enum QueryError {
 pub struct Runtime {
     kinds: Arc<Kinds>,
     services: Arc<Services>,
+    probe: Option<Arc<dyn Probe>>,
 }
 
 impl std::fmt::Debug for Runtime {
@@ -253,6 +271,7 @@ impl Runtime {
             runs: None,
             checkpoints: None,
             signals: None,
+            probe: None,
             config: RuntimeConfig::default(),
         }
     }
@@ -333,32 +352,64 @@ impl Runtime {
         inputs: Map,
         thread: ThreadId,
     ) -> Result<RunHandle, StartError> {
-        let plan = workflow.plan().clone();
+        let inputs = check_inputs(workflow, inputs)?;
+        let history = self.load_history(&thread).await?;
+        let run_id = RunId::new();
+        let mut produced = Vec::new();
+        if let Some(Value::String(query)) = inputs.get("query") {
+            if !query.is_empty() {
+                let mut message = Message::user(query.clone());
+                message.run_id = Some(run_id);
+                produced.push(message);
+            }
+        }
+        self.launch(Launch {
+            run_id,
+            plan: workflow.plan().clone(),
+            inputs,
+            thread,
+            history,
+            produced,
+            restore: None,
+        })
+        .await
+    }
+
+    pub(crate) async fn load_history(&self, thread: &ThreadId) -> Result<Vec<Message>, StartError> {
+        self.services
+            .history
+            .load(thread)
+            .await
+            .map_err(|error| StartError::History {
+                thread: thread.clone(),
+                error,
+            })
+    }
+
+    /// Records and spawns a run.
+    pub(crate) async fn launch(&self, launch: Launch) -> Result<RunHandle, StartError> {
+        let Launch {
+            run_id,
+            plan,
+            inputs,
+            thread,
+            history,
+            produced,
+            restore,
+        } = launch;
         for node in &plan.graph.nodes {
             if self.kinds.get(&node.kind).is_none() {
                 return Err(StartError::UnknownKind(node.kind.to_string()));
             }
         }
-        let inputs = check_inputs(workflow, inputs)?;
-        let history =
-            self.services
-                .history
-                .load(&thread)
-                .await
-                .map_err(|error| StartError::History {
-                    thread: thread.clone(),
-                    error,
-                })?;
-        let run_id = RunId::new();
-        let started_at_ms = now_ms();
         let record = RunRecord {
             run_id,
             thread: thread.clone(),
             workflow_id: plan.def.id.clone(),
             status: RunStatus::Running,
-            parent_run_id: None,
+            parent_run_id: restore.as_ref().map(|r| r.parent_run_id),
             checkpoint_id: None,
-            started_at_ms,
+            started_at_ms: now_ms(),
             finished_at_ms: None,
             failure_reason: None,
             stop_reason: None,
@@ -369,63 +420,128 @@ impl Runtime {
             .put(&record)
             .await
             .map_err(StartError::RunStore)?;
-
-        let mut produced = Vec::new();
-        if let Some(Value::String(query)) = inputs.get("query") {
-            if !query.is_empty() {
-                let mut message = Message::user(query.clone());
-                message.run_id = Some(run_id);
-                produced.push(message);
-            }
-        }
         let (events, first_rx) = broadcast::channel(self.services.config.event_buffer.max(1));
         let (outcome_tx, outcome_rx) = watch::channel(None);
-        let live = Arc::new(Mutex::new(LiveState {
-            status: RunStatus::Running,
-            running: Default::default(),
-        }));
         let run = Arc::new(RunInfo {
             run_id,
             thread: thread.clone(),
             inputs: Arc::new(inputs),
             events: events.clone(),
+            supervisor: OnceLock::new(),
+            probe: self.probe.clone(),
         });
         let args = RunArgs {
-            plan: plan.clone(),
+            plan,
             run,
             services: self.services.clone(),
-            live: live.clone(),
             history,
             produced,
             record,
             outcome: outcome_tx,
+            restore,
         };
-        let (supervisor, _) = Actor::spawn(None, RunSupervisor, args)
+        Actor::spawn(None, RunSupervisor, args)
             .await
             .map_err(|e| StartError::Spawn(e.to_string()))?;
-        // The run may already have ended (a one-node workflow); only a live one is listed.
-        if outcome_rx.borrow().is_none() {
-            self.services.registry.insert(
-                run_id,
-                LiveRun {
-                    thread: thread.clone(),
-                    workflow_id: plan.def.id.clone(),
-                    started_at_ms,
-                    state: live,
-                    supervisor,
-                },
-            );
-            if outcome_rx.borrow().is_some() {
-                self.services.registry.remove(&run_id);
-            }
-        }
-        Ok(RunHandle {
+        Ok(RunHandle::new(
             run_id,
             thread,
             events,
-            first: Mutex::new(Some(first_rx)),
-            outcome: outcome_rx,
-        })
+            first_rx,
+            outcome_rx,
+            self.services.clone(),
+        ))
+    }
+
+    /// Stops a live run with reason `UserInterrupted`. See [`stop_for`](Self::stop_for).
+    pub async fn stop(&self, run_id: RunId, mode: StopMode) -> Result<StopReply, StopError> {
+        stop_run(&self.services, run_id, mode, StopReason::UserInterrupted).await
+    }
+
+    /// Stops a live run: returns once it has stopped and persisted what it held. Concurrent
+    /// callers all get the same [`StopResult`](crate::StopResult); a run that already ended
+    /// (or ends on its own first) answers [`StopReply::AlreadyFinished`] with its final state.
+    pub async fn stop_for(
+        &self,
+        run_id: RunId,
+        mode: StopMode,
+        reason: StopReason,
+    ) -> Result<StopReply, StopError> {
+        stop_run(&self.services, run_id, mode, reason).await
+    }
+
+    /// Gracefully stops every live run with reason `Shutdown` (each within the configured stop
+    /// timeout, then forced), so every run stays resumable. Returns each run's answer.
+    pub async fn shutdown(&self) -> Vec<(RunId, Result<StopReply, StopError>)> {
+        let mode = StopMode::Graceful {
+            timeout: self.services.config.stop_timeout,
+        };
+        let stops = self
+            .services
+            .registry
+            .ids()
+            .into_iter()
+            .map(|run_id| async move {
+                let reply = stop_run(&self.services, run_id, mode, StopReason::Shutdown).await;
+                (run_id, reply)
+            });
+        futures::future::join_all(stops).await
+    }
+}
+
+/// What `launch` needs to start a run.
+pub(crate) struct Launch {
+    pub(crate) run_id: RunId,
+    pub(crate) plan: Arc<Plan>,
+    pub(crate) inputs: Map,
+    pub(crate) thread: ThreadId,
+    pub(crate) history: Vec<Message>,
+    pub(crate) produced: Vec<Message>,
+    pub(crate) restore: Option<Restore>,
+}
+
+/// Stops a run of this process, or reports its recorded end.
+pub(crate) async fn stop_run(
+    services: &Services,
+    run_id: RunId,
+    mode: StopMode,
+    reason: StopReason,
+) -> Result<StopReply, StopError> {
+    if let Some(live) = services.registry.get(&run_id) {
+        // A send fails only when the run is ending: its outcome is published regardless.
+        let _ = live.supervisor.send_message(RunMsg::Stop { mode, reason });
+        let mut rx = live.outcome.clone();
+        let outcome = rx
+            .wait_for(Option::is_some)
+            .await
+            .ok()
+            .and_then(|o| o.as_deref().cloned());
+        match outcome {
+            Some(RunOutcome::Stopped(result)) => return Ok(StopReply::Stopped(result)),
+            Some(other) => {
+                let record = services.runs.get(run_id).await.ok().flatten();
+                return Ok(StopReply::AlreadyFinished(FinishedRun {
+                    run_id,
+                    status: other.status(),
+                    outcome: Some(other),
+                    record,
+                }));
+            }
+            None => {}
+        }
+    }
+    match services.runs.get(run_id).await {
+        Ok(Some(record)) if record.status.is_terminal() => {
+            Ok(StopReply::AlreadyFinished(FinishedRun {
+                run_id,
+                status: record.status,
+                outcome: None,
+                record: Some(record),
+            }))
+        }
+        Ok(Some(record)) => Err(StopError::NotInThisProcess(run_id, record.status)),
+        Ok(None) => Err(StopError::UnknownRun(run_id)),
+        Err(e) => Err(StopError::Store(e.to_string())),
     }
 }
 
@@ -475,96 +591,4 @@ fn check_inputs(workflow: &Workflow, mut inputs: Map) -> Result<Map, StartError>
         }
     }
     Ok(inputs)
-}
-
-/// A started run: its id, its events, and its outcome.
-#[derive(Debug)]
-pub struct RunHandle {
-    run_id: RunId,
-    thread: ThreadId,
-    events: broadcast::Sender<RunEvent>,
-    first: Mutex<Option<broadcast::Receiver<RunEvent>>>,
-    outcome: watch::Receiver<Option<Arc<RunOutcome>>>,
-}
-
-impl RunHandle {
-    /// The run's id.
-    pub fn run_id(&self) -> RunId {
-        self.run_id
-    }
-
-    /// The run's thread.
-    pub fn thread(&self) -> &ThreadId {
-        &self.thread
-    }
-
-    /// The run's events. The first call sees every event from the start of the run; later
-    /// calls see events from the moment of the call.
-    pub fn events(&self) -> EventStream {
-        let first = self.first.lock().unwrap_or_else(|e| e.into_inner()).take();
-        EventStream {
-            rx: first.unwrap_or_else(|| self.events.subscribe()),
-            done: false,
-        }
-    }
-
-    /// The outcome, if the run has ended.
-    pub fn outcome(&self) -> Option<RunOutcome> {
-        self.outcome.borrow().as_deref().cloned()
-    }
-
-    /// Waits until the run ends and returns its outcome.
-    pub async fn wait(&self) -> RunOutcome {
-        let mut rx = self.outcome.clone();
-        match rx.wait_for(Option::is_some).await {
-            Ok(outcome) => match outcome.as_deref() {
-                Some(outcome) => outcome.clone(),
-                None => self.lost(),
-            },
-            Err(_) => self.lost(),
-        }
-    }
-
-    /// The supervisor ended without publishing an outcome (it cannot, short of a bug or a
-    /// kill): report that instead of hanging.
-    fn lost(&self) -> RunOutcome {
-        RunOutcome::Failed {
-            run_id: self.run_id,
-            error: RunError::Supervisor("run supervisor ended without an outcome".into()),
-            outputs: Default::default(),
-            history: Default::default(),
-        }
-    }
-}
-
-/// A run's events, in order.
-#[derive(Debug)]
-pub struct EventStream {
-    rx: broadcast::Receiver<RunEvent>,
-    done: bool,
-}
-
-impl EventStream {
-    /// The next event; `None` after the run finished. A subscriber too slow to keep up with
-    /// the event buffer gets [`RunEvent::EventsMissed`] in place of the events it missed.
-    pub async fn next(&mut self) -> Option<RunEvent> {
-        if self.done {
-            return None;
-        }
-        match self.rx.recv().await {
-            Ok(event) => {
-                if matches!(event, RunEvent::RunFinished { .. }) {
-                    self.done = true;
-                }
-                Some(event)
-            }
-            Err(broadcast::error::RecvError::Lagged(count)) => {
-                Some(RunEvent::EventsMissed { count })
-            }
-            Err(broadcast::error::RecvError::Closed) => {
-                self.done = true;
-                None
-            }
-        }
-    }
 }

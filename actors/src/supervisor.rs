@@ -4,6 +4,12 @@
 //!
 //! The default ractor supervisor handler stops the parent when any child exits; this one
 //! overrides it: a child's normal exit is a node completion, its failure a node failure.
+//!
+//! Stopping never blocks the mailbox. A stop (or a node failure) puts the run in *stopping*:
+//! no node starts any more, every running node's stop flag is raised (and, when forced, its
+//! handler aborted), and each node hands its report over as it ends. When the last child has
+//! reported, the run persists once (history, checkpoint, run record) and publishes its
+//! outcome. Meanwhile a second stop can escalate graceful to force, and timers bound both.
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex};
@@ -15,39 +21,62 @@ use tokio_util::sync::CancellationToken;
 
 use crate::event::{NodePath, RunEvent};
 use crate::handler::{NodeContext, NodeError, RunInfo};
-use crate::ids::NodeId;
+use crate::ids::{CheckpointId, NodeId, RunId};
 use crate::message::{Message, now_ms};
 use crate::node::{NodeActor, NodeArgs, NodeEnd, NodeMsg, NodeReport, NodeStatus};
 use crate::outcome::{HistoryFlush, RunError, RunOutcome};
+use crate::probe::ProbeStop;
 use crate::reference::{NodeLookup, Scope};
-use crate::registry::{ActorTree, LiveState};
+use crate::registry::{ActorTree, LiveRun, LiveState};
 use crate::runtime::Services;
 use crate::scheduler::{NodeIndex, Schedule};
-use crate::store::RunRecord;
+use crate::snapshot::{CompletedNode, Snapshot};
+use crate::stop::{Interrupted, StopMode, StopReason, StopResult};
+use crate::store::{RunRecord, StoredCheckpoint};
 use crate::value::{Map, Value};
 use crate::workflow::Plan;
 
-/// How long a failing run waits for its other nodes to hand over what they hold.
-const HALT_GRACE: Duration = Duration::from_secs(1);
+/// How long aborted nodes get to hand over their reports before they are given up on.
+const FORCE_GRACE: Duration = Duration::from_secs(2);
 
 /// Messages a run supervisor handles.
 #[derive(Debug)]
 pub(crate) enum RunMsg {
     /// Report the run's actor tree, as each actor describes itself.
     Tree(RpcReplyPort<ActorTree>),
+    /// Stop the run.
+    Stop {
+        /// Graceful or force.
+        mode: StopMode,
+        /// Why.
+        reason: StopReason,
+    },
+    /// The graceful timeout passed: force the nodes still running.
+    Escalate,
+    /// Aborted nodes did not all report in time: give up on the rest.
+    Deadline,
 }
 
 pub(crate) struct RunSupervisor;
+
+/// A run continued from a snapshot.
+pub(crate) struct Restore {
+    pub(crate) schedule: Schedule,
+    pub(crate) outputs: Vec<Option<Arc<Value>>>,
+    pub(crate) variables: Map,
+    pub(crate) query: Option<Value>,
+    pub(crate) parent_run_id: RunId,
+}
 
 pub(crate) struct RunArgs {
     pub(crate) plan: Arc<Plan>,
     pub(crate) run: Arc<RunInfo>,
     pub(crate) services: Arc<Services>,
-    pub(crate) live: Arc<Mutex<LiveState>>,
     pub(crate) history: Vec<Message>,
     pub(crate) produced: Vec<Message>,
     pub(crate) record: RunRecord,
     pub(crate) outcome: watch::Sender<Option<Arc<RunOutcome>>>,
+    pub(crate) restore: Option<Restore>,
 }
 
 struct Child {
@@ -55,6 +84,20 @@ struct Child {
     actor: ActorRef<NodeMsg>,
     stop: CancellationToken,
     report: oneshot::Receiver<NodeReport>,
+}
+
+/// Why the run is ending early.
+enum Cause {
+    Stop(StopReason),
+    Failure(RunError),
+}
+
+/// A run on its way down.
+struct Stopping {
+    cause: Cause,
+    /// Running nodes have been told to abort.
+    forced: bool,
+    interrupted: Vec<Interrupted>,
 }
 
 pub(crate) struct RunState {
@@ -75,6 +118,10 @@ pub(crate) struct RunState {
     children: HashMap<ActorId, Child>,
     record: RunRecord,
     outcome: watch::Sender<Option<Arc<RunOutcome>>>,
+    stopping: Option<Stopping>,
+    /// Stop timers (escalation, deadline), cancelled when the run ends.
+    timers: Vec<tokio::task::JoinHandle<()>>,
+    sequence: u64,
     span: tracing::Span,
     ended: bool,
 }
@@ -109,43 +156,69 @@ impl Actor for RunSupervisor {
 
     async fn pre_start(
         &self,
-        _myself: ActorRef<Self::Msg>,
+        myself: ActorRef<Self::Msg>,
         args: RunArgs,
     ) -> Result<Self::State, ActorProcessingErr> {
         let plan = args.plan;
+        let run = args.run;
+        let _ = run.supervisor.set(myself.clone());
+        let (schedule, outputs, variables, query) = match args.restore {
+            Some(r) => (r.schedule, r.outputs, r.variables, r.query),
+            None => (
+                Schedule::new(plan.graph.shape.clone()),
+                vec![None; plan.graph.nodes.len()],
+                plan.variables.clone(),
+                run.inputs.get("query").cloned(),
+            ),
+        };
         let mut sys = Map::new();
-        if let Some(query) = args.run.inputs.get("query") {
-            sys.insert("query".into(), query.clone());
+        if let Some(query) = query {
+            sys.insert("query".into(), query);
         }
-        sys.insert("run_id".into(), Value::String(args.run.run_id.to_string()));
-        sys.insert(
-            "thread_id".into(),
-            Value::String(args.run.thread.to_string()),
-        );
+        sys.insert("run_id".into(), Value::String(run.run_id.to_string()));
+        sys.insert("thread_id".into(), Value::String(run.thread.to_string()));
         sys.insert("workflow_id".into(), Value::String(plan.def.id.clone()));
         let span = tracing::info_span!(
             "run",
-            run_id = %args.run.run_id,
-            thread = %args.run.thread,
+            run_id = %run.run_id,
+            thread = %run.thread,
             workflow = %plan.def.id,
+        );
+        let live = Arc::new(Mutex::new(LiveState {
+            status: crate::store::RunStatus::Running,
+            running: Default::default(),
+        }));
+        args.services.registry.insert(
+            run.run_id,
+            LiveRun {
+                thread: run.thread.clone(),
+                workflow_id: plan.def.id.clone(),
+                started_at_ms: args.record.started_at_ms,
+                state: live.clone(),
+                supervisor: myself,
+                outcome: args.outcome.subscribe(),
+            },
         );
         let mut history = args.history;
         history.extend(args.produced.iter().cloned());
         Ok(RunState {
-            schedule: Schedule::new(plan.graph.shape.clone()),
-            outputs: vec![None; plan.graph.nodes.len()],
-            variables: plan.variables.clone(),
+            schedule,
+            outputs,
+            variables,
             sys,
             history,
             history_view: None,
             produced: args.produced,
             children: HashMap::new(),
             plan,
-            run: args.run,
+            run,
             services: args.services,
-            live: args.live,
+            live,
             record: args.record,
             outcome: args.outcome,
+            stopping: None,
+            timers: Vec::new(),
+            sequence: 0,
             span,
             ended: false,
         })
@@ -157,12 +230,17 @@ impl Actor for RunSupervisor {
         state: &mut Self::State,
     ) -> Result<(), ActorProcessingErr> {
         tracing::debug!(parent: &state.span, "run started");
-        let _ = state.run.events.send(RunEvent::RunStarted {
+        state.emit(RunEvent::RunStarted {
             run_id: state.run.run_id,
             thread: state.run.thread.clone(),
         });
-        let step = state.schedule.start();
-        state.launch(&myself, step.ready).await;
+        let ready: Vec<NodeIndex> = if state.record.parent_run_id.is_some() {
+            state.schedule.ready().collect()
+        } else {
+            state.schedule.start().ready
+        };
+        state.launch(&myself, ready).await;
+        state.settle(&myself).await;
         Ok(())
     }
 
@@ -174,6 +252,15 @@ impl Actor for RunSupervisor {
     ) -> Result<(), ActorProcessingErr> {
         match message {
             RunMsg::Tree(reply) => state.answer_tree(&myself, reply),
+            RunMsg::Stop { mode, reason } => {
+                state.begin_stop(&myself, Cause::Stop(reason), mode);
+                state.settle(&myself).await;
+            }
+            RunMsg::Escalate => state.escalate(&myself),
+            RunMsg::Deadline => {
+                state.abandon_children();
+                state.settle(&myself).await;
+            }
         }
         Ok(())
     }
@@ -189,66 +276,56 @@ impl Actor for RunSupervisor {
                 if let Some(mut child) = state.children.remove(&cell.get_id()) {
                     match child.report.try_recv() {
                         Ok(report) => state.on_report(&myself, report).await,
-                        Err(_) => {
-                            let error = format!(
-                                "node actor of `{}` ended without a report",
-                                state.node_id(child.node)
-                            );
-                            state.fail(&myself, RunError::Supervisor(error)).await;
-                        }
+                        Err(_) => state.on_lost(&myself, child.node, "ended without a report"),
                     }
                 }
             }
             SupervisionEvent::ActorFailed(cell, error) => {
                 if let Some(mut child) = state.children.remove(&cell.get_id()) {
-                    let path = NodePath::node(state.node_id(child.node).clone());
                     if let Ok(report) = child.report.try_recv() {
                         state.keep_messages(report.messages);
                     }
-                    let error = NodeError::Failed(format!("node actor failed: {error}"));
-                    state.node_failed(&myself, path, error).await;
+                    state.on_lost(&myself, child.node, &format!("node actor failed: {error}"));
                 }
             }
             _ => {}
         }
+        state.settle(&myself).await;
         Ok(())
     }
 
     async fn post_stop(
         &self,
-        _myself: ActorRef<Self::Msg>,
+        myself: ActorRef<Self::Msg>,
         state: &mut Self::State,
     ) -> Result<(), ActorProcessingErr> {
         // Stopped from outside (runtime teardown) before the run ended: nodes still running
-        // hand over what they hold and the run records its end, so nothing is lost.
+        // are aborted and hand over what they hold, and the run records its end.
         if !state.ended {
-            let reports = state.halt_children(true).await;
-            for report in reports {
-                state.keep_messages(report.messages);
+            state.begin_stop(&myself, Cause::Stop(StopReason::Shutdown), StopMode::Force);
+            let children: Vec<Child> = state.children.drain().map(|(_, c)| c).collect();
+            for mut child in children {
+                match tokio::time::timeout(FORCE_GRACE, &mut child.report).await {
+                    Ok(Ok(report)) => state.absorb(report),
+                    _ => {
+                        child.actor.kill();
+                        state.record_lost(child.node, "did not hand over its state in time");
+                    }
+                }
             }
-            state
-                .finish(RunError::Supervisor("run supervisor was stopped".into()).into())
-                .await;
+            state.end_run().await;
         }
         Ok(())
-    }
-}
-
-/// How a run is ending, before its messages are persisted.
-enum Ending {
-    Completed,
-    Failed(RunError),
-}
-
-impl From<RunError> for Ending {
-    fn from(e: RunError) -> Self {
-        Ending::Failed(e)
     }
 }
 
 impl RunState {
     fn node_id(&self, node: NodeIndex) -> &NodeId {
         &self.plan.graph.nodes[node].id
+    }
+
+    fn path(&self, node: NodeIndex) -> NodePath {
+        NodePath::node(self.node_id(node).clone())
     }
 
     fn live(&self) -> std::sync::MutexGuard<'_, LiveState> {
@@ -258,6 +335,10 @@ impl RunState {
     fn emit(&self, event: RunEvent) {
         // No subscriber is fine.
         let _ = self.run.events.send(event);
+    }
+
+    fn probe(&self, ask: impl FnOnce(&dyn crate::probe::Probe) -> ProbeStop) -> ProbeStop {
+        self.run.probe.as_deref().and_then(ask)
     }
 
     fn history_view(&mut self) -> Arc<[Message]> {
@@ -275,15 +356,23 @@ impl RunState {
         self.history_view = None;
     }
 
-    /// Starts the given ready nodes.
+    /// Starts the given ready nodes, unless the run is stopping.
     async fn launch(&mut self, myself: &ActorRef<RunMsg>, ready: Vec<NodeIndex>) {
         for node in ready {
-            if self.ended {
+            if self.stopping.is_some() || self.ended {
                 return;
             }
-            if let Err(error) = self.spawn_node(myself, node).await {
-                let path = NodePath::node(self.node_id(node).clone());
-                self.node_failed(myself, path, error).await;
+            let path = self.path(node);
+            if let Some((mode, reason)) = self.probe(|p| p.before_node(self.run.run_id, &path)) {
+                self.begin_stop(myself, Cause::Stop(reason), mode);
+                return;
+            }
+            if let Err(error) = self.spawn_node(myself, node, path.clone()).await {
+                self.node_failed(myself, path, error);
+                return;
+            }
+            if let Some((mode, reason)) = self.probe(|p| p.node_started(self.run.run_id, &path)) {
+                self.begin_stop(myself, Cause::Stop(reason), mode);
                 return;
             }
         }
@@ -293,6 +382,7 @@ impl RunState {
         &mut self,
         myself: &ActorRef<RunMsg>,
         node: NodeIndex,
+        path: NodePath,
     ) -> Result<(), NodeError> {
         let input = self.plan.graph.nodes[node].params.resolve(self)?;
         let planned = &self.plan.graph.nodes[node];
@@ -301,7 +391,6 @@ impl RunState {
             planned.kind.clone(),
             planned.handler.clone(),
         );
-        let path = NodePath::node(id.clone());
         let stop = CancellationToken::new();
         let history = self.history_view();
         let ctx = NodeContext::new(
@@ -324,9 +413,16 @@ impl RunState {
         self.schedule
             .mark_running(node)
             .map_err(|e| NodeError::Failed(format!("scheduler: {e}")))?;
-        let (actor, _) = Actor::spawn_linked(None, NodeActor, args, myself.get_cell())
-            .await
-            .map_err(|e| NodeError::Failed(format!("could not spawn node actor: {e}")))?;
+        let spawned = Actor::spawn_linked(None, NodeActor, args, myself.get_cell()).await;
+        let (actor, _) = match spawned {
+            Ok(spawned) => spawned,
+            Err(e) => {
+                let _ = self.schedule.requeue(node);
+                return Err(NodeError::Failed(format!(
+                    "could not spawn node actor: {e}"
+                )));
+            }
+        };
         self.children.insert(
             actor.get_id(),
             Child {
@@ -341,144 +437,314 @@ impl RunState {
         Ok(())
     }
 
-    /// A child ended normally and handed over its report.
+    /// A child ended and handed over its report.
     async fn on_report(&mut self, myself: &ActorRef<RunMsg>, report: NodeReport) {
         let node = report.node;
-        let id = self.node_id(node).clone();
-        self.live().running.remove(&id);
-        self.keep_messages(report.messages);
-        let path = NodePath::node(id);
+        let path = self.path(node);
         match report.end {
             NodeEnd::Completed(output) => {
+                self.live().running.remove(self.node_id(node));
+                self.keep_messages(report.messages);
                 let value = Arc::new(output.value);
                 self.outputs[node] = Some(value.clone());
                 for (name, v) in output.variables {
                     self.variables.insert(name, v);
                 }
                 self.emit(RunEvent::NodeFinished {
-                    path,
+                    path: path.clone(),
                     output: value,
                 });
                 let step = match self.schedule.complete(node, &output.route) {
                     Ok(step) => step,
                     Err(e) => {
-                        self.fail(myself, RunError::Supervisor(format!("scheduler: {e}")))
-                            .await;
+                        let error = RunError::Supervisor(format!("scheduler: {e}"));
+                        self.begin_stop(myself, Cause::Failure(error), StopMode::Force);
                         return;
                     }
                 };
                 for skipped in step.skipped {
-                    let path = NodePath::node(self.node_id(skipped).clone());
+                    let path = self.path(skipped);
                     self.emit(RunEvent::NodeSkipped { path });
                 }
-                self.launch(myself, step.ready).await;
-                if !self.ended && self.schedule.is_done() && self.children.is_empty() {
-                    self.finish(Ending::Completed).await;
-                    myself.stop(None);
+                if self.stopping.is_none() {
+                    if let Some((mode, reason)) =
+                        self.probe(|p| p.node_completed(self.run.run_id, &path))
+                    {
+                        self.begin_stop(myself, Cause::Stop(reason), mode);
+                    }
                 }
+                self.launch(myself, step.ready).await;
             }
-            NodeEnd::Failed(error) => self.node_failed(myself, path, error).await,
-            NodeEnd::Interrupted { .. } => {
+            NodeEnd::Failed(error) if self.stopping.is_none() => {
+                self.live().running.remove(self.node_id(node));
+                self.keep_messages(report.messages);
+                self.keep_partial(node, &report.partial);
+                let _ = self.schedule.requeue(node);
+                self.node_failed(myself, path, error);
+            }
+            NodeEnd::Interrupted { .. } if self.stopping.is_none() => {
                 let error = NodeError::Failed("interrupted without a stop request".into());
-                self.node_failed(myself, path, error).await;
+                self.absorb(NodeReport {
+                    end: NodeEnd::Failed(error.clone()),
+                    ..report
+                });
+                self.node_failed(myself, path, error);
             }
+            _ => self.absorb(report),
         }
     }
 
-    async fn node_failed(&mut self, myself: &ActorRef<RunMsg>, path: NodePath, error: NodeError) {
-        if let Some(id) = path.leaf() {
-            self.live().running.remove(id);
+    /// Records the report of a node cut short by the stop: its messages and partial text are
+    /// kept and it goes back to the frontier, to run again on resume.
+    fn absorb(&mut self, report: NodeReport) {
+        let node = report.node;
+        self.live().running.remove(self.node_id(node));
+        self.keep_messages(report.messages);
+        let partial = self.keep_partial(node, &report.partial);
+        let (forced, error) = match report.end {
+            NodeEnd::Interrupted { forced } => (forced, None),
+            NodeEnd::Failed(e) => (false, Some(e.to_string())),
+            NodeEnd::Completed(_) => (false, None),
+        };
+        let _ = self.schedule.requeue(node);
+        let path = self.path(node);
+        if let Some(stopping) = &mut self.stopping {
+            stopping.interrupted.push(Interrupted {
+                path,
+                forced,
+                partial,
+                chunks: report.chunks,
+                error,
+            });
         }
+    }
+
+    /// Keeps streamed text of a node that did not complete as a truncated assistant message.
+    fn keep_partial(&mut self, node: NodeIndex, partial: &str) -> Option<String> {
+        if partial.is_empty() {
+            return None;
+        }
+        let mut message = Message::assistant(partial);
+        message.truncated = true;
+        message.run_id = Some(self.run.run_id);
+        message.node_id = Some(self.node_id(node).clone());
+        self.keep_messages(vec![message]);
+        Some(partial.to_owned())
+    }
+
+    /// A child ended without handing over a report (killed or crashed): what it held is lost,
+    /// which is recorded and fails the run unless it is stopping anyway.
+    fn on_lost(&mut self, myself: &ActorRef<RunMsg>, node: NodeIndex, why: &str) {
+        if self.stopping.is_some() {
+            self.record_lost(node, why);
+            return;
+        }
+        self.live().running.remove(self.node_id(node));
+        let _ = self.schedule.requeue(node);
+        let path = self.path(node);
+        self.node_failed(myself, path, NodeError::Failed(why.to_owned()));
+    }
+
+    fn record_lost(&mut self, node: NodeIndex, why: &str) {
+        tracing::error!(parent: &self.span, node = %self.node_id(node), why, "node output lost");
+        self.live().running.remove(self.node_id(node));
+        let _ = self.schedule.requeue(node);
+        let path = self.path(node);
+        if let Some(stopping) = &mut self.stopping {
+            stopping.interrupted.push(Interrupted {
+                path,
+                forced: true,
+                partial: None,
+                chunks: 0,
+                error: Some(format!("node {why}; what it held is lost")),
+            });
+        }
+    }
+
+    fn node_failed(&mut self, myself: &ActorRef<RunMsg>, path: NodePath, error: NodeError) {
         tracing::warn!(parent: &self.span, node = %path, %error, "node failed");
         self.emit(RunEvent::NodeFailed {
             path: path.clone(),
             error: error.to_string(),
         });
-        self.fail(myself, RunError::Node { path, error }).await;
+        self.begin_stop(
+            myself,
+            Cause::Failure(RunError::Node { path, error }),
+            StopMode::Force,
+        );
     }
 
-    /// Ends the run as failed: other running nodes are stopped and hand over their messages.
-    async fn fail(&mut self, myself: &ActorRef<RunMsg>, error: RunError) {
+    /// Puts the run into stopping (or escalates a graceful stop in progress to force).
+    fn begin_stop(&mut self, myself: &ActorRef<RunMsg>, cause: Cause, mode: StopMode) {
         if self.ended {
             return;
         }
-        for report in self.halt_children(true).await {
-            self.keep_messages(report.messages);
+        if self.stopping.is_some() {
+            if mode == StopMode::Force {
+                self.escalate(myself);
+            }
+            return;
         }
-        self.finish(error.into()).await;
-        myself.stop(None);
-    }
-
-    /// Asks every running node to stop (aborting its handler if `force`), and collects what
-    /// each hands over. A node that does not answer within the grace period is aborted; one
-    /// that still does not answer is killed and reported as lost.
-    async fn halt_children(&mut self, force: bool) -> Vec<NodeReport> {
-        let children: Vec<Child> = self.children.drain().map(|(_, c)| c).collect();
-        for child in &children {
+        if let Cause::Stop(reason) = &cause {
+            tracing::info!(parent: &self.span, %reason, ?mode, "stopping");
+            self.emit(RunEvent::Stopping { reason: *reason });
+        }
+        self.stopping = Some(Stopping {
+            cause,
+            forced: false,
+            interrupted: Vec::new(),
+        });
+        for child in self.children.values() {
             child.stop.cancel();
-            if force {
-                let _ = child.actor.send_message(NodeMsg::Abort);
-            }
         }
-        let deadline = tokio::time::Instant::now() + HALT_GRACE;
-        let mut reports = Vec::with_capacity(children.len());
-        for mut child in children {
-            let report = match tokio::time::timeout_at(deadline, &mut child.report).await {
-                Ok(result) => result.ok(),
-                Err(_) => {
-                    let _ = child.actor.send_message(NodeMsg::Abort);
-                    tokio::time::timeout(HALT_GRACE, &mut child.report)
-                        .await
-                        .ok()
-                        .and_then(Result::ok)
-                }
-            };
-            match report {
-                Some(report) => reports.push(report),
-                None => {
-                    child.actor.kill();
-                    tracing::error!(
-                        parent: &self.span,
-                        node = %self.node_id(child.node),
-                        "node did not hand over its state; its unflushed output is lost"
-                    );
-                }
+        match mode {
+            StopMode::Force => self.escalate(myself),
+            StopMode::Graceful { timeout } if !self.children.is_empty() => {
+                self.timer(myself, timeout, || RunMsg::Escalate);
             }
+            StopMode::Graceful { .. } => {}
         }
-        self.live().running.clear();
-        reports
     }
 
-    /// Persists the run's end once: history, then the run record; publishes the outcome.
-    async fn finish(&mut self, ending: Ending) {
+    /// Aborts every node still running.
+    fn escalate(&mut self, myself: &ActorRef<RunMsg>) {
+        let Some(stopping) = &mut self.stopping else {
+            return;
+        };
+        if stopping.forced || self.ended {
+            return;
+        }
+        stopping.forced = true;
+        for child in self.children.values() {
+            child.stop.cancel();
+            let _ = child.actor.send_message(NodeMsg::Abort);
+        }
+        if !self.children.is_empty() {
+            self.timer(myself, FORCE_GRACE, || RunMsg::Deadline);
+        }
+    }
+
+    /// Sends a message to this run after a delay, unless the run has ended by then.
+    fn timer(&mut self, myself: &ActorRef<RunMsg>, after: Duration, msg: fn() -> RunMsg) {
+        let me = myself.clone();
+        self.timers.push(tokio::spawn(async move {
+            tokio::time::sleep(after).await;
+            let _ = me.send_message(msg());
+        }));
+    }
+
+    /// Gives up on children that did not report after being aborted.
+    fn abandon_children(&mut self) {
+        let children: Vec<Child> = self.children.drain().map(|(_, c)| c).collect();
+        for mut child in children {
+            match child.report.try_recv() {
+                Ok(report) => self.absorb(report),
+                Err(_) => {
+                    child.actor.kill();
+                    self.record_lost(child.node, "did not hand over its state after an abort");
+                }
+            }
+        }
+    }
+
+    /// Ends the run when there is nothing left to wait for.
+    async fn settle(&mut self, myself: &ActorRef<RunMsg>) {
+        if self.ended || !self.children.is_empty() {
+            return;
+        }
+        if self.stopping.is_some() || self.schedule.is_done() {
+            self.end_run().await;
+            myself.stop(None);
+        }
+    }
+
+    /// Persists the run's end once: history, checkpoint, run record; publishes the outcome.
+    async fn end_run(&mut self) {
         if self.ended {
             return;
         }
         self.ended = true;
+        for timer in self.timers.drain(..) {
+            timer.abort();
+        }
+        let stopping = self.stopping.take();
         let history = self.persist_history().await;
+        let (status, stop_reason) = match stopping.as_ref().map(|s| &s.cause) {
+            None => (crate::store::RunStatus::Succeeded, None),
+            Some(Cause::Failure(_)) => (crate::store::RunStatus::Failed, None),
+            Some(Cause::Stop(reason)) => (reason.status(), Some(*reason)),
+        };
+        let (checkpoint_id, checkpoint_error) = match self
+            .write_checkpoint(status, stop_reason, &history)
+            .await
+        {
+            Ok(id) => (Some(id), None),
+            Err(e) => {
+                tracing::error!(parent: &self.span, error = %e, "could not write the final checkpoint");
+                (None, Some(e))
+            }
+        };
         let outputs: BTreeMap<NodeId, Value> = self
             .outputs
             .iter()
             .enumerate()
             .filter_map(|(i, v)| Some((self.node_id(i).clone(), Value::clone(v.as_ref()?))))
             .collect();
-        let outcome = match ending {
-            Ending::Completed => RunOutcome::Completed {
-                run_id: self.run.run_id,
+        let run_id = self.run.run_id;
+        let outcome = match stopping {
+            None => RunOutcome::Completed {
+                run_id,
                 outputs,
                 variables: self.variables.clone(),
                 history,
             },
-            Ending::Failed(error) => RunOutcome::Failed {
-                run_id: self.run.run_id,
+            Some(Stopping {
+                cause: Cause::Failure(error),
+                ..
+            }) => RunOutcome::Failed {
+                run_id,
                 error,
                 outputs,
                 history,
             },
+            Some(Stopping {
+                cause: Cause::Stop(reason),
+                interrupted,
+                ..
+            }) => {
+                let partial: Vec<&str> = interrupted
+                    .iter()
+                    .filter_map(|i| i.partial.as_deref())
+                    .collect();
+                let partial_response = (!partial.is_empty()).then(|| partial.join("\n"));
+                RunOutcome::Stopped(StopResult {
+                    run_id,
+                    reason,
+                    forced: interrupted
+                        .iter()
+                        .filter(|i| i.forced)
+                        .filter_map(|i| i.path.leaf().cloned())
+                        .collect(),
+                    finished: self
+                        .schedule
+                        .completions()
+                        .iter()
+                        .map(|(n, _)| self.node_id(*n).clone())
+                        .collect(),
+                    frontier: self.frontier(),
+                    interrupted,
+                    outputs,
+                    partial_response,
+                    messages: history,
+                    checkpoint_id,
+                    checkpoint_error: checkpoint_error.clone(),
+                })
+            }
         };
-        let status = outcome.status();
         self.record.status = status;
         self.record.finished_at_ms = Some(now_ms());
+        self.record.checkpoint_id = checkpoint_id.or(self.record.checkpoint_id);
+        self.record.stop_reason = stop_reason.map(|r| r.as_str().to_owned());
         self.record.failure_reason = outcome.error().map(ToString::to_string);
         self.record.unpersisted = outcome.history().error.as_ref().map(|e| {
             format!(
@@ -486,17 +752,29 @@ impl RunState {
                 outcome.history().not_persisted.len()
             )
         });
+        if let Some(e) = checkpoint_error {
+            let note = format!("checkpoint not written: {e}");
+            self.record.unpersisted = Some(match self.record.unpersisted.take() {
+                Some(prev) => format!("{prev}; {note}"),
+                None => note,
+            });
+        }
         if let Err(e) = self.services.runs.put(&self.record).await {
             tracing::error!(parent: &self.span, error = %e, "could not record the run's end");
         }
         self.live().status = status;
+        self.live().running.clear();
         tracing::info!(parent: &self.span, %status, "run ended");
+        self.services.registry.remove(&run_id);
         self.outcome.send_replace(Some(Arc::new(outcome)));
-        self.emit(RunEvent::RunFinished {
-            run_id: self.run.run_id,
-            status,
-        });
-        self.services.registry.remove(&self.run.run_id);
+        self.emit(RunEvent::RunFinished { run_id, status });
+    }
+
+    fn frontier(&self) -> Vec<NodeId> {
+        self.schedule
+            .ready()
+            .map(|n| self.node_id(n).clone())
+            .collect()
     }
 
     async fn persist_history(&mut self) -> HistoryFlush {
@@ -530,6 +808,58 @@ impl RunState {
         }
     }
 
+    /// Writes a snapshot of the run; messages the history store refused travel in it, so a
+    /// resume persists them.
+    async fn write_checkpoint(
+        &mut self,
+        status: crate::store::RunStatus,
+        stop_reason: Option<StopReason>,
+        history: &HistoryFlush,
+    ) -> Result<CheckpointId, String> {
+        self.sequence += 1;
+        let snapshot = Snapshot {
+            run_id: self.run.run_id,
+            parent_run_id: self.record.parent_run_id,
+            thread: self.run.thread.clone(),
+            sequence: self.sequence,
+            created_at_ms: now_ms(),
+            status,
+            stop_reason,
+            workflow: self.plan.def.to_json(),
+            inputs: Map::clone(&self.run.inputs),
+            query: self.sys.get("query").cloned(),
+            variables: self.variables.clone(),
+            completed: self
+                .schedule
+                .completions()
+                .iter()
+                .map(|(n, route)| CompletedNode {
+                    node: self.node_id(*n).clone(),
+                    route: route.clone(),
+                    output: self.outputs[*n].as_deref().cloned().unwrap_or_default(),
+                })
+                .collect(),
+            frontier: self.frontier(),
+            pending_messages: history.not_persisted.clone(),
+        };
+        let bytes = snapshot.encode().map_err(|e| e.to_string())?;
+        let id = CheckpointId::new();
+        self.services
+            .checkpoints
+            .put(
+                &self.run.thread,
+                StoredCheckpoint {
+                    id,
+                    run: self.run.run_id,
+                    sequence: self.sequence,
+                    bytes,
+                },
+            )
+            .await
+            .map_err(|e| e.to_string())?;
+        Ok(id)
+    }
+
     /// Answers a tree query without blocking the run: each node actor is asked in a task.
     fn answer_tree(&self, myself: &ActorRef<RunMsg>, reply: RpcReplyPort<ActorTree>) {
         let children: Vec<(NodeId, ActorRef<NodeMsg>)> = self
@@ -538,11 +868,16 @@ impl RunState {
             .map(|c| (self.node_id(c.node).clone(), c.actor.clone()))
             .collect();
         let timeout = self.services.config.query_timeout;
+        let status = if self.stopping.is_some() {
+            "stopping".to_owned()
+        } else {
+            self.live().status.to_string()
+        };
         let me = ActorTree {
             actor_id: myself.get_id().to_string(),
             kind: "run_supervisor",
             node_id: None,
-            status: self.live().status.to_string(),
+            status,
             children: Vec::new(),
         };
         tokio::spawn(async move {

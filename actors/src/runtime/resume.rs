@@ -1,0 +1,235 @@
+//! Resume: a new run on the same thread that continues from a checkpoint's frontier.
+//!
+//! Completed nodes never run again (their outputs come from the snapshot); interrupted nodes
+//! and ready nodes that had not started run from their start. The resumed run sees the thread's
+//! history, which holds every message persisted at the stop exactly once (history appends are
+//! idempotent by message id, and messages the store refused at the stop travel in the snapshot
+//! and are persisted first). Resuming from an older checkpoint of the thread forks: the
+//! original runs and checkpoints are untouched.
+
+use std::sync::Arc;
+
+use super::{Launch, RunHandle, Runtime, StartError};
+use crate::ids::{CheckpointId, RunId, ThreadId};
+use crate::message::Message;
+use crate::scheduler::Schedule;
+use crate::snapshot::{Snapshot, SnapshotError};
+use crate::store::{RunStatus, StoreError};
+use crate::supervisor::Restore;
+use crate::value::Value;
+use crate::workflow::ValidationErrors;
+
+/// Where to resume from.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ResumeFrom {
+    /// The newest checkpoint of a thread.
+    Thread(ThreadId),
+    /// A named checkpoint of a thread (a fork when it is not the newest).
+    Checkpoint {
+        /// The thread.
+        thread: ThreadId,
+        /// The checkpoint.
+        checkpoint: CheckpointId,
+    },
+}
+
+impl From<ThreadId> for ResumeFrom {
+    fn from(thread: ThreadId) -> Self {
+        ResumeFrom::Thread(thread)
+    }
+}
+
+/// What to resume with.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub enum ResumeInput {
+    /// Continue as is.
+    #[default]
+    Continue,
+    /// Continue with a new instruction from the user: it is appended to history as a user
+    /// message and becomes `{{sys.query}}`.
+    Instruction(String),
+}
+
+/// Why a run could not be resumed.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+#[non_exhaustive]
+pub enum ResumeError {
+    /// The thread has no checkpoint.
+    #[error("thread `{0}` has no checkpoint to resume from")]
+    NoCheckpoint(ThreadId),
+    /// The named checkpoint does not exist.
+    #[error("thread `{thread}` has no checkpoint {checkpoint}")]
+    CheckpointNotFound {
+        /// The thread.
+        thread: ThreadId,
+        /// The checkpoint asked for.
+        checkpoint: CheckpointId,
+    },
+    /// A run of the thread is live in this process.
+    #[error("thread `{thread}` has a live run {run}; stop it before resuming")]
+    ThreadBusy {
+        /// The thread.
+        thread: ThreadId,
+        /// Its live run.
+        run: RunId,
+    },
+    /// The checkpoint's run completed: there is nothing left to run.
+    #[error("checkpoint {checkpoint} is of run {run}, which {status}; nothing to resume")]
+    NothingToResume {
+        /// The checkpoint.
+        checkpoint: CheckpointId,
+        /// Its run.
+        run: RunId,
+        /// That run's status.
+        status: RunStatus,
+    },
+    /// The checkpoint cannot be decoded.
+    #[error("checkpoint {checkpoint} is not resumable: {error}")]
+    Corrupt {
+        /// The checkpoint.
+        checkpoint: CheckpointId,
+        /// What is wrong with it.
+        error: SnapshotError,
+    },
+    /// The checkpoint's workflow does not validate on this runtime (a kind is missing).
+    #[error("the workflow of checkpoint {checkpoint} does not validate here: {errors}")]
+    Workflow {
+        /// The checkpoint.
+        checkpoint: CheckpointId,
+        /// The problems.
+        errors: ValidationErrors,
+    },
+    /// The checkpoint does not fit its workflow or thread.
+    #[error("checkpoint {checkpoint} is inconsistent: {reason}")]
+    Inconsistent {
+        /// The checkpoint.
+        checkpoint: CheckpointId,
+        /// What does not fit.
+        reason: String,
+    },
+    /// A store failed.
+    #[error("store error while resuming: {0}")]
+    Store(StoreError),
+    /// The new run could not start.
+    #[error(transparent)]
+    Start(#[from] StartError),
+}
+
+impl Runtime {
+    /// Resumes a thread from its newest checkpoint, or from a named one (a fork).
+    pub async fn resume(
+        &self,
+        from: impl Into<ResumeFrom>,
+        input: ResumeInput,
+    ) -> Result<RunHandle, ResumeError> {
+        let from = from.into();
+        let thread = match &from {
+            ResumeFrom::Thread(t) | ResumeFrom::Checkpoint { thread: t, .. } => t.clone(),
+        };
+        if let Some(live) = self
+            .registry()
+            .list()
+            .into_iter()
+            .find(|r| r.thread == thread)
+        {
+            return Err(ResumeError::ThreadBusy {
+                thread,
+                run: live.run_id,
+            });
+        }
+        let stored = match &from {
+            ResumeFrom::Thread(_) => self
+                .checkpoint_store()
+                .latest(&thread)
+                .await
+                .map_err(ResumeError::Store)?
+                .ok_or_else(|| ResumeError::NoCheckpoint(thread.clone()))?,
+            ResumeFrom::Checkpoint { checkpoint, .. } => self
+                .checkpoint_store()
+                .get(&thread, *checkpoint)
+                .await
+                .map_err(ResumeError::Store)?
+                .ok_or_else(|| ResumeError::CheckpointNotFound {
+                    thread: thread.clone(),
+                    checkpoint: *checkpoint,
+                })?,
+        };
+        let checkpoint = stored.id;
+        let snapshot = Snapshot::decode(&stored.bytes)
+            .map_err(|error| ResumeError::Corrupt { checkpoint, error })?;
+        let inconsistent = |reason: String| ResumeError::Inconsistent { checkpoint, reason };
+        if snapshot.thread != thread {
+            return Err(inconsistent(format!(
+                "it belongs to thread `{}`",
+                snapshot.thread
+            )));
+        }
+        if snapshot.status == RunStatus::Succeeded {
+            return Err(ResumeError::NothingToResume {
+                checkpoint,
+                run: snapshot.run_id,
+                status: snapshot.status,
+            });
+        }
+        let workflow = self
+            .load_json(&snapshot.workflow)
+            .map_err(|errors| ResumeError::Workflow { checkpoint, errors })?;
+        let plan = workflow.plan().clone();
+        let mut completions = Vec::with_capacity(snapshot.completed.len());
+        let mut outputs = vec![None; plan.graph.nodes.len()];
+        for done in snapshot.completed {
+            let index =
+                *plan.graph.index.get(&done.node).ok_or_else(|| {
+                    inconsistent(format!("no node `{}` in its workflow", done.node))
+                })?;
+            outputs[index] = Some(Arc::new(done.output));
+            completions.push((index, done.route));
+        }
+        let schedule = Schedule::restore(plan.graph.shape.clone(), &completions)
+            .map_err(|e| inconsistent(format!("completions do not replay: {e}")))?;
+
+        let mut history = self.load_history(&thread).await?;
+        let run_id = RunId::new();
+        let mut produced = Vec::new();
+        if !snapshot.pending_messages.is_empty() {
+            // Messages the store refused at the stop: persist them now (idempotent), or keep
+            // them with this run's messages so its end retries.
+            match self
+                .history_store()
+                .append(&thread, &snapshot.pending_messages)
+                .await
+            {
+                Ok(()) => history = self.load_history(&thread).await?,
+                Err(e) => {
+                    tracing::warn!(%thread, error = %e, "pending messages still not persisted");
+                    produced.extend(snapshot.pending_messages);
+                }
+            }
+        }
+        let mut query = snapshot.query;
+        if let ResumeInput::Instruction(text) = input {
+            let mut message = Message::user(text.clone());
+            message.run_id = Some(run_id);
+            produced.push(message);
+            query = Some(Value::String(text));
+        }
+        let handle = self
+            .launch(Launch {
+                run_id,
+                plan,
+                inputs: snapshot.inputs,
+                thread,
+                history,
+                produced,
+                restore: Some(Restore {
+                    schedule,
+                    outputs,
+                    variables: snapshot.variables,
+                    query,
+                    parent_run_id: snapshot.run_id,
+                }),
+            })
+            .await?;
+        Ok(handle)
+    }
+}
