@@ -5,3 +5,4 @@ mod support;
 mod dag;
 mod references;
 mod switch;
+mod validation;
