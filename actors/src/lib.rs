@@ -15,6 +15,8 @@ pub mod scheduler;
 pub mod schema;
 pub mod snapshot;
 pub mod store;
+#[cfg(feature = "testkit")]
+pub mod testkit;
 pub mod value;
 pub mod workflow;
 

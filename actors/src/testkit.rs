@@ -1,0 +1,352 @@
+//! Testkit (cargo feature `testkit`): scripted interrupts and persisted-state inspection, for
+//! host services that want to prove their workflows survive a stop at any point.
+//!
+//! ```no_run
+//! # async fn demo(workflow: runvisor_actors::Workflow) {
+//! use runvisor_actors::testkit::{Interrupt, Script, persisted};
+//! use runvisor_actors::{Map, Runtime, StopMode, ThreadId};
+//! let script = Script::new().interrupt(Interrupt::after_chunks("llm", 3));
+//! let runtime = script.install(Runtime::builder()).build();
+//! let thread = ThreadId::new("t1").unwrap();
+//! let run = runtime.start(&workflow, Map::new(), thread.clone()).await.unwrap();
+//! let outcome = run.wait().await;
+//! let stop = outcome.stop_result().expect("stopped by the script");
+//! assert_eq!(stop.partial_response.as_deref(), Some("one two three"));
+//! let state = persisted(&runtime, &thread).await;
+//! assert!(state.history.iter().any(|m| m.truncated));
+//! # }
+//! ```
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+use async_trait::async_trait;
+
+use crate::event::NodePath;
+use crate::handler::{NodeContext, NodeError, NodeHandler, NodeOutput};
+use crate::ids::{CheckpointId, NodeId, RunId, ThreadId};
+use crate::message::Message;
+use crate::probe::{Probe, ProbeStop};
+use crate::runtime::{Runtime, RuntimeBuilder};
+use crate::snapshot::{Snapshot, SnapshotError};
+use crate::stop::{StopMode, StopReason};
+use crate::store::RunRecord;
+use crate::value::{Map, Value};
+
+/// Where an interrupt fires.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum At {
+    /// Just before the node would start: it never starts.
+    BeforeNode(String),
+    /// Right after the node's handler task was spawned: the handler sees the stop at once.
+    DuringNode(String),
+    /// After the node streamed this many chunks (all kept); the next chunk is refused.
+    AfterChunks(String, u64),
+    /// At the instant the node's completion is recorded, before its successors start.
+    OnCompletion(String),
+}
+
+/// One scripted stop. Fires once.
+#[derive(Debug)]
+pub struct Interrupt {
+    at: At,
+    mode: StopMode,
+    reason: StopReason,
+    fired: AtomicBool,
+}
+
+impl Interrupt {
+    fn new(at: At) -> Self {
+        Self {
+            at,
+            mode: StopMode::graceful(),
+            reason: StopReason::UserInterrupted,
+            fired: AtomicBool::new(false),
+        }
+    }
+
+    /// Stop before `node` starts.
+    pub fn before(node: impl Into<String>) -> Self {
+        Self::new(At::BeforeNode(node.into()))
+    }
+
+    /// Stop while `node` runs.
+    pub fn during(node: impl Into<String>) -> Self {
+        Self::new(At::DuringNode(node.into()))
+    }
+
+    /// Stop after `node` streamed `chunks` chunks.
+    pub fn after_chunks(node: impl Into<String>, chunks: u64) -> Self {
+        Self::new(At::AfterChunks(node.into(), chunks))
+    }
+
+    /// Stop at the instant `node` completes.
+    pub fn on_completion(node: impl Into<String>) -> Self {
+        Self::new(At::OnCompletion(node.into()))
+    }
+
+    /// Make it a force stop (default: graceful, 30 s).
+    pub fn force(mut self) -> Self {
+        self.mode = StopMode::Force;
+        self
+    }
+
+    /// Make it a graceful stop with this timeout.
+    pub fn graceful(mut self, timeout: Duration) -> Self {
+        self.mode = StopMode::Graceful { timeout };
+        self
+    }
+
+    /// Stop for this reason (default `UserInterrupted`).
+    pub fn reason(mut self, reason: StopReason) -> Self {
+        self.reason = reason;
+        self
+    }
+
+    fn fire(&self, at: &At) -> ProbeStop {
+        if &self.at == at && !self.fired.swap(true, Ordering::SeqCst) {
+            Some((self.mode, self.reason))
+        } else {
+            None
+        }
+    }
+}
+
+/// A set of scripted interrupts, installed on a runtime as its probe.
+#[derive(Debug, Clone, Default)]
+pub struct Script {
+    interrupts: Arc<Vec<Interrupt>>,
+}
+
+impl Script {
+    /// No interrupts yet.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Adds an interrupt. (Add them all before [`install`](Self::install).)
+    pub fn interrupt(mut self, interrupt: Interrupt) -> Self {
+        if let Some(list) = Arc::get_mut(&mut self.interrupts) {
+            list.push(interrupt);
+        } else {
+            let mut list: Vec<Interrupt> = Vec::new();
+            list.push(interrupt);
+            self.interrupts = Arc::new(list);
+        }
+        self
+    }
+
+    /// Installs the script on a runtime builder.
+    pub fn install(&self, builder: RuntimeBuilder) -> RuntimeBuilder {
+        builder.probe(Arc::new(self.clone()))
+    }
+
+    /// The interrupts that have fired.
+    pub fn fired(&self) -> Vec<At> {
+        self.interrupts
+            .iter()
+            .filter(|i| i.fired.load(Ordering::SeqCst))
+            .map(|i| i.at.clone())
+            .collect()
+    }
+
+    fn check(&self, at: At) -> ProbeStop {
+        self.interrupts.iter().find_map(|i| i.fire(&at))
+    }
+}
+
+fn leaf(path: &NodePath) -> String {
+    path.leaf().map(|n| n.to_string()).unwrap_or_default()
+}
+
+impl Probe for Script {
+    fn before_node(&self, _run: RunId, path: &NodePath) -> ProbeStop {
+        self.check(At::BeforeNode(leaf(path)))
+    }
+
+    fn node_started(&self, _run: RunId, path: &NodePath) -> ProbeStop {
+        self.check(At::DuringNode(leaf(path)))
+    }
+
+    fn chunk(&self, _run: RunId, path: &NodePath, count: u64) -> ProbeStop {
+        self.check(At::AfterChunks(leaf(path), count))
+    }
+
+    fn node_completed(&self, _run: RunId, path: &NodePath) -> ProbeStop {
+        self.check(At::OnCompletion(leaf(path)))
+    }
+}
+
+/// What the stores hold for a thread: its history, its newest checkpoint and the record of the
+/// run that wrote it.
+#[derive(Debug, Clone)]
+pub struct Persisted {
+    /// The thread's history, oldest first.
+    pub history: Vec<Message>,
+    /// The newest checkpoint, decoded.
+    pub checkpoint: Option<(CheckpointId, Result<Snapshot, SnapshotError>)>,
+    /// The record of the run that wrote the newest checkpoint.
+    pub record: Option<RunRecord>,
+}
+
+impl Persisted {
+    /// The decoded newest snapshot. Panics (this is a test helper) if there is none.
+    pub fn snapshot(&self) -> &Snapshot {
+        match &self.checkpoint {
+            Some((_, Ok(snapshot))) => snapshot,
+            Some((id, Err(e))) => panic!("checkpoint {id} does not decode: {e}"),
+            None => panic!("the thread has no checkpoint"),
+        }
+    }
+
+    /// The nodes a resume would start.
+    pub fn frontier(&self) -> Vec<String> {
+        self.snapshot()
+            .frontier
+            .iter()
+            .map(NodeId::to_string)
+            .collect()
+    }
+
+    /// The completed nodes, in completion order.
+    pub fn completed(&self) -> Vec<String> {
+        self.snapshot()
+            .completed
+            .iter()
+            .map(|c| c.node.to_string())
+            .collect()
+    }
+
+    /// The recorded output of a completed node.
+    pub fn output(&self, node: &str) -> Option<&Value> {
+        self.snapshot()
+            .completed
+            .iter()
+            .find(|c| c.node.as_str() == node)
+            .map(|c| &c.output)
+    }
+
+    /// The texts of the history, in order.
+    pub fn texts(&self) -> Vec<&str> {
+        self.history.iter().map(|m| m.content.as_str()).collect()
+    }
+}
+
+/// Reads what the stores of `runtime` hold for `thread`. Store errors read as empty (this is
+/// for assertions; a failing store shows up as missing data).
+pub async fn persisted(runtime: &Runtime, thread: &ThreadId) -> Persisted {
+    let history = runtime
+        .history_store()
+        .load(thread)
+        .await
+        .unwrap_or_default();
+    let stored = runtime
+        .checkpoint_store()
+        .latest(thread)
+        .await
+        .ok()
+        .flatten();
+    let checkpoint = stored.map(|s| (s.id, Snapshot::decode(&s.bytes)));
+    let record = match &checkpoint {
+        Some((_, Ok(snapshot))) => runtime
+            .run_store()
+            .get(snapshot.run_id)
+            .await
+            .ok()
+            .flatten(),
+        _ => None,
+    };
+    Persisted {
+        history,
+        checkpoint,
+        record,
+    }
+}
+
+/// A handler that streams `text` word by word (one chunk per word, `interval` apart), honours
+/// stops at each chunk, appends the whole text as an assistant message and outputs
+/// `{"text": ...}`. Counts its invocations.
+#[derive(Debug, Clone)]
+pub struct Streamer {
+    words: Arc<Vec<String>>,
+    interval: Duration,
+    calls: Arc<std::sync::atomic::AtomicU64>,
+}
+
+impl Streamer {
+    /// Streams `text`, a word every `interval`.
+    pub fn new(text: &str, interval: Duration) -> Self {
+        Self {
+            words: Arc::new(text.split_whitespace().map(str::to_owned).collect()),
+            interval,
+            calls: Arc::default(),
+        }
+    }
+
+    /// How many times the handler was invoked.
+    pub fn calls(&self) -> u64 {
+        self.calls.load(Ordering::SeqCst)
+    }
+}
+
+#[async_trait]
+impl NodeHandler for Streamer {
+    async fn run(&self, _input: Value, ctx: NodeContext) -> Result<NodeOutput, NodeError> {
+        self.calls.fetch_add(1, Ordering::SeqCst);
+        let mut text = String::new();
+        for (i, word) in self.words.iter().enumerate() {
+            if i > 0 {
+                tokio::select! {
+                    () = tokio::time::sleep(self.interval) => {}
+                    () = ctx.stopped() => return Err(NodeError::Stopped),
+                }
+            }
+            let chunk = if i == 0 {
+                word.clone()
+            } else {
+                format!(" {word}")
+            };
+            ctx.emit(chunk.clone()).map_err(|_| NodeError::Stopped)?;
+            text.push_str(&chunk);
+        }
+        ctx.append_message(Message::assistant(text.clone()));
+        let mut out = Map::new();
+        out.insert("text".into(), Value::String(text));
+        Ok(NodeOutput::new(Value::Object(out)))
+    }
+}
+
+/// A handler that ignores stops: it sleeps `duration` without looking at the stop flag, then
+/// outputs `{"slept": true}`. Only a force stop (or the graceful timeout) cuts it.
+#[derive(Debug, Clone)]
+pub struct Stubborn {
+    duration: Duration,
+    calls: Arc<std::sync::atomic::AtomicU64>,
+}
+
+impl Stubborn {
+    /// Sleeps this long.
+    pub fn new(duration: Duration) -> Self {
+        Self {
+            duration,
+            calls: Arc::default(),
+        }
+    }
+
+    /// How many times the handler was invoked.
+    pub fn calls(&self) -> u64 {
+        self.calls.load(Ordering::SeqCst)
+    }
+}
+
+#[async_trait]
+impl NodeHandler for Stubborn {
+    async fn run(&self, _input: Value, _ctx: NodeContext) -> Result<NodeOutput, NodeError> {
+        self.calls.fetch_add(1, Ordering::SeqCst);
+        tokio::time::sleep(self.duration).await;
+        let mut out = Map::new();
+        out.insert("slept".into(), Value::Bool(true));
+        Ok(NodeOutput::new(Value::Object(out)))
+    }
+}
