@@ -3,6 +3,7 @@
 mod support;
 
 mod dag;
+mod failures;
 mod references;
 mod switch;
 mod validation;
