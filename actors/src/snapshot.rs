@@ -68,7 +68,7 @@ pub struct Snapshot {
     /// Why it stopped, if it did.
     pub stop_reason: Option<StopReason>,
     /// The workflow definition, as JSON, so any process can resume it.
-    pub workflow: String,
+    pub workflow: std::sync::Arc<str>,
     /// The run inputs.
     pub inputs: Map,
     /// The current `{{sys.query}}` (a resume may have replaced the original).
@@ -211,7 +211,7 @@ mod tests {
             created_at_ms: 1,
             status: RunStatus::Stopped,
             stop_reason: Some(StopReason::UserInterrupted),
-            workflow: "{}".into(),
+            workflow: std::sync::Arc::from("{}"),
             inputs,
             query: Some(Value::from("hi")),
             variables: Map::new(),

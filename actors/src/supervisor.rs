@@ -825,7 +825,7 @@ impl RunState {
             created_at_ms: now_ms(),
             status,
             stop_reason,
-            workflow: self.plan.def.to_json(),
+            workflow: self.plan.def_json(),
             inputs: Map::clone(&self.run.inputs),
             query: self.sys.get("query").cloned(),
             variables: self.variables.clone(),

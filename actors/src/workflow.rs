@@ -292,6 +292,16 @@ pub(crate) struct Plan {
     pub(crate) variables: Map,
     pub(crate) inputs: Vec<InputDecl>,
     pub(crate) graph: GraphPlan,
+    /// The definition as compact JSON, made once for the snapshots that carry it.
+    pub(crate) def_json: std::sync::OnceLock<Arc<str>>,
+}
+
+impl Plan {
+    pub(crate) fn def_json(&self) -> Arc<str> {
+        self.def_json
+            .get_or_init(|| Arc::from(serde_json::to_string(&self.def).unwrap_or_default()))
+            .clone()
+    }
 }
 
 /// A validated graph (the workflow's, or a body's).

@@ -273,6 +273,7 @@ pub(super) fn validate(def: WorkflowDef, kinds: &Kinds) -> Result<Plan, Validati
             variables,
             inputs,
             graph,
+            def_json: Default::default(),
         }),
         _ => Err(ValidationErrors(errors)),
     }
