@@ -149,6 +149,8 @@ impl StopResult {
 
 /// What a stop request answers.
 #[derive(Debug, Clone, PartialEq)]
+// Answered once per stop request, never stored in bulk: boxing would only burden callers.
+#[allow(clippy::large_enum_variant)]
 pub enum StopReply {
     /// The run stopped (by this request or a concurrent one).
     Stopped(StopResult),

@@ -56,6 +56,17 @@ pub struct Interrupt {
     fired: AtomicBool,
 }
 
+impl Clone for Interrupt {
+    fn clone(&self) -> Self {
+        Self {
+            at: self.at.clone(),
+            mode: self.mode,
+            reason: self.reason,
+            fired: AtomicBool::new(self.fired.load(Ordering::SeqCst)),
+        }
+    }
+}
+
 impl Interrupt {
     fn new(at: At) -> Self {
         Self {
@@ -127,13 +138,7 @@ impl Script {
 
     /// Adds an interrupt. (Add them all before [`install`](Self::install).)
     pub fn interrupt(mut self, interrupt: Interrupt) -> Self {
-        if let Some(list) = Arc::get_mut(&mut self.interrupts) {
-            list.push(interrupt);
-        } else {
-            let mut list: Vec<Interrupt> = Vec::new();
-            list.push(interrupt);
-            self.interrupts = Arc::new(list);
-        }
+        Arc::make_mut(&mut self.interrupts).push(interrupt);
         self
     }
 

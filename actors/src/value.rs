@@ -114,7 +114,7 @@ impl Value {
 
     /// Follows a path of object keys and array indices (`["items", "0", "name"]`).
     /// Returns `None` when a step does not exist; a present `null`, `0` or `""` is `Some`.
-    pub fn pointer<'a, I, S>(&'a self, path: I) -> Option<&'a Value>
+    pub fn pointer<I, S>(&self, path: I) -> Option<&Value>
     where
         I: IntoIterator<Item = S>,
         S: AsRef<str>,

@@ -265,7 +265,7 @@ mod tests {
             .await
             .expect("append");
         store
-            .append(&thread(), &[b.clone()])
+            .append(&thread(), std::slice::from_ref(&b))
             .await
             .expect("re-append");
         assert_eq!(store.load(&thread()).await, Ok(vec![a, b]));
