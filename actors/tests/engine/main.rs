@@ -2,8 +2,11 @@
 
 mod support;
 
+mod concurrency;
 mod dag;
 mod failures;
+mod history;
+mod ops;
 mod references;
 mod switch;
 mod validation;

@@ -136,12 +136,15 @@ pub(crate) fn node_events(events: &[RunEvent], node: &str) -> Vec<String> {
         .collect()
 }
 
+/// The history a `probe` node saw: its node id and each message's role and content.
+pub(crate) type SeenHistory = (String, Vec<(Role, String)>);
+
 /// What host handlers saw: each call's node and resolved input, and named marks that tests
 /// and handlers can wait for.
 #[derive(Debug, Default)]
 pub(crate) struct Log {
     calls: Mutex<Vec<(String, Value)>>,
-    histories: Mutex<Vec<(String, Vec<(Role, String)>)>>,
+    histories: Mutex<Vec<SeenHistory>>,
     marks: Mutex<BTreeSet<String>>,
     marked: Notify,
 }
@@ -166,7 +169,7 @@ impl Log {
     }
 
     /// The histories `probe` nodes saw, as (node, [(role, content)]).
-    pub(crate) fn histories(&self) -> Vec<(String, Vec<(Role, String)>)> {
+    pub(crate) fn histories(&self) -> Vec<SeenHistory> {
         lock(&self.histories).clone()
     }
 
