@@ -303,3 +303,115 @@ async fn invalid_input_error_from_a_builtin_handler_fails_the_run() {
     );
     assert!(h.log.called().is_empty());
 }
+
+#[tokio::test]
+async fn a_failed_node_keeps_what_it_appended_and_streamed() {
+    let h = host();
+    let wf = load(
+        &h.rt,
+        json!({"id": "partial", "nodes": [
+            {"id": "start", "kind": "begin"},
+            {"id": "talk", "kind": "stream", "params": {
+                "chunks": ["Hel", "lo"], "then_fail": "lost connection"}}
+        ], "edges": [{"from": "start", "to": "talk"}]}),
+    );
+    let run =
+        h.rt.start(&wf, inputs([("query", "say hi".into())]), thread("partial"))
+            .await
+            .expect("start");
+    let events = all_events(&run).await;
+    let outcome = finish(&run).await;
+    assert_eq!(
+        outcome.error(),
+        Some(&RunError::Node {
+            path: path("talk"),
+            error: NodeError::Failed("lost connection".into()),
+        })
+    );
+    assert_eq!(
+        node_events(&events, "talk"),
+        [
+            "started talk (stream)",
+            "chunk talk \"Hel\"",
+            "chunk talk \"lo\"",
+            "failed talk"
+        ]
+    );
+    let stored =
+        h.rt.history_store()
+            .load(&thread("partial"))
+            .await
+            .expect("history loads");
+    let seen: Vec<(Role, &str, bool)> = stored
+        .iter()
+        .map(|m| (m.role, m.content.as_str(), m.truncated))
+        .collect();
+    // The streamed text is kept, marked as cut short.
+    assert_eq!(
+        seen,
+        [
+            (Role::User, "say hi", false),
+            (Role::Assistant, "Hello", true)
+        ]
+    );
+    assert_eq!(stored[1].node_id, Some(NodeId::new("talk").expect("id")));
+    assert_eq!(outcome.history().persisted, stored);
+
+    let wf = load(
+        &h.rt,
+        json!({"id": "appended", "nodes": [
+            {"id": "start", "kind": "begin"},
+            {"id": "bad", "kind": "fail", "params": {"append": "half an answer", "message": "nope"}}
+        ], "edges": [{"from": "start", "to": "bad"}]}),
+    );
+    let outcome = run_to_end(&h.rt, &wf, Default::default(), "appended").await;
+    assert_eq!(
+        outcome.error(),
+        Some(&RunError::Node {
+            path: path("bad"),
+            error: NodeError::Failed("nope".into()),
+        })
+    );
+    let stored =
+        h.rt.history_store()
+            .load(&thread("appended"))
+            .await
+            .expect("history loads");
+    let seen: Vec<(Role, &str, bool)> = stored
+        .iter()
+        .map(|m| (m.role, m.content.as_str(), m.truncated))
+        .collect();
+    assert_eq!(seen, [(Role::Assistant, "half an answer", false)]);
+}
+
+#[tokio::test]
+async fn a_resolution_failure_while_launching_stops_an_already_started_sibling() {
+    // `slow` and `broken` become ready together; `slow` is started first, then `broken`'s
+    // parameters fail to resolve. The run must not wait for `slow`'s minute-long sleep.
+    let h = host();
+    let wf = load(
+        &h.rt,
+        json!({"id": "launch-fail", "nodes": [
+            {"id": "start", "kind": "begin"},
+            {"id": "slow", "kind": "sleep", "params": {"ms": 60_000}},
+            {"id": "broken", "kind": "template", "params": {"template": "{{start.missing}}"}}
+        ], "edges": [{"from": "start", "to": "slow"}, {"from": "start", "to": "broken"}]}),
+    );
+    let began = Instant::now();
+    let outcome = run_to_end(&h.rt, &wf, Default::default(), "launch-fail").await;
+    let took = began.elapsed();
+    assert!(took < Duration::from_secs(5), "run took {took:?}");
+    assert_eq!(
+        outcome.error(),
+        Some(&RunError::Node {
+            path: path("broken"),
+            error: NodeError::Resolve(ResolveError {
+                reference: "{{start.missing}}".into(),
+                reason: "the value (object) has no field `missing`".into(),
+            }),
+        })
+    );
+    assert_eq!(ran(&outcome), ["start"]);
+    assert!(!h.log.has("slow:finished"));
+    assert!(h.rt.registry().is_empty());
+}

@@ -2,6 +2,9 @@
 //! on the same thread sees earlier messages, and the event stream reports each node's start,
 //! chunks and finish with its path, ending with `RunFinished`.
 
+use std::sync::Arc;
+
+use runvisor_actors::store::memory::MemoryHistoryStore;
 use runvisor_actors::{Role, RunEvent, RunStatus, Runtime, Value};
 use serde_json::json;
 
@@ -304,4 +307,48 @@ async fn node_events_are_ordered_per_node_on_a_multi_thread_runtime() {
             Some("run_finished succeeded")
         );
     }
+}
+
+#[tokio::test]
+async fn messages_the_history_store_refuses_are_reported_not_lost() {
+    let store = Arc::new(MemoryHistoryStore::new());
+    store.fail_appends(true);
+    let rt = Runtime::builder().history_store(store.clone()).build();
+    let wf = load(
+        &rt,
+        json!({"id": "refused", "nodes": [
+            {"id": "start", "kind": "begin"},
+            {"id": "greet", "kind": "message", "params": {"template": "Hello, {{sys.query}}!"}}
+        ], "edges": [{"from": "start", "to": "greet"}]}),
+    );
+    let outcome = run_to_end(&rt, &wf, inputs([("query", "world".into())]), "refused").await;
+    assert_eq!(outcome.status(), RunStatus::Succeeded, "{outcome:#?}");
+    let flush = outcome.history();
+    assert!(flush.persisted.is_empty());
+    let kept: Vec<(Role, &str)> = flush
+        .not_persisted
+        .iter()
+        .map(|m| (m.role, m.content.as_str()))
+        .collect();
+    assert_eq!(
+        kept,
+        [(Role::User, "world"), (Role::Assistant, "Hello, world!")]
+    );
+    assert_eq!(
+        flush.error.as_deref(),
+        Some("store unavailable: history store is failing appends")
+    );
+    let record = rt
+        .run_store()
+        .get(outcome.run_id())
+        .await
+        .expect("run store answers")
+        .expect("run recorded");
+    assert_eq!(record.status, RunStatus::Succeeded);
+    assert_eq!(
+        record.unpersisted.as_deref(),
+        Some("2 message(s) not persisted: store unavailable: history store is failing appends")
+    );
+    store.fail_appends(false);
+    assert!(stored(&rt, "refused").await.is_empty());
 }

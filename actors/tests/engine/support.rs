@@ -211,12 +211,13 @@ fn param_str<'a>(input: &'a Value, field: &str) -> Option<&'a str> {
 
 /// A runtime with the host kinds below registered, sharing one [`Log`]:
 /// - `echo`: records its input and returns it as its output;
-/// - `fail`: waits for the mark named in `after` (if any), then fails with `message`;
+/// - `fail`: appends an assistant message with `append` (if any), waits for the mark named in
+///   `after` (if any), then fails with `message`;
 /// - `panic`: panics with `message`;
 /// - `sleep`: appends an assistant message with `message` (if any), marks `NODE:started`,
 ///   sleeps `ms` milliseconds, marks `NODE:finished`; marks `NODE:dropped` if cut short;
-/// - `stream`: emits each string of `chunks`, appends their concatenation as an assistant
-///   message, and outputs it as `text`;
+/// - `stream`: emits each string of `chunks`, then fails with `then_fail` if given, else
+///   appends their concatenation as an assistant message and outputs it as `text`;
 /// - `hold`: marks `NODE:started`, waits for the mark `NODE:release`, returns its input;
 /// - `probe`: records the history it sees and outputs `{"count": n}`.
 #[derive(Debug)]
@@ -260,6 +261,9 @@ struct Fail(Arc<Log>);
 impl NodeHandler for Fail {
     async fn run(&self, input: Value, ctx: NodeContext) -> Result<NodeOutput, NodeError> {
         self.0.record(&ctx, &input);
+        if let Some(text) = param_str(&input, "append") {
+            ctx.append_message(Message::assistant(text));
+        }
         if let Some(mark) = param_str(&input, "after") {
             if !self.0.wait_mark(mark, PATIENCE).await {
                 return Err(NodeError::failed(format!("mark {mark} never came")));
@@ -334,6 +338,9 @@ impl NodeHandler for Stream {
             ctx.emit(chunk).map_err(|_| NodeError::Stopped)?;
             all.push_str(chunk);
             tokio::task::yield_now().await;
+        }
+        if let Some(message) = param_str(&input, "then_fail") {
+            return Err(NodeError::failed(message));
         }
         ctx.append_message(Message::assistant(all.clone()));
         let out: Value = [("text", all)].into_iter().collect();
