@@ -8,5 +8,8 @@ mod failures;
 mod history;
 mod ops;
 mod references;
+mod resume;
+mod stop;
+mod stopkit;
 mod switch;
 mod validation;

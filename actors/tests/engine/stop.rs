@@ -1,0 +1,744 @@
+//! Stops: graceful and forced, scripted at exact points and requested from outside, with the
+//! history, checkpoint and run record each one persists; escalation; concurrent callers; stops
+//! racing completion; a failing history store; a handler panicking during a stop.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use runvisor_actors::store::memory::MemoryHistoryStore;
+use runvisor_actors::testkit::{At, Interrupt, Script, persisted};
+use runvisor_actors::{
+    Interrupted, ResumeInput, Role, RunEvent, RunId, RunOutcome, RunStatus, StopError, StopMode,
+    StopReason, StopReply, Value,
+};
+use serde_json::json;
+
+use super::stopkit::*;
+use super::support::{finish, inputs, load, thread, val, within};
+
+/// `start -> llm`.
+fn chat(k: &Kit) -> runvisor_actors::Workflow {
+    load(
+        &k.rt,
+        json!({"id": "chat", "nodes": [
+            {"id": "start", "kind": "begin"},
+            {"id": "llm", "kind": "llm"}
+        ], "edges": [{"from": "start", "to": "llm"}]}),
+    )
+}
+
+/// `start -> a -> b`, both counting.
+fn chain(k: &Kit) -> runvisor_actors::Workflow {
+    load(
+        &k.rt,
+        json!({"id": "chain", "nodes": [
+            {"id": "start", "kind": "begin"},
+            {"id": "a", "kind": "count"},
+            {"id": "b", "kind": "count"}
+        ], "edges": [{"from": "start", "to": "a"}, {"from": "a", "to": "b"}]}),
+    )
+}
+
+/// `start -> NODE` with NODE of `kind`.
+fn single(k: &Kit, node: &str, kind: &str, params: serde_json::Value) -> runvisor_actors::Workflow {
+    load(
+        &k.rt,
+        json!({"id": format!("single-{kind}"), "nodes": [
+            {"id": "start", "kind": "begin"},
+            {"id": node, "kind": kind, "params": params}
+        ], "edges": [{"from": "start", "to": node}]}),
+    )
+}
+
+#[tokio::test]
+async fn graceful_stop_after_k_chunks_keeps_exactly_those_words() {
+    let k = kit(Script::new().interrupt(Interrupt::after_chunks("llm", 3)));
+    let wf = chat(&k);
+    let t = thread("stop-after-chunks");
+    let run =
+        k.rt.start(&wf, inputs([("query", "tell me".into())]), t.clone())
+            .await
+            .expect("start");
+    let outcome = finish(&run).await;
+    let stop = stopped(&outcome);
+
+    assert_eq!(stop.run_id, run.run_id());
+    assert_eq!(stop.reason, StopReason::UserInterrupted);
+    assert_eq!(
+        stop.interrupted,
+        [Interrupted {
+            path: path("llm"),
+            forced: false,
+            partial: Some("one two three".into()),
+            chunks: 3,
+            error: None,
+        }]
+    );
+    assert!(stop.forced.is_empty(), "{stop:#?}");
+    assert_eq!(stop.partial_response.as_deref(), Some("one two three"));
+    assert_eq!(stop.finished, nodes(&["start"]));
+    assert_eq!(stop.frontier, nodes(&["llm"]));
+    assert_eq!(stop.stopped_at(), [path("llm")]);
+    assert_eq!(k.streamer.calls(), 1);
+    assert_eq!(k.script.fired(), [At::AfterChunks("llm".into(), 3)]);
+
+    let p = persisted(&k.rt, &t).await;
+    assert_eq!(p.history.len(), 2, "{:#?}", p.history);
+    let (user, partial) = (&p.history[0], &p.history[1]);
+    assert_eq!(
+        (user.role, user.content.as_str(), user.truncated),
+        (Role::User, "tell me", false)
+    );
+    assert_eq!(user.run_id, Some(run.run_id()));
+    assert_eq!(
+        (partial.role, partial.content.as_str(), partial.truncated),
+        (Role::Assistant, "one two three", true)
+    );
+    assert_eq!(partial.node_id, Some(node("llm")));
+    assert_eq!(partial.run_id, Some(run.run_id()));
+    assert_eq!(stop.messages.persisted, p.history);
+    assert!(stop.messages.not_persisted.is_empty());
+    assert_eq!(stop.messages.error, None);
+
+    let (cp, _) = p.checkpoint.as_ref().expect("a checkpoint was written");
+    assert_eq!(stop.checkpoint_id, Some(*cp));
+    assert_eq!(stop.checkpoint_error, None);
+    let snap = p.snapshot();
+    assert_eq!(snap.run_id, run.run_id());
+    assert_eq!(snap.status, RunStatus::Stopped);
+    assert_eq!(snap.stop_reason, Some(StopReason::UserInterrupted));
+    assert_eq!(snap.query, Some(Value::from("tell me")));
+    assert!(snap.pending_messages.is_empty());
+    assert_eq!(p.frontier(), ["llm"]);
+    assert_eq!(p.completed(), ["start"]);
+
+    let rec = p
+        .record
+        .expect("the run that wrote the checkpoint is recorded");
+    assert_eq!(rec, record(&k.rt, run.run_id()).await);
+    assert_eq!(rec.status, RunStatus::Stopped);
+    assert_eq!(rec.stop_reason.as_deref(), Some("user_interrupted"));
+    assert_eq!(rec.checkpoint_id, Some(*cp));
+    assert_eq!(rec.parent_run_id, None);
+    assert_eq!(rec.unpersisted, None);
+    assert_eq!(rec.failure_reason, None);
+    assert!(rec.finished_at_ms.is_some());
+    assert!(k.rt.registry().is_empty());
+}
+
+#[tokio::test]
+async fn stop_before_a_node_means_it_never_runs() {
+    let k = kit(Script::new().interrupt(Interrupt::before("b")));
+    let wf = chain(&k);
+    let t = thread("stop-before");
+    let run =
+        k.rt.start(&wf, Default::default(), t.clone())
+            .await
+            .expect("start");
+    let outcome = finish(&run).await;
+    let stop = stopped(&outcome);
+
+    assert_eq!((k.calls.of("a"), k.calls.of("b")), (1, 0));
+    assert_eq!(k.script.fired(), [At::BeforeNode("b".into())]);
+    assert_eq!(stop.finished, nodes(&["start", "a"]));
+    assert_eq!(stop.frontier, nodes(&["b"]));
+    assert!(stop.interrupted.is_empty(), "{stop:#?}");
+    assert!(stop.forced.is_empty());
+    assert_eq!(stop.partial_response, None);
+    assert_eq!(stop.stopped_at(), [path("b")]);
+    assert_eq!(stop.outputs.get("a"), Some(&val(json!({"node": "a"}))));
+    assert!(!stop.outputs.contains_key("b"));
+
+    let p = persisted(&k.rt, &t).await;
+    assert_eq!(p.frontier(), ["b"]);
+    assert_eq!(p.completed(), ["start", "a"]);
+    assert_eq!(p.output("a"), Some(&val(json!({"node": "a"}))));
+    assert_eq!(p.texts(), ["a done"]);
+    assert_eq!(stop.messages.persisted, p.history);
+    let rec = p.record.expect("recorded");
+    assert_eq!(rec.status, RunStatus::Stopped);
+    assert_eq!(rec.stop_reason.as_deref(), Some("user_interrupted"));
+    assert_eq!(rec.checkpoint_id, stop.checkpoint_id);
+}
+
+#[tokio::test]
+async fn stop_during_a_cooperative_stream_interrupts_it_without_force() {
+    let k = kit(Script::new().interrupt(Interrupt::during("llm")));
+    let wf = chat(&k);
+    let t = thread("stop-during");
+    let run =
+        k.rt.start(&wf, inputs([("query", "go".into())]), t.clone())
+            .await
+            .expect("start");
+    let started = Instant::now();
+    let outcome = finish(&run).await;
+    let stop = stopped(&outcome);
+
+    assert!(
+        started.elapsed() < Duration::from_secs(2),
+        "{:?}",
+        started.elapsed()
+    );
+    assert_eq!(stop.interrupted.len(), 1, "{stop:#?}");
+    let i = &stop.interrupted[0];
+    assert_eq!(i.path, path("llm"));
+    assert!(!i.forced, "a cooperative handler is not forced: {i:#?}");
+    assert_eq!(i.error, None);
+    // The handler sees the stop as it starts: at most its first word got out.
+    assert!(i.chunks <= 1, "{i:#?}");
+    assert!(stop.forced.is_empty());
+    assert_eq!(stop.frontier, nodes(&["llm"]));
+    assert_eq!(stop.finished, nodes(&["start"]));
+    assert_eq!(k.streamer.calls(), 1);
+
+    let p = persisted(&k.rt, &t).await;
+    let assistant: Vec<(&str, bool)> = p
+        .history
+        .iter()
+        .filter(|m| m.role == Role::Assistant)
+        .map(|m| (m.content.as_str(), m.truncated))
+        .collect();
+    if i.chunks == 1 {
+        assert_eq!(i.partial.as_deref(), Some("one"));
+        assert_eq!(assistant, [("one", true)]);
+    } else {
+        assert_eq!(i.partial, None);
+        assert!(assistant.is_empty(), "{:#?}", p.history);
+    }
+    assert_eq!(p.texts()[0], "go");
+    assert_eq!(p.frontier(), ["llm"]);
+    assert_eq!(p.record.expect("recorded").status, RunStatus::Stopped);
+}
+
+#[tokio::test]
+async fn force_stop_of_a_stubborn_node_ends_promptly() {
+    let k = kit(Script::new().interrupt(Interrupt::during("slow").force()));
+    let wf = single(&k, "slow", "stubborn", json!({}));
+    let t = thread("force-stubborn");
+    let begun = Instant::now();
+    let run =
+        k.rt.start(&wf, Default::default(), t.clone())
+            .await
+            .expect("start");
+    let outcome = finish(&run).await;
+    let elapsed = begun.elapsed();
+    let stop = stopped(&outcome);
+
+    assert!(elapsed < Duration::from_secs(2), "took {elapsed:?}");
+    assert_eq!(stop.forced, nodes(&["slow"]));
+    assert_eq!(
+        stop.interrupted,
+        [Interrupted {
+            path: path("slow"),
+            forced: true,
+            partial: None,
+            chunks: 0,
+            error: None,
+        }]
+    );
+    assert!(k.stubborn.calls() <= 1);
+    assert_eq!(stop.frontier, nodes(&["slow"]));
+    let p = persisted(&k.rt, &t).await;
+    assert_eq!(p.frontier(), ["slow"]);
+    assert_eq!(p.completed(), ["start"]);
+    assert!(p.history.is_empty(), "{:#?}", p.history);
+    let rec = p.record.expect("recorded");
+    assert_eq!(rec.status, RunStatus::Stopped);
+    assert_eq!(rec.checkpoint_id, stop.checkpoint_id);
+}
+
+#[tokio::test]
+async fn force_stop_keeps_what_a_stubborn_node_appended() {
+    let k = kit(Script::new());
+    let wf = single(
+        &k,
+        "slow",
+        "append_sleep",
+        json!({"message": "working on it"}),
+    );
+    let t = thread("force-appended");
+    let run =
+        k.rt.start(&wf, inputs([("query", "please".into())]), t.clone())
+            .await
+            .expect("start");
+    mark(&k.log, "slow:started").await;
+    let begun = Instant::now();
+    let reply = within("force stop", k.rt.stop(run.run_id(), StopMode::Force))
+        .await
+        .expect("the run is live");
+    let elapsed = begun.elapsed();
+    let stop = stopped_reply(reply);
+
+    assert!(elapsed < Duration::from_secs(2), "took {elapsed:?}");
+    assert_eq!(stop.forced, nodes(&["slow"]));
+    assert_eq!(stop.interrupted.len(), 1);
+    assert!(stop.interrupted[0].forced);
+    assert_eq!(stop.interrupted[0].error, None);
+    assert_eq!(k.calls.of("slow"), 1);
+    assert_eq!(finish(&run).await.stop_result(), Some(&stop));
+
+    let p = persisted(&k.rt, &t).await;
+    assert_eq!(p.texts(), ["please", "working on it"]);
+    let kept = &p.history[1];
+    assert_eq!(
+        (kept.role, kept.truncated, kept.node_id.clone()),
+        (Role::Assistant, false, Some(node("slow")))
+    );
+    assert_eq!(stop.messages.persisted, p.history);
+    assert_eq!(p.frontier(), ["slow"]);
+    let rec = p.record.expect("recorded");
+    assert_eq!(rec.status, RunStatus::Stopped);
+    assert_eq!(rec.stop_reason.as_deref(), Some("user_interrupted"));
+}
+
+#[tokio::test]
+async fn graceful_stop_with_a_short_timeout_escalates_to_force() {
+    let k = kit(
+        Script::new().interrupt(Interrupt::during("slow").graceful(Duration::from_millis(100)))
+    );
+    let wf = single(&k, "slow", "stubborn", json!({}));
+    let t = thread("graceful-escalates");
+    let begun = Instant::now();
+    let run =
+        k.rt.start(&wf, Default::default(), t.clone())
+            .await
+            .expect("start");
+    let outcome = finish(&run).await;
+    let elapsed = begun.elapsed();
+    let stop = stopped(&outcome);
+
+    assert!(elapsed >= Duration::from_millis(100), "took {elapsed:?}");
+    assert!(elapsed < Duration::from_secs(2), "took {elapsed:?}");
+    assert_eq!(stop.forced, nodes(&["slow"]));
+    assert_eq!(stop.interrupted.len(), 1);
+    assert!(stop.interrupted[0].forced);
+    assert_eq!(k.stubborn.calls(), 1);
+    assert_eq!(stop.frontier, nodes(&["slow"]));
+    let p = persisted(&k.rt, &t).await;
+    assert_eq!(p.frontier(), ["slow"]);
+    assert_eq!(p.record.expect("recorded").status, RunStatus::Stopped);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_force_stop_escalates_a_graceful_one_and_both_callers_get_the_same_result() {
+    let k = kit(Script::new());
+    let wf = single(&k, "slow", "stubborn", json!({}));
+    let t = thread("force-escalates");
+    let run =
+        k.rt.start(&wf, Default::default(), t.clone())
+            .await
+            .expect("start");
+    let mut events = run.events();
+    started(&run, &mut events, "slow").await;
+    let id = run.run_id();
+
+    let begun = Instant::now();
+    let rt = k.rt.clone();
+    let graceful = tokio::spawn(async move {
+        rt.stop(
+            id,
+            StopMode::Graceful {
+                timeout: Duration::from_secs(10),
+            },
+        )
+        .await
+    });
+    event(&mut events, "Stopping", |e| {
+        matches!(e, RunEvent::Stopping { .. })
+    })
+    .await;
+    let rt = k.rt.clone();
+    let force = tokio::spawn(async move { rt.stop(id, StopMode::Force).await });
+    let force = within("force stop", force)
+        .await
+        .expect("task")
+        .expect("the run is live");
+    let graceful = within("graceful stop", graceful)
+        .await
+        .expect("task")
+        .expect("the run is live");
+    let elapsed = begun.elapsed();
+
+    assert!(elapsed < Duration::from_secs(2), "took {elapsed:?}");
+    assert_eq!(graceful, force);
+    let stop = stopped_reply(force);
+    assert_eq!(stop.forced, nodes(&["slow"]));
+    assert!(stop.interrupted[0].forced);
+    assert_eq!(stop.reason, StopReason::UserInterrupted);
+    assert_eq!(
+        persisted(&k.rt, &t).await.record.expect("recorded").status,
+        RunStatus::Stopped
+    );
+}
+
+#[tokio::test]
+async fn graceful_stop_lets_a_running_node_finish_and_starts_nothing_after_it() {
+    let k = kit(Script::new());
+    let wf = load(
+        &k.rt,
+        json!({"id": "finishes", "nodes": [
+            {"id": "start", "kind": "begin"},
+            {"id": "work", "kind": "finish_on_stop"},
+            {"id": "next", "kind": "count"}
+        ], "edges": [{"from": "start", "to": "work"}, {"from": "work", "to": "next"}]}),
+    );
+    let t = thread("graceful-finishes");
+    let run =
+        k.rt.start(&wf, Default::default(), t.clone())
+            .await
+            .expect("start");
+    mark(&k.log, "work:started").await;
+    let reply = within(
+        "graceful stop",
+        k.rt.stop(run.run_id(), StopMode::graceful()),
+    )
+    .await
+    .expect("the run is live");
+    let stop = stopped_reply(reply);
+    let done = val(json!({"finished_after_stop": true}));
+
+    assert_eq!(stop.finished, nodes(&["start", "work"]));
+    assert_eq!(stop.outputs.get("work"), Some(&done));
+    assert!(stop.interrupted.is_empty(), "{stop:#?}");
+    assert!(stop.forced.is_empty());
+    assert_eq!(stop.frontier, nodes(&["next"]));
+    assert_eq!(k.calls.of("work"), 1);
+    assert_eq!(k.calls.of("next"), 0, "no node starts after a stop");
+
+    let p = persisted(&k.rt, &t).await;
+    assert_eq!(p.completed(), ["start", "work"]);
+    assert_eq!(p.output("work"), Some(&done));
+    assert_eq!(p.frontier(), ["next"]);
+    assert!(p.history.is_empty());
+    assert_eq!(p.record.expect("recorded").status, RunStatus::Stopped);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn ten_concurrent_stops_get_equal_results() {
+    let k = kit(Script::new());
+    let wf = single(&k, "slow", "linger", json!({"ms": 300}));
+    let t = thread("ten-stops");
+    let run =
+        k.rt.start(&wf, Default::default(), t.clone())
+            .await
+            .expect("start");
+    mark(&k.log, "slow:started").await;
+    let barrier = Arc::new(tokio::sync::Barrier::new(10));
+    let callers: Vec<_> = (0..10)
+        .map(|_| {
+            let (rt, barrier, id) = (k.rt.clone(), barrier.clone(), run.run_id());
+            tokio::spawn(async move {
+                barrier.wait().await;
+                rt.stop(id, StopMode::graceful()).await
+            })
+        })
+        .collect();
+    let mut replies = Vec::new();
+    for caller in callers {
+        replies.push(
+            within("a stop caller", caller)
+                .await
+                .expect("task")
+                .expect("the run is live"),
+        );
+    }
+    let first = stopped_reply(replies[0].clone());
+    for reply in &replies {
+        assert_eq!(reply, &StopReply::Stopped(first.clone()));
+    }
+    assert_eq!(
+        first.interrupted,
+        [Interrupted {
+            path: path("slow"),
+            forced: false,
+            partial: None,
+            chunks: 0,
+            error: None,
+        }]
+    );
+    assert_eq!(finish(&run).await.stop_result(), Some(&first));
+    let p = persisted(&k.rt, &t).await;
+    assert_eq!(p.checkpoint.as_ref().map(|c| c.0), first.checkpoint_id);
+    assert_eq!(
+        k.rt.checkpoint_store().list(&t).await.expect("list").len(),
+        1,
+        "one stop, one checkpoint"
+    );
+}
+
+#[tokio::test]
+async fn stopping_a_finished_run_or_an_unknown_one() {
+    let k = kit(Script::new());
+    let wf = chain(&k);
+    let t = thread("stop-finished");
+    let run =
+        k.rt.start(&wf, Default::default(), t.clone())
+            .await
+            .expect("start");
+    let outcome = finish(&run).await;
+    assert_eq!(outcome.status(), RunStatus::Succeeded, "{outcome:#?}");
+    let before = persisted(&k.rt, &t).await;
+    let checkpoints = k.rt.checkpoint_store().list(&t).await.expect("list");
+
+    let reply = within("stop", k.rt.stop(run.run_id(), StopMode::Force))
+        .await
+        .expect("a recorded run");
+    let StopReply::AlreadyFinished(f) = reply else {
+        panic!("a finished run cannot stop: {reply:#?}");
+    };
+    assert_eq!((f.run_id, f.status), (run.run_id(), RunStatus::Succeeded));
+    let rec = f.record.expect("the record is read");
+    assert_eq!(rec.status, RunStatus::Succeeded);
+
+    let reply = within("stop via handle", run.stop(StopMode::graceful()))
+        .await
+        .expect("a recorded run");
+    let StopReply::AlreadyFinished(f) = reply else {
+        panic!("a finished run cannot stop: {reply:#?}");
+    };
+    assert_eq!(f.status, RunStatus::Succeeded);
+    assert_eq!(f.outcome, Some(outcome));
+    assert_eq!(f.record.map(|r| r.status), Some(RunStatus::Succeeded));
+
+    let unknown = RunId::new();
+    assert_eq!(
+        within("stop unknown", k.rt.stop(unknown, StopMode::Force)).await,
+        Err(StopError::UnknownRun(unknown))
+    );
+
+    // Nothing ran again and nothing was written by the stops.
+    assert_eq!((k.calls.of("a"), k.calls.of("b")), (1, 1));
+    let after = persisted(&k.rt, &t).await;
+    assert_eq!(after.history, before.history);
+    assert_eq!(
+        k.rt.checkpoint_store().list(&t).await.expect("list"),
+        checkpoints
+    );
+    assert_eq!(
+        record(&k.rt, run.run_id()).await.status,
+        RunStatus::Succeeded
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn stop_racing_natural_completion_has_exactly_one_final_state() {
+    let k = kit(Script::new());
+    let wf = load(
+        &k.rt,
+        json!({"id": "quick", "nodes": [
+            {"id": "start", "kind": "begin"},
+            {"id": "quick", "kind": "message", "params": {"template": "quick {{sys.query}}"}}
+        ], "edges": [{"from": "start", "to": "quick"}]}),
+    );
+    let (mut stopped_count, mut finished_count) = (0, 0);
+    for i in 0..100 {
+        let t = thread(&format!("race-{i}"));
+        let query = format!("q{i}");
+        let run =
+            k.rt.start(&wf, inputs([("query", query.clone().into())]), t.clone())
+                .await
+                .expect("start");
+        let (rt, id) = (k.rt.clone(), run.run_id());
+        let stopper = tokio::spawn(async move { rt.stop(id, StopMode::graceful()).await });
+        let reply = within("racing stop", stopper)
+            .await
+            .expect("task")
+            .expect("the run is known");
+        let outcome = finish(&run).await;
+        let rec = record(&k.rt, id).await;
+        let p = persisted(&k.rt, &t).await;
+        assert_unique_ids(&p.history);
+        let quick_text = format!("quick {query}");
+        let quick_msgs = p.texts().iter().filter(|s| **s == quick_text).count();
+        assert_eq!(p.texts().iter().filter(|s| **s == query).count(), 1);
+        match reply {
+            StopReply::Stopped(stop) => {
+                stopped_count += 1;
+                assert_eq!(outcome, RunOutcome::Stopped(stop.clone()), "iteration {i}");
+                assert_eq!(rec.status, RunStatus::Stopped, "iteration {i}");
+                assert_eq!(rec.stop_reason.as_deref(), Some("user_interrupted"));
+                assert_eq!(rec.checkpoint_id, stop.checkpoint_id);
+                let quick_done = stop.finished.contains(&node("quick"));
+                assert_eq!(
+                    quick_msgs,
+                    usize::from(quick_done),
+                    "iteration {i}: {stop:#?}"
+                );
+                assert_eq!(stop.messages.persisted, p.history, "iteration {i}");
+            }
+            StopReply::AlreadyFinished(f) => {
+                finished_count += 1;
+                assert_eq!(f.status, RunStatus::Succeeded, "iteration {i}: {f:#?}");
+                assert_eq!(outcome.status(), RunStatus::Succeeded, "iteration {i}");
+                assert!(matches!(outcome, RunOutcome::Completed { .. }));
+                assert_eq!(rec.status, RunStatus::Succeeded, "iteration {i}");
+                assert_eq!(rec.stop_reason, None);
+                assert_eq!(quick_msgs, 1, "iteration {i}: {:#?}", p.history);
+                if let Some(o) = &f.outcome {
+                    assert_eq!(o, &outcome, "iteration {i}");
+                }
+            }
+        }
+    }
+    eprintln!(
+        "stop raced completion 100 times: {stopped_count} stopped, {finished_count} finished"
+    );
+    assert!(k.rt.registry().is_empty());
+}
+
+#[tokio::test]
+async fn stop_on_completion_keeps_the_output_and_starts_no_successor() {
+    let k = kit(Script::new().interrupt(Interrupt::on_completion("a")));
+    let wf = chain(&k);
+    let t = thread("on-completion");
+    let run =
+        k.rt.start(&wf, Default::default(), t.clone())
+            .await
+            .expect("start");
+    let outcome = finish(&run).await;
+    let stop = stopped(&outcome);
+
+    assert_eq!(stop.finished, nodes(&["start", "a"]));
+    assert_eq!(stop.outputs.get("a"), Some(&val(json!({"node": "a"}))));
+    assert_eq!(stop.frontier, nodes(&["b"]));
+    assert!(stop.interrupted.is_empty());
+    assert_eq!((k.calls.of("a"), k.calls.of("b")), (1, 0));
+    assert_eq!(k.script.fired(), [At::OnCompletion("a".into())]);
+    let p = persisted(&k.rt, &t).await;
+    assert_eq!(p.completed(), ["start", "a"]);
+    assert_eq!(p.output("a"), Some(&val(json!({"node": "a"}))));
+    assert_eq!(p.frontier(), ["b"]);
+    assert_eq!(p.texts(), ["a done"]);
+    assert_eq!(p.record.expect("recorded").status, RunStatus::Stopped);
+}
+
+#[tokio::test]
+async fn history_store_failing_at_the_flush_keeps_the_messages_for_the_resume() {
+    let history = Arc::new(MemoryHistoryStore::new());
+    let k = kit_with(
+        Script::new().interrupt(Interrupt::after_chunks("llm", 2)),
+        |b| b.history_store(history.clone()),
+    );
+    let wf = chat(&k);
+    let t = thread("flush-fails");
+    history.fail_appends(true);
+    let run =
+        k.rt.start(&wf, inputs([("query", "first".into())]), t.clone())
+            .await
+            .expect("start");
+    let outcome = finish(&run).await;
+    let stop = stopped(&outcome);
+
+    let refused = &stop.messages.not_persisted;
+    let refused_texts: Vec<(&str, bool)> = refused
+        .iter()
+        .map(|m| (m.content.as_str(), m.truncated))
+        .collect();
+    assert_eq!(refused_texts, [("first", false), ("one two", true)]);
+    assert!(stop.messages.persisted.is_empty());
+    let error = stop.messages.error.as_deref().expect("the store's error");
+    assert!(error.contains("failing appends"), "{error}");
+    assert!(
+        stop.checkpoint_id.is_some(),
+        "the checkpoint store still works"
+    );
+
+    let p = persisted(&k.rt, &t).await;
+    assert!(p.history.is_empty(), "{:#?}", p.history);
+    assert_eq!(&p.snapshot().pending_messages, refused);
+    assert_eq!(p.frontier(), ["llm"]);
+    let rec = p.record.expect("recorded");
+    assert_eq!(rec.status, RunStatus::Stopped);
+    let note = rec
+        .unpersisted
+        .as_deref()
+        .expect("the record says what was lost");
+    assert!(note.contains("2 message(s) not persisted"), "{note}");
+    assert!(note.contains("failing appends"), "{note}");
+
+    history.fail_appends(false);
+    let resumed = within(
+        "resume",
+        k.rt.resume(t.clone(), ResumeInput::Instruction("again".into())),
+    )
+    .await
+    .expect("resumable");
+    let outcome = finish(&resumed).await;
+    assert_eq!(outcome.status(), RunStatus::Succeeded, "{outcome:#?}");
+    let p = persisted(&k.rt, &t).await;
+    assert_unique_ids(&p.history);
+    assert_eq!(
+        p.texts(),
+        ["first", "one two", "again", super::stopkit::WORDS]
+    );
+    let ids: Vec<_> = p.history.iter().map(|m| m.id).collect();
+    assert_eq!(ids[..2], [refused[0].id, refused[1].id]);
+    assert!(p.history[1].truncated);
+    assert_eq!(p.history[2].run_id, Some(resumed.run_id()));
+    let rec = record(&k.rt, resumed.run_id()).await;
+    assert_eq!(rec.unpersisted, None);
+    assert_eq!(rec.parent_run_id, Some(run.run_id()));
+}
+
+#[tokio::test]
+async fn a_handler_panicking_on_stop_beside_a_stream_does_not_break_the_stop() {
+    let k = kit(Script::new().interrupt(Interrupt::after_chunks("llm", 2)));
+    let wf = load(
+        &k.rt,
+        json!({"id": "parallel", "nodes": [
+            {"id": "start", "kind": "begin"},
+            {"id": "llm", "kind": "llm"},
+            {"id": "boom", "kind": "panic_on_stop"}
+        ], "edges": [{"from": "start", "to": "llm"}, {"from": "start", "to": "boom"}]}),
+    );
+    let t = thread("panic-on-stop");
+    let run =
+        k.rt.start(&wf, inputs([("query", "both".into())]), t.clone())
+            .await
+            .expect("start");
+    let outcome = finish(&run).await;
+    let stop = stopped(&outcome);
+
+    assert_eq!(stop.reason, StopReason::UserInterrupted);
+    let boom = stop
+        .interrupted
+        .iter()
+        .find(|i| i.path == path("boom"))
+        .unwrap_or_else(|| panic!("boom is interrupted: {stop:#?}"));
+    let error = boom.error.as_deref().expect("the panic is reported");
+    assert!(
+        error.contains("panicked") && error.contains("boom panicked on stop"),
+        "{error}"
+    );
+    let llm = stop
+        .interrupted
+        .iter()
+        .find(|i| i.path == path("llm"))
+        .unwrap_or_else(|| panic!("llm is interrupted: {stop:#?}"));
+    assert_eq!(
+        (llm.partial.as_deref(), llm.chunks, llm.forced),
+        (Some("one two"), 2, false)
+    );
+    assert_eq!(stop.interrupted.len(), 2);
+    assert_eq!(stop.partial_response.as_deref(), Some("one two"));
+    let mut frontier = stop.frontier.clone();
+    frontier.sort();
+    assert_eq!(frontier, nodes(&["boom", "llm"]));
+    assert_eq!(k.calls.of("boom"), 1);
+
+    let p = persisted(&k.rt, &t).await;
+    let truncated: Vec<&str> = p
+        .history
+        .iter()
+        .filter(|m| m.truncated)
+        .map(|m| m.content.as_str())
+        .collect();
+    assert_eq!(truncated, ["one two"]);
+    assert_eq!(p.texts(), ["both", "one two"]);
+    let mut frontier = p.frontier();
+    frontier.sort();
+    assert_eq!(frontier, ["boom", "llm"]);
+    let rec = p.record.expect("recorded");
+    assert_eq!(rec.status, RunStatus::Stopped);
+    assert_eq!(rec.checkpoint_id, stop.checkpoint_id);
+}
