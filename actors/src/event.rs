@@ -113,6 +113,14 @@ pub enum RunEvent {
         /// Why.
         error: String,
     },
+    /// A node was cut short by a stop or by another node's failure; what it held is kept,
+    /// and a resume runs it again.
+    NodeInterrupted {
+        /// Where.
+        path: NodePath,
+        /// Whether its handler was aborted rather than returning by itself.
+        forced: bool,
+    },
     /// A stop was requested: no node starts any more; running nodes are finishing or being
     /// aborted, then the run persists what it holds.
     Stopping {

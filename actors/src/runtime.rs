@@ -568,11 +568,7 @@ fn check_inputs(workflow: &Workflow, mut inputs: Map) -> Result<Map, StartError>
             Some(value) if !decl.ty.accepts(value) => {
                 return Err(StartError::InvalidInput {
                     input: decl.name.clone(),
-                    problem: format!(
-                        "expected {}, found {}",
-                        format!("{:?}", decl.ty).to_lowercase(),
-                        value.type_name()
-                    ),
+                    problem: format!("expected {}, found {}", decl.ty.name(), value.type_name()),
                 });
             }
             Some(_) => {}

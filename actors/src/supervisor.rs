@@ -413,6 +413,9 @@ impl RunState {
         self.schedule
             .mark_running(node)
             .map_err(|e| NodeError::Failed(format!("scheduler: {e}")))?;
+        // Announced before the spawn: the handler may stream as soon as it is spawned.
+        self.live().running.insert(id);
+        self.emit(RunEvent::NodeStarted { path, kind });
         let spawned = Actor::spawn_linked(None, NodeActor, args, myself.get_cell()).await;
         let (actor, _) = match spawned {
             Ok(spawned) => spawned,
@@ -432,8 +435,6 @@ impl RunState {
                 report: report_rx,
             },
         );
-        self.live().running.insert(id);
-        self.emit(RunEvent::NodeStarted { path, kind });
         Ok(())
     }
 
@@ -508,6 +509,10 @@ impl RunState {
         };
         let _ = self.schedule.requeue(node);
         let path = self.path(node);
+        self.emit(RunEvent::NodeInterrupted {
+            path: path.clone(),
+            forced,
+        });
         if let Some(stopping) = &mut self.stopping {
             stopping.interrupted.push(Interrupted {
                 path,
@@ -550,6 +555,10 @@ impl RunState {
         self.live().running.remove(self.node_id(node));
         let _ = self.schedule.requeue(node);
         let path = self.path(node);
+        self.emit(RunEvent::NodeInterrupted {
+            path: path.clone(),
+            forced: true,
+        });
         if let Some(stopping) = &mut self.stopping {
             stopping.interrupted.push(Interrupted {
                 path,

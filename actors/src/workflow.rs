@@ -224,6 +224,19 @@ impl InputType {
         "string", "integer", "number", "bool", "array", "object", "any",
     ];
 
+    /// The name used in `inputs[].type`.
+    pub fn name(&self) -> &'static str {
+        match self {
+            Self::String => "string",
+            Self::Integer => "integer",
+            Self::Number => "number",
+            Self::Bool => "bool",
+            Self::Array => "array",
+            Self::Object => "object",
+            Self::Any => "any",
+        }
+    }
+
     pub(crate) fn from_name(name: &str) -> Option<Self> {
         Some(match name {
             "string" => Self::String,
@@ -268,7 +281,11 @@ impl InputType {
         if self.accepts(&value) {
             Ok(value)
         } else {
-            Err(format!("expected {self:?}, found {}", value.type_name()).to_lowercase())
+            Err(format!(
+                "expected {}, found {}",
+                self.name(),
+                value.type_name()
+            ))
         }
     }
 }

@@ -255,6 +255,7 @@ pub(super) fn validate(def: WorkflowDef, kinds: &Kinds) -> Result<Plan, Validati
             [] => errors.push(WorkflowError::NoEntry),
             [entry] => {
                 inputs = begin_inputs(entry);
+                check_inputs(entry, &inputs, &mut errors);
                 check_structure(graph, entry, &def.nodes, &def.edges, &mut errors);
             }
             many => errors.push(WorkflowError::MultipleEntries {
@@ -508,6 +509,34 @@ fn begin_inputs(entry: &NodeDef) -> Vec<InputDecl> {
             })
         })
         .collect()
+}
+
+/// Declared run inputs: unique names, defaults of the declared type.
+fn check_inputs(entry: &NodeDef, inputs: &[InputDecl], errors: &mut Vec<WorkflowError>) {
+    let mut names = HashSet::new();
+    for (i, input) in inputs.iter().enumerate() {
+        if !names.insert(input.name.as_str()) {
+            errors.push(WorkflowError::InvalidParam {
+                node: entry.id.clone(),
+                field: format!("inputs[{i}].name"),
+                problem: format!("input `{}` is declared twice", input.name),
+            });
+        }
+        if let Some(default) = &input.default {
+            if !input.ty.accepts(default) {
+                errors.push(WorkflowError::InvalidParam {
+                    node: entry.id.clone(),
+                    field: format!("inputs[{i}].default"),
+                    problem: format!(
+                        "default of input `{}` is {}, but its type is {}",
+                        input.name,
+                        default.type_name(),
+                        input.ty.name()
+                    ),
+                });
+            }
+        }
+    }
 }
 
 /// Entry, cycles and reachability.

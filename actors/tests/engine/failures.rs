@@ -127,7 +127,13 @@ async fn failure_while_a_sibling_runs_aborts_it_and_keeps_its_messages() {
         h.rt.start(&wf, inputs([("query", "do it".into())]), thread("sibling"))
             .await
             .expect("start");
+    let events = all_events(&run).await;
     let outcome = finish(&run).await;
+    // The aborted sibling is closed in the event stream, not left "running".
+    assert_eq!(
+        node_events(&events, "slow"),
+        ["started slow (sleep)", "interrupted slow forced=true"]
+    );
     let took = began.elapsed();
     // The sibling sleeps for a minute; the run must not wait for it.
     assert!(took < Duration::from_secs(5), "run took {took:?}");

@@ -121,6 +121,10 @@ pub(crate) fn describe(event: &RunEvent) -> String {
         RunEvent::NodeFinished { path, .. } => format!("finished {path}"),
         RunEvent::NodeSkipped { path } => format!("skipped {path}"),
         RunEvent::NodeFailed { path, .. } => format!("failed {path}"),
+        RunEvent::NodeInterrupted { path, forced } => {
+            format!("interrupted {path} forced={forced}")
+        }
+        RunEvent::Stopping { reason } => format!("stopping {reason}"),
         RunEvent::EventsMissed { count } => format!("missed {count}"),
         RunEvent::RunFinished { status, .. } => format!("run_finished {status}"),
         other => format!("{other:?}"),

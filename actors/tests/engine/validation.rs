@@ -728,6 +728,36 @@ fn several_reference_problems_are_reported_at_once() {
     );
 }
 
+#[test]
+fn begin_inputs_are_unique_and_their_defaults_typed() {
+    let rt = runtime();
+    let got = problems(
+        &rt,
+        json!({"id": "w", "nodes": [
+            {"id": "start", "kind": "begin", "params": {"inputs": [
+                {"name": "n", "type": "integer", "default": "abc"},
+                {"name": "n", "type": "string"},
+                {"name": "ok", "type": "bool", "default": false}
+            ]}}
+        ]}),
+    );
+    assert_eq!(
+        got,
+        [
+            WorkflowError::InvalidParam {
+                node: "start".into(),
+                field: "inputs[0].default".into(),
+                problem: "default of input `n` is string, but its type is integer".into(),
+            },
+            WorkflowError::InvalidParam {
+                node: "start".into(),
+                field: "inputs[1].name".into(),
+                problem: "input `n` is declared twice".into(),
+            },
+        ]
+    );
+}
+
 fn with_inputs() -> serde_json::Value {
     json!({"id": "inputs", "nodes": [
         {"id": "start", "kind": "begin", "params": {"inputs": [
