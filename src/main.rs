@@ -1,0 +1,495 @@
+//! `runvisor`, the command line: `run` executes a workflow file and shows its progress,
+//! `validate` checks one and lists every problem.
+//!
+//! Exit codes: 0 success, 1 the run failed, 2 bad input (unreadable file, invalid workflow,
+//! bad `--input`, ...). Every bad input is one `error: ...` line on stderr, never a panic.
+
+use std::collections::{BTreeMap, HashMap};
+use std::io::{self, Write};
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, anyhow, bail};
+use clap::{Parser, Subcommand};
+use runvisor::workflow::InputDecl;
+use runvisor::{
+    Config, Map, Message, NodeId, NodePath, RunEvent, RunId, RunOutcome, RunStatus, Runtime,
+    ThreadId, Value, Workflow, register_standard_kinds,
+};
+use serde::Serialize;
+
+/// The run failed (or ended any other way than succeeding).
+const EXIT_RUN_FAILED: u8 = 1;
+/// Bad input: a file that cannot be read, an invalid workflow, a bad flag value.
+const EXIT_BAD_INPUT: u8 = 2;
+
+/// Supervised, stoppable, resumable agent workflows.
+#[derive(Debug, Parser)]
+#[command(name = "runvisor", version)]
+struct Cli {
+    /// Config file (JSON); every setting has a default.
+    #[arg(long, global = true, value_name = "FILE")]
+    config: Option<PathBuf>,
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// Run a workflow and print its progress, then its outputs.
+    Run(RunArgs),
+    /// Check a workflow and print every problem found.
+    Validate {
+        /// The workflow file (JSON).
+        file: PathBuf,
+    },
+}
+
+#[derive(Debug, clap::Args)]
+struct RunArgs {
+    /// The workflow file (JSON).
+    file: PathBuf,
+    /// A run input, typed by the begin node's declaration: strings as written, other types as
+    /// JSON (`tier=3`, `tags=["a","b"]`). Repeat for several inputs.
+    #[arg(short, long = "input", value_name = "KEY=VALUE")]
+    inputs: Vec<String>,
+    /// The thread (conversation) to run on; a new one by default.
+    #[arg(long, value_name = "ID")]
+    thread: Option<String>,
+    /// Print only a JSON document with the outcome.
+    #[arg(long)]
+    json: bool,
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    match dispatch(cli) {
+        Ok(code) => code,
+        Err(e) if is_broken_pipe(&e) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("error: {e:#}");
+            ExitCode::from(EXIT_BAD_INPUT)
+        }
+    }
+}
+
+/// Output cut by a closed pipe (`runvisor run ... | head`) is not an error.
+fn is_broken_pipe(e: &anyhow::Error) -> bool {
+    e.downcast_ref::<io::Error>()
+        .is_some_and(|e| e.kind() == io::ErrorKind::BrokenPipe)
+}
+
+fn dispatch(cli: Cli) -> anyhow::Result<ExitCode> {
+    let config = Config::load_or_default(cli.config.as_deref())?;
+    if let Err(problem) = runvisor::telemetry::init(config.log.as_deref().unwrap_or("warn")) {
+        eprintln!("warning: {problem}");
+    }
+    let runtime = register_standard_kinds(Runtime::builder().config(config.runtime)).try_build()?;
+    match cli.command {
+        Command::Validate { file } => validate(&runtime, &file),
+        Command::Run(args) => tokio::runtime::Builder::new_multi_thread()
+            .enable_all()
+            .build()
+            .context("cannot start the async runtime")?
+            .block_on(run(&runtime, args)),
+    }
+}
+
+/// Reads and validates a workflow file; prints every validation error, one per line.
+fn load(runtime: &Runtime, file: &Path) -> anyhow::Result<Option<Workflow>> {
+    let text = std::fs::read_to_string(file)
+        .with_context(|| format!("cannot read workflow {}", file.display()))?;
+    match runtime.load_json(&text) {
+        Ok(workflow) => Ok(Some(workflow)),
+        Err(errors) => {
+            let mut err = io::stderr().lock();
+            for e in errors.errors() {
+                writeln!(err, "error: {}: {e}", file.display())?;
+            }
+            let count = errors.errors().len();
+            let s = if count == 1 { "" } else { "s" };
+            writeln!(err, "invalid: {count} problem{s} in {}", file.display())?;
+            Ok(None)
+        }
+    }
+}
+
+fn validate(runtime: &Runtime, file: &Path) -> anyhow::Result<ExitCode> {
+    let Some(workflow) = load(runtime, file)? else {
+        return Ok(ExitCode::from(EXIT_BAD_INPUT));
+    };
+    let mut out = io::stdout().lock();
+    writeln!(out, "ok: {} nodes", workflow.node_ids().count())?;
+    if !workflow.inputs().is_empty() {
+        let inputs: Vec<String> = workflow.inputs().iter().map(describe_input).collect();
+        writeln!(out, "inputs: {}", inputs.join(", "))?;
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+/// `query (string, required)`, `tier (integer, default 0)`.
+fn describe_input(decl: &InputDecl) -> String {
+    let ty = format!("{:?}", decl.ty).to_lowercase();
+    match (&decl.default, decl.required) {
+        (Some(default), _) => format!("{} ({ty}, default {default})", decl.name),
+        (None, true) => format!("{} ({ty}, required)", decl.name),
+        (None, false) => format!("{} ({ty}, optional)", decl.name),
+    }
+}
+
+/// Reads `--input KEY=VALUE` flags, each typed by the begin node's declaration. When the
+/// workflow declares no inputs, any name is accepted and values are strings.
+fn parse_inputs(declared: &[InputDecl], args: &[String]) -> anyhow::Result<Map> {
+    let mut inputs = Map::new();
+    for arg in args {
+        let (name, text) = arg
+            .split_once('=')
+            .filter(|(name, _)| !name.trim().is_empty())
+            .ok_or_else(|| anyhow!("bad --input {arg:?}: expected KEY=VALUE"))?;
+        let name = name.trim();
+        let value = if declared.is_empty() {
+            Value::from(text)
+        } else {
+            let decl = declared.iter().find(|d| d.name == name).ok_or_else(|| {
+                let names: Vec<&str> = declared.iter().map(|d| d.name.as_str()).collect();
+                anyhow!(
+                    "unknown input `{name}`: the workflow declares {}",
+                    names.join(", ")
+                )
+            })?;
+            decl.ty
+                .parse_text(text)
+                .map_err(|problem| anyhow!("input `{name}`: {problem}"))?
+        };
+        if inputs.insert(name.to_owned(), value).is_some() {
+            bail!("input `{name}` is given twice");
+        }
+    }
+    for decl in declared {
+        if decl.required && decl.default.is_none() && !inputs.contains_key(&decl.name) {
+            bail!(
+                "missing input {}: pass --input {}=VALUE",
+                describe_input(decl),
+                decl.name
+            );
+        }
+    }
+    Ok(inputs)
+}
+
+async fn run(runtime: &Runtime, args: RunArgs) -> anyhow::Result<ExitCode> {
+    let Some(workflow) = load(runtime, &args.file)? else {
+        return Ok(ExitCode::from(EXIT_BAD_INPUT));
+    };
+    let inputs = parse_inputs(workflow.inputs(), &args.inputs)?;
+    let thread = match &args.thread {
+        Some(id) => ThreadId::new(id).context("bad --thread")?,
+        None => ThreadId::generate(),
+    };
+    let run = runtime
+        .start(&workflow, inputs, thread)
+        .await
+        .context("the run could not start")?;
+
+    let mut progress = (!args.json).then(|| Progress::new(io::stdout()));
+    let mut events = run.events();
+    while let Some(event) = events.next().await {
+        if let Some(progress) = &mut progress {
+            progress.event(&event)?;
+        }
+    }
+    let outcome = run.wait().await;
+
+    let mut out = io::stdout().lock();
+    if args.json {
+        let document = OutcomeDocument::new(&workflow, run.thread(), &outcome);
+        writeln!(out, "{}", serde_json::to_string_pretty(&document)?)?;
+    } else {
+        let outputs = serde_json::to_string_pretty(outcome.outputs())?;
+        writeln!(out, "outputs:\n{outputs}")?;
+    }
+    out.flush()?;
+    if let (Some(error), false) = (outcome.error(), args.json) {
+        eprintln!("error: run failed: {error}");
+    }
+    Ok(match outcome.status() {
+        RunStatus::Succeeded => ExitCode::SUCCESS,
+        _ => ExitCode::from(EXIT_RUN_FAILED),
+    })
+}
+
+/// The `--json` document: the run, its status, outputs, variables, messages and error.
+#[derive(Debug, Serialize)]
+struct OutcomeDocument<'a> {
+    run_id: RunId,
+    thread: &'a ThreadId,
+    workflow: &'a str,
+    status: RunStatus,
+    /// `null` when the run failed.
+    error: Option<String>,
+    outputs: &'a BTreeMap<NodeId, Value>,
+    /// The workflow variables at the end; `null` when the run failed.
+    variables: Option<&'a Map>,
+    /// The messages the run persisted to the thread's history.
+    messages: &'a [Message],
+    /// Messages the history store refused, if any.
+    messages_not_persisted: &'a [Message],
+}
+
+impl<'a> OutcomeDocument<'a> {
+    fn new(workflow: &'a Workflow, thread: &'a ThreadId, outcome: &'a RunOutcome) -> Self {
+        let variables = match outcome {
+            RunOutcome::Completed { variables, .. } => Some(variables),
+            _ => None,
+        };
+        let history = outcome.history();
+        Self {
+            run_id: outcome.run_id(),
+            thread,
+            workflow: workflow.id(),
+            status: outcome.status(),
+            error: outcome.error().map(ToString::to_string),
+            outputs: outcome.outputs(),
+            variables,
+            messages: &history.persisted,
+            messages_not_persisted: &history.not_persisted,
+        }
+    }
+}
+
+/// Prints run events as they come: a line per node start and end, streamed chunks inline.
+struct Progress<W: Write> {
+    out: W,
+    /// When each running node started.
+    running: HashMap<NodePath, Instant>,
+    /// The node whose chunks the current (unfinished) line shows.
+    streaming: Option<NodePath>,
+}
+
+impl<W: Write> Progress<W> {
+    fn new(out: W) -> Self {
+        Self {
+            out,
+            running: HashMap::new(),
+            streaming: None,
+        }
+    }
+
+    fn event(&mut self, event: &RunEvent) -> io::Result<()> {
+        if !matches!(event, RunEvent::NodeChunk { .. }) {
+            self.end_stream_line()?;
+        }
+        match event {
+            RunEvent::RunStarted { run_id, thread } => {
+                writeln!(self.out, "run {run_id} on thread {thread}")?;
+            }
+            RunEvent::NodeStarted { path, kind } => {
+                self.running.insert(path.clone(), Instant::now());
+                writeln!(self.out, "▶ node {path} ({kind})")?;
+            }
+            RunEvent::NodeChunk { path, text } => {
+                let mut text: &str = text;
+                if self.streaming.as_ref() != Some(path) {
+                    self.end_stream_line()?;
+                    write!(self.out, "  ")?;
+                    if self.running.len() > 1 {
+                        // Several nodes stream at once: say whose text this is.
+                        write!(self.out, "[{path}] ")?;
+                    }
+                    self.streaming = Some(path.clone());
+                    // On a fresh line, leading spaces would only misalign the text.
+                    text = text.trim_start_matches(' ');
+                }
+                write!(self.out, "{}", text.replace('\n', "\n  "))?;
+            }
+            RunEvent::NodeFinished { path, .. } => {
+                let took = self.running.remove(path).map(|t| t.elapsed());
+                writeln!(self.out, "✓ node {path} {}", elapsed(took))?;
+            }
+            RunEvent::NodeSkipped { path } => writeln!(self.out, "↷ node {path} skipped")?,
+            RunEvent::NodeFailed { path, error } => {
+                self.running.remove(path);
+                writeln!(self.out, "✗ node {path} failed: {error}")?;
+            }
+            RunEvent::EventsMissed { count } => {
+                writeln!(self.out, "… {count} events missed (output too slow)")?;
+            }
+            RunEvent::RunFinished { status, .. } => writeln!(self.out, "■ run {status}")?,
+            _ => {}
+        }
+        self.out.flush()
+    }
+
+    /// Ends a line of streamed chunks, if one is open.
+    fn end_stream_line(&mut self) -> io::Result<()> {
+        if self.streaming.take().is_some() {
+            writeln!(self.out)?;
+        }
+        Ok(())
+    }
+}
+
+/// `12ms`, `1.25s`, or `?` when the start was not seen.
+fn elapsed(took: Option<Duration>) -> String {
+    match took {
+        None => "?".into(),
+        Some(d) if d < Duration::from_secs(1) => format!("{}ms", d.as_millis()),
+        Some(d) => format!("{:.2}s", d.as_secs_f64()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use runvisor::workflow::InputType;
+
+    use super::*;
+
+    fn decl(name: &str, ty: InputType, required: bool, default: Option<Value>) -> InputDecl {
+        InputDecl {
+            name: name.into(),
+            ty,
+            required,
+            default,
+        }
+    }
+
+    fn declared() -> Vec<InputDecl> {
+        vec![
+            decl("query", InputType::String, true, None),
+            decl("tier", InputType::Integer, false, Some(Value::Int(0))),
+            decl("tags", InputType::Array, false, None),
+        ]
+    }
+
+    fn args(items: &[&str]) -> Vec<String> {
+        items.iter().map(|s| (*s).to_owned()).collect()
+    }
+
+    #[test]
+    fn inputs_are_typed_by_their_declaration() {
+        let inputs = parse_inputs(
+            &declared(),
+            &args(&["query=refund = now", "tier=3", "tags=[\"a\"]"]),
+        )
+        .expect("valid");
+        assert_eq!(inputs["query"], Value::from("refund = now"));
+        assert_eq!(inputs["tier"], Value::Int(3));
+        assert_eq!(inputs["tags"], Value::from(vec!["a"]));
+    }
+
+    #[test]
+    fn undeclared_workflows_take_any_name_as_text() {
+        let inputs = parse_inputs(&[], &args(&["query=42", "x="])).expect("valid");
+        assert_eq!(inputs["query"], Value::from("42"));
+        assert_eq!(inputs["x"], Value::from(""));
+    }
+
+    #[test]
+    fn bad_inputs_are_one_line_errors() {
+        let cases: &[(&[&str], &str)] = &[
+            (&["query"], "bad --input \"query\": expected KEY=VALUE"),
+            (&["=x"], "expected KEY=VALUE"),
+            (
+                &["query=a", "colour=red"],
+                "unknown input `colour`: the workflow declares query, tier, tags",
+            ),
+            (&["query=a", "tier=high"], "input `tier`: not valid JSON"),
+            (&["query=a", "tier=1.5"], "input `tier`: expected integer"),
+            (&["query=a", "query=b"], "input `query` is given twice"),
+            (
+                &["tier=1"],
+                "missing input query (string, required): pass --input query=VALUE",
+            ),
+        ];
+        for (given, want) in cases {
+            let err = parse_inputs(&declared(), &args(given))
+                .expect_err("refused")
+                .to_string();
+            assert!(err.contains(want), "{given:?}: {err}");
+            assert!(!err.contains('\n'), "{err}");
+        }
+    }
+
+    #[test]
+    fn progress_shows_nodes_and_streams_chunks_inline() {
+        let node = |id: &str| NodePath::node(NodeId::new(id).expect("valid id"));
+        let mut progress = Progress::new(Vec::new());
+        let events = [
+            RunEvent::NodeStarted {
+                path: node("llm"),
+                kind: Arc::from("stream_text"),
+            },
+            RunEvent::NodeChunk {
+                path: node("llm"),
+                text: Arc::from("Hello"),
+            },
+            RunEvent::NodeChunk {
+                path: node("llm"),
+                text: Arc::from(" world"),
+            },
+            RunEvent::NodeFinished {
+                path: node("llm"),
+                output: Arc::new(Value::Null),
+            },
+            RunEvent::NodeSkipped {
+                path: node("other"),
+            },
+            RunEvent::NodeFailed {
+                path: node("last"),
+                error: "boom".into(),
+            },
+            RunEvent::RunFinished {
+                run_id: RunId::new(),
+                status: RunStatus::Failed,
+            },
+        ];
+        for event in &events {
+            progress.event(event).expect("writes to a vec");
+        }
+        let text = String::from_utf8(progress.out).expect("utf-8");
+        let lines: Vec<&str> = text.lines().collect();
+        assert_eq!(lines[0], "▶ node llm (stream_text)");
+        assert_eq!(lines[1], "  Hello world");
+        assert!(lines[2].starts_with("✓ node llm ") && lines[2].ends_with("ms"));
+        assert_eq!(
+            &lines[3..],
+            [
+                "↷ node other skipped",
+                "✗ node last failed: boom",
+                "■ run failed"
+            ]
+        );
+    }
+
+    #[test]
+    fn concurrent_streams_are_labelled() {
+        let node = |id: &str| NodePath::node(NodeId::new(id).expect("valid id"));
+        let mut progress = Progress::new(Vec::new());
+        for id in ["a", "b"] {
+            let event = RunEvent::NodeStarted {
+                path: node(id),
+                kind: Arc::from("stream_text"),
+            };
+            progress.event(&event).expect("writes");
+        }
+        for (id, text) in [("a", "one"), ("a", " two"), ("b", " three")] {
+            let event = RunEvent::NodeChunk {
+                path: node(id),
+                text: Arc::from(text),
+            };
+            progress.event(&event).expect("writes");
+        }
+        let text = String::from_utf8(progress.out).expect("utf-8");
+        assert!(text.ends_with("  [a] one two\n  [b] three"), "{text}");
+    }
+
+    #[test]
+    fn durations_read_well() {
+        assert_eq!(elapsed(None), "?");
+        assert_eq!(elapsed(Some(Duration::from_millis(12))), "12ms");
+        assert_eq!(elapsed(Some(Duration::from_millis(1250))), "1.25s");
+    }
+}
