@@ -1,0 +1,375 @@
+//! The `runvisor` binary end to end: runs and validates the sample workflows in
+//! `examples/workflows/`, and checks that every bad input is a one-line error with a non-zero
+//! exit code, never a panic.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+/// Exit code of a failed run.
+const RUN_FAILED: i32 = 1;
+/// Exit code of bad input (unreadable file, invalid workflow, bad flag value).
+const BAD_INPUT: i32 = 2;
+
+fn sample(name: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("examples/workflows")
+        .join(name)
+}
+
+/// What one invocation of the binary did.
+struct Ran {
+    code: Option<i32>,
+    stdout: String,
+    stderr: String,
+}
+
+impl std::fmt::Debug for Ran {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "exit {:?}\n--- stdout\n{}--- stderr\n{}",
+            self.code, self.stdout, self.stderr
+        )
+    }
+}
+
+fn runvisor<I, S>(args: I) -> Ran
+where
+    I: IntoIterator<Item = S>,
+    S: AsRef<std::ffi::OsStr>,
+{
+    let Output {
+        status,
+        stdout,
+        stderr,
+    } = Command::new(env!("CARGO_BIN_EXE_runvisor"))
+        .args(args)
+        .env_remove("RUST_LOG")
+        .output()
+        .expect("the runvisor binary runs");
+    Ran {
+        code: status.code(),
+        stdout: String::from_utf8(stdout).expect("stdout is utf-8"),
+        stderr: String::from_utf8(stderr).expect("stderr is utf-8"),
+    }
+}
+
+/// Asserts a clean refusal: the given exit code, exactly one `error: ...` line, no panic.
+fn assert_one_line_error(ran: &Ran, code: i32, needle: &str) {
+    assert_eq!(ran.code, Some(code), "{ran:?}");
+    assert!(!ran.stderr.contains("panicked"), "{ran:?}");
+    let lines: Vec<&str> = ran.stderr.lines().collect();
+    assert_eq!(lines.len(), 1, "one line: {ran:?}");
+    assert!(lines[0].starts_with("error: "), "{ran:?}");
+    assert!(lines[0].contains(needle), "wanted {needle:?}: {ran:?}");
+}
+
+/// The JSON that follows `outputs:` in the human-readable output.
+fn printed_outputs(stdout: &str) -> serde_json::Value {
+    let (_, json) = stdout
+        .split_once("outputs:\n")
+        .expect("outputs are printed");
+    serde_json::from_str(json).expect("outputs are JSON")
+}
+
+#[test]
+fn run_shows_progress_streams_and_prints_outputs() {
+    let agent = sample("support_agent.json");
+    let ran = runvisor([
+        "run".as_ref(),
+        agent.as_os_str(),
+        "--input".as_ref(),
+        "query=I want my money back".as_ref(),
+    ]);
+    assert_eq!(ran.code, Some(0), "{ran:?}");
+    let out = &ran.stdout;
+    for line in [
+        "▶ node answer (stream_text)",
+        "  Thanks for reaching out about \"I want my money back\". Let me look into that for you.",
+        "↷ node vip_reply skipped",
+        "↷ node shipping_reply skipped",
+        "↷ node general_reply skipped",
+        "▶ node refund_reply (message)",
+        "■ run succeeded",
+    ] {
+        assert!(out.lines().any(|l| l == line), "missing {line:?}: {ran:?}");
+    }
+    assert!(
+        out.lines()
+            .any(|l| l.starts_with("✓ node answer ") && l.ends_with("ms")),
+        "{ran:?}"
+    );
+    let outputs = printed_outputs(out);
+    assert_eq!(outputs["route"]["branch"], "refund");
+    assert_eq!(
+        outputs["refund_reply"]["text"],
+        "I have opened a refund request. You will get an email once it is approved."
+    );
+    assert!(outputs.get("general_reply").is_none(), "skipped: no output");
+}
+
+#[test]
+fn typed_inputs_pick_the_branch() {
+    let agent = sample("support_agent.json");
+    let ran = runvisor([
+        "run".as_ref(),
+        agent.as_os_str(),
+        "-i".as_ref(),
+        "query=where is my delivery?".as_ref(),
+        "-i".as_ref(),
+        "tier=4".as_ref(),
+    ]);
+    assert_eq!(ran.code, Some(0), "{ran:?}");
+    let outputs = printed_outputs(&ran.stdout);
+    assert_eq!(outputs["start"]["tier"], 4, "an integer, not text");
+    assert_eq!(outputs["route"]["branch"], "vip");
+}
+
+#[test]
+fn json_output_is_one_document_with_the_outcome() {
+    let agent = sample("support_agent.json");
+    let ran = runvisor([
+        "run".as_ref(),
+        agent.as_os_str(),
+        "--input".as_ref(),
+        "query=hello".as_ref(),
+        "--thread".as_ref(),
+        "chat-7".as_ref(),
+        "--json".as_ref(),
+    ]);
+    assert_eq!(ran.code, Some(0), "{ran:?}");
+    let doc: serde_json::Value = serde_json::from_str(&ran.stdout).expect("stdout is JSON");
+    assert_eq!(doc["status"], "succeeded");
+    assert_eq!(doc["thread"], "chat-7");
+    assert_eq!(doc["workflow"], "support_agent");
+    assert_eq!(doc["error"], serde_json::Value::Null);
+    assert_eq!(doc["outputs"]["route"]["branch"], "else");
+    assert_eq!(
+        doc["outputs"]["general_reply"]["text"],
+        "A colleague will get back to you about: hello"
+    );
+    let messages: Vec<(&str, &str)> = doc["messages"]
+        .as_array()
+        .expect("messages")
+        .iter()
+        .map(|m| {
+            (
+                m["role"].as_str().unwrap_or_default(),
+                m["content"].as_str().unwrap_or_default(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        messages,
+        vec![
+            ("user", "hello"),
+            (
+                "assistant",
+                "Thanks for reaching out about \"hello\". Let me look into that for you."
+            ),
+            ("assistant", "A colleague will get back to you about: hello"),
+        ]
+    );
+}
+
+#[test]
+fn fanout_joins_every_branch() {
+    let ran = runvisor(["run".as_ref(), sample("fanout.json").as_os_str()]);
+    assert_eq!(ran.code, Some(0), "{ran:?}");
+    let outputs = printed_outputs(&ran.stdout);
+    assert_eq!(
+        outputs["summary"]["text"],
+        "Notes on the history of tea: sources found, key dates listed. \
+         Outline: 1. Origins 2. Trade 3. Today (fetched in 150 ms)"
+    );
+    for node in ["research", "fetch", "outline"] {
+        let started = format!("▶ node {node} ");
+        assert!(ran.stdout.contains(&started), "{ran:?}");
+    }
+}
+
+#[test]
+fn validate_accepts_the_samples() {
+    for (file, nodes) in [("support_agent.json", 7), ("fanout.json", 5)] {
+        let ran = runvisor(["validate".as_ref(), sample(file).as_os_str()]);
+        assert_eq!(ran.code, Some(0), "{ran:?}");
+        let first = ran.stdout.lines().next().unwrap_or_default();
+        assert_eq!(first, format!("ok: {nodes} nodes"), "{ran:?}");
+    }
+}
+
+#[test]
+fn validate_lists_every_problem_and_exits_2() {
+    let invalid = sample("invalid.json");
+    let ran = runvisor(["validate".as_ref(), invalid.as_os_str()]);
+    assert_eq!(ran.code, Some(BAD_INPUT), "{ran:?}");
+    assert!(!ran.stderr.contains("panicked"), "{ran:?}");
+    let errors: Vec<&str> = ran
+        .stderr
+        .lines()
+        .filter(|l| l.starts_with("error: "))
+        .collect();
+    let expected = [
+        "node `answer`: field `params.text`: is required",
+        "node `answer`: field `params.interval`: is not a duration",
+        "node `answer`: field `params.txt`: is not a known field",
+        "node `answer`: field `id`: duplicate id",
+        "node `lookup`: field `kind`: unknown kind `web_search`",
+        "node `wait`: field `params.duration`: expected a duration",
+        "edge #1 (answer -> reply): field `to`: no node `reply`",
+        "edge #2 (start -> wait): field `branch`",
+    ];
+    assert_eq!(errors.len(), expected.len(), "{ran:?}");
+    for (line, want) in errors.iter().zip(expected) {
+        assert!(line.contains("invalid.json: "), "names the file: {line}");
+        assert!(line.contains(want), "wanted {want:?} in {line:?}");
+    }
+    assert!(
+        ran.stderr
+            .ends_with(&format!("invalid: 8 problems in {}\n", invalid.display())),
+        "{ran:?}"
+    );
+
+    // `run` refuses the same workflow with the same list, before starting anything.
+    let ran = runvisor(["run".as_ref(), invalid.as_os_str()]);
+    assert_eq!(ran.code, Some(BAD_INPUT), "{ran:?}");
+    assert!(ran.stdout.is_empty(), "{ran:?}");
+    assert_eq!(ran.stderr.lines().count(), expected.len() + 1, "{ran:?}");
+}
+
+#[test]
+fn a_missing_file_is_one_line() {
+    let ran = runvisor(["run", "no/such/workflow.json"]);
+    assert_one_line_error(
+        &ran,
+        BAD_INPUT,
+        "cannot read workflow no/such/workflow.json: ",
+    );
+    let ran = runvisor(["validate", "no/such/workflow.json"]);
+    assert_one_line_error(&ran, BAD_INPUT, "cannot read workflow");
+}
+
+#[test]
+fn malformed_json_is_one_line_with_its_position() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let file = dir.path().join("broken.json");
+    std::fs::write(&file, "{\"id\": \"x\",\n  nodes: []}").expect("written");
+    let ran = runvisor(["validate".as_ref(), file.as_os_str()]);
+    assert_eq!(ran.code, Some(BAD_INPUT), "{ran:?}");
+    assert!(!ran.stderr.contains("panicked"), "{ran:?}");
+    let first = ran.stderr.lines().next().unwrap_or_default();
+    assert!(first.starts_with("error: "), "{ran:?}");
+    assert!(
+        first.contains("malformed workflow JSON at line 2, column 3"),
+        "{ran:?}"
+    );
+}
+
+#[test]
+fn bad_inputs_are_one_line_errors() {
+    let agent = sample("support_agent.json");
+    let cases: &[(&[&str], &str)] = &[
+        (
+            &[],
+            "missing input query (string, required): pass --input query=VALUE",
+        ),
+        (
+            &["--input", "query"],
+            "bad --input \"query\": expected KEY=VALUE",
+        ),
+        (
+            &["--input", "query=x", "--input", "colour=red"],
+            "unknown input `colour`: the workflow declares query, tier",
+        ),
+        (
+            &["--input", "query=x", "--input", "tier=gold"],
+            "input `tier`: not valid JSON",
+        ),
+        (
+            &["--input", "query=x", "--thread", "two words"],
+            "bad --thread: invalid thread id",
+        ),
+    ];
+    for (extra, needle) in cases {
+        let mut args = vec!["run".as_ref(), agent.as_os_str()];
+        args.extend(extra.iter().map(|s| std::ffi::OsStr::new(*s)));
+        let ran = runvisor(args);
+        assert_one_line_error(&ran, BAD_INPUT, needle);
+        assert!(ran.stdout.is_empty(), "nothing ran: {ran:?}");
+    }
+}
+
+#[test]
+fn a_bad_config_file_is_one_line() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let config = dir.path().join("runvisor.json");
+    std::fs::write(&config, r#"{"runtime": {"stop_timeout": "soon"}}"#).expect("written");
+    let ran = runvisor([
+        "--config".as_ref(),
+        config.as_os_str(),
+        "validate".as_ref(),
+        sample("fanout.json").as_os_str(),
+    ]);
+    assert_one_line_error(&ran, BAD_INPUT, "field `runtime.stop_timeout`");
+
+    std::fs::write(&config, r#"{"runtime": {"stop_timeout": "5s"}}"#).expect("written");
+    let ran = runvisor([
+        "--config".as_ref(),
+        config.as_os_str(),
+        "validate".as_ref(),
+        sample("fanout.json").as_os_str(),
+    ]);
+    assert_eq!(ran.code, Some(0), "{ran:?}");
+}
+
+#[test]
+fn a_failing_node_fails_the_run_with_exit_1() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let file = dir.path().join("fails.json");
+    // Valid at load time; the reference resolves to a bad duration only when it runs.
+    std::fs::write(
+        &file,
+        r#"{"id": "fails", "nodes": [
+            {"id": "start", "kind": "begin",
+             "params": {"inputs": [{"name": "wait", "type": "string", "default": "soon"}]}},
+            {"id": "hello", "kind": "stream_text", "params": {"text": "hi", "interval": "1ms"}},
+            {"id": "nap", "kind": "sleep", "params": {"duration": "{{start.wait}}"}}
+          ],
+          "edges": [{"from": "start", "to": "hello"}, {"from": "hello", "to": "nap"}]}"#,
+    )
+    .expect("written");
+
+    let ran = runvisor(["run".as_ref(), file.as_os_str()]);
+    assert_eq!(ran.code, Some(RUN_FAILED), "{ran:?}");
+    assert!(
+        ran.stdout.contains("✗ node nap failed: input `duration`"),
+        "{ran:?}"
+    );
+    assert_eq!(printed_outputs(&ran.stdout)["hello"]["text"], "hi", "kept");
+    assert!(
+        ran.stderr
+            .lines()
+            .any(|l| l.starts_with("error: run failed: node `nap` failed")),
+        "{ran:?}"
+    );
+    assert!(!ran.stderr.contains("panicked"), "{ran:?}");
+
+    let ran = runvisor(["run".as_ref(), file.as_os_str(), "--json".as_ref()]);
+    assert_eq!(ran.code, Some(RUN_FAILED), "{ran:?}");
+    let doc: serde_json::Value = serde_json::from_str(&ran.stdout).expect("stdout is JSON");
+    assert_eq!(doc["status"], "failed");
+    assert!(
+        doc["error"]
+            .as_str()
+            .is_some_and(|e| e.starts_with("node `nap` failed")),
+        "{doc}"
+    );
+}
+
+#[test]
+fn no_arguments_print_usage_not_a_panic() {
+    let ran = runvisor(std::iter::empty::<&str>());
+    assert_eq!(ran.code, Some(BAD_INPUT), "{ran:?}");
+    assert!(ran.stderr.contains("Usage: runvisor"), "{ran:?}");
+    assert!(!ran.stderr.contains("panicked"), "{ran:?}");
+}
