@@ -40,3 +40,8 @@ pub mod telemetry;
 pub use config::{Config, ConfigError};
 pub use runvisor_actors::*;
 pub use standard::register_standard_kinds;
+
+/// The README's Rust snippets, compiled and run as doctests so they stay true.
+#[cfg(doctest)]
+#[doc = include_str!("../README.md")]
+struct ReadmeDoctests;
