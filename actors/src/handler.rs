@@ -148,6 +148,8 @@ pub(crate) struct NodeBuffer {
     pub(crate) chunks: u64,
     /// Messages appended with `append_message`.
     pub(crate) messages: Vec<Message>,
+    /// The stop a probe requested at one of this node's chunks.
+    pub(crate) requested_stop: crate::probe::ProbeStop,
 }
 
 /// Everything about a run a node may read.
@@ -268,7 +270,8 @@ impl NodeContext {
             .and_then(|p| p.chunk(self.run.run_id, &self.path, count))
         {
             // This node sees the stop at once (its next chunk is refused); the run learns of
-            // it through its supervisor.
+            // it through its supervisor, or through this node's report if that comes first.
+            self.lock().requested_stop.get_or_insert((mode, reason));
             self.stop.cancel();
             if let Some(supervisor) = self.run.supervisor.get() {
                 let _ = supervisor.send_message(crate::supervisor::RunMsg::Stop { mode, reason });

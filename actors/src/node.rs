@@ -51,6 +51,8 @@ pub(crate) struct NodeReport {
     pub(crate) chunks: u64,
     /// Every message it appended.
     pub(crate) messages: Vec<Message>,
+    /// The stop a probe requested at one of its chunks, if one did.
+    pub(crate) requested_stop: crate::probe::ProbeStop,
 }
 
 /// Messages a node actor handles.
@@ -184,12 +186,13 @@ impl Actor for NodeActor {
             abort_task(state).await;
             state.end = Some(NodeEnd::Interrupted { forced });
         }
-        let (partial, chunks, messages) = {
+        let (partial, chunks, messages, requested_stop) = {
             let mut buffer = state.ctx.buffer().lock().unwrap_or_else(|e| e.into_inner());
             (
                 std::mem::take(&mut buffer.partial),
                 buffer.chunks,
                 std::mem::take(&mut buffer.messages),
+                buffer.requested_stop,
             )
         };
         let report = NodeReport {
@@ -201,6 +204,7 @@ impl Actor for NodeActor {
             partial,
             chunks,
             messages,
+            requested_stop,
         };
         if let Some(tx) = state.report.take() {
             // The parent may have given up waiting: the report then has no reader.

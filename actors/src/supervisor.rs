@@ -442,6 +442,12 @@ impl RunState {
     async fn on_report(&mut self, myself: &ActorRef<RunMsg>, report: NodeReport) {
         let node = report.node;
         let path = self.path(node);
+        if let (None, Some((mode, reason))) = (&self.stopping, report.requested_stop) {
+            // A probe stopped this node at a chunk and sent the run a stop that is still in
+            // the mailbox (ractor hands over supervision events before messages): apply it
+            // first, as if it had arrived first.
+            self.begin_stop(myself, Cause::Stop(reason), mode);
+        }
         match report.end {
             NodeEnd::Completed(output) => {
                 self.live().running.remove(self.node_id(node));
