@@ -742,3 +742,46 @@ async fn a_handler_panicking_on_stop_beside_a_stream_does_not_break_the_stop() {
     assert_eq!(rec.status, RunStatus::Stopped);
     assert_eq!(rec.checkpoint_id, stop.checkpoint_id);
 }
+
+/// The stop a probe requests at a chunk reaches the run as a message, while the node, which
+/// sees it at once, may end first; on a multi-threaded runtime the node's end (a supervision
+/// event, which ractor hands over before messages) often arrived first and the run failed with
+/// "interrupted without a stop request". Every one of many such runs must stop.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_stop_at_a_chunk_stops_the_run_however_the_threads_interleave() {
+    for i in 0..200 {
+        let k = kit(Script::new().interrupt(Interrupt::after_chunks("llm", 1)));
+        let wf = chat(&k);
+        let t = thread(&format!("chunk-race-{i}"));
+        let run =
+            k.rt.start(&wf, Default::default(), t.clone())
+                .await
+                .expect("start");
+        let outcome = finish(&run).await;
+        let Some(stop) = outcome.stop_result() else {
+            panic!("iteration {i}: the run should have stopped: {outcome:#?}");
+        };
+        assert_eq!(
+            stop.interrupted,
+            [Interrupted {
+                path: path("llm"),
+                forced: false,
+                partial: Some("one".into()),
+                chunks: 1,
+                error: None,
+            }],
+            "iteration {i}"
+        );
+        assert_eq!(stop.frontier, nodes(&["llm"]), "iteration {i}");
+        let p = persisted(&k.rt, &t).await;
+        assert_eq!(p.texts(), ["one"], "iteration {i}");
+        assert!(p.history[0].truncated, "iteration {i}");
+        assert_eq!(p.frontier(), ["llm"], "iteration {i}");
+        let rec = p.record.expect("recorded");
+        assert_eq!(
+            (rec.status, rec.stop_reason.as_deref()),
+            (RunStatus::Stopped, Some("user_interrupted")),
+            "iteration {i}"
+        );
+    }
+}
