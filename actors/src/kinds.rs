@@ -5,7 +5,10 @@
 //! (routes by conditions, see [`switch`](self::switch)) and `set_variable` (assigns workflow
 //! variables). Hosts add their own kinds with [`Kinds::register`].
 
+mod engine;
 mod switch;
+
+pub(crate) use engine::EngineKind;
 
 use std::collections::BTreeMap;
 use std::fmt;
@@ -31,6 +34,12 @@ pub const MESSAGE: &str = "message";
 pub const SWITCH: &str = "switch";
 /// Assigns workflow variables.
 pub const SET_VARIABLE: &str = "set_variable";
+/// Runs a body sub-graph repeatedly.
+pub const LOOP: &str = "loop";
+/// Runs a body sub-graph per item, concurrently.
+pub const PARALLEL: &str = "parallel";
+/// Pauses the run for a person's answer.
+pub const INTERACTIVE: &str = "interactive";
 
 /// Kind names the engine keeps for itself (built now or planned), so a host kind never
 /// collides with a later built-in.
@@ -40,9 +49,9 @@ const RESERVED: &[&str] = &[
     MESSAGE,
     SWITCH,
     SET_VARIABLE,
-    "loop",
-    "parallel",
-    "interactive",
+    LOOP,
+    PARALLEL,
+    INTERACTIVE,
     "http",
 ];
 
@@ -87,6 +96,9 @@ impl Kinds {
         handlers.insert(MESSAGE.into(), Arc::new(TemplateKind { append: true }));
         handlers.insert(SWITCH.into(), Arc::new(Switch));
         handlers.insert(SET_VARIABLE.into(), Arc::new(SetVariable));
+        handlers.insert(LOOP.into(), Arc::new(EngineKind::Loop));
+        handlers.insert(PARALLEL.into(), Arc::new(EngineKind::Parallel));
+        handlers.insert(INTERACTIVE.into(), Arc::new(EngineKind::Interactive));
         Self { handlers }
     }
 

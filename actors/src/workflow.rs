@@ -5,6 +5,7 @@
 //! validation ([`Workflow::validate`]), so a run can only ever start from a workflow whose
 //! graph, kinds, parameters and references were checked.
 
+mod spec;
 mod validate;
 
 use std::collections::HashMap;
@@ -19,6 +20,11 @@ use crate::reference::Template;
 use crate::scheduler::Graph;
 use crate::value::{Map, Value};
 
+pub use spec::{
+    AnswerError, DEFAULT_MAX_CONCURRENCY, DEFAULT_MAX_ITERATIONS, FieldType, FormField,
+    InteractionKind, SelectOption,
+};
+pub(crate) use spec::{LoopMode, LoopSpec, NodeSpec, ParallelSpec};
 pub use validate::{ValidationErrors, WorkflowError};
 
 /// A workflow as written: nodes, edges and variables. Load it with [`WorkflowDef::from_json`]
@@ -333,7 +339,10 @@ pub(crate) struct PlannedNode {
     pub(crate) id: NodeId,
     pub(crate) kind: Arc<str>,
     pub(crate) handler: Arc<dyn NodeHandler>,
+    /// Parameters resolved when the node starts (for loops and parallels: all but `until`
+    /// and `output`, which belong to the body's scope).
     pub(crate) params: Template,
+    pub(crate) spec: NodeSpec,
 }
 
 impl Workflow {

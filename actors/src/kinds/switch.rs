@@ -32,7 +32,7 @@ use crate::value::{Map, Value};
 /// The branch taken when no case matches.
 pub const ELSE: &str = "else";
 
-const OPS: &[&str] = &[
+pub(crate) const OPS: &[&str] = &[
     "eq",
     "ne",
     "gt",
@@ -113,7 +113,7 @@ impl NodeHandler for Switch {
     }
 }
 
-fn case_matches(case: &Value, ci: usize) -> Result<bool, NodeError> {
+pub(crate) fn case_matches(case: &Value, ci: usize) -> Result<bool, NodeError> {
     let any = case.get("logic").and_then(Value::as_str) == Some("or");
     let conditions = case
         .get("conditions")

@@ -11,6 +11,7 @@ use crate::reference::{Root, SYS_KEYS, Template};
 use crate::scheduler::{Edge, Graph};
 use crate::value::{Map, Value};
 
+use super::spec::{self, DEFAULT_MAX_ITERATIONS, LoopMode, LoopSpec, NodeSpec, ParallelSpec};
 use super::{EdgeDef, GraphPlan, InputDecl, InputType, NodeDef, Plan, PlannedNode, WorkflowDef};
 
 /// One problem in a workflow definition.
@@ -158,6 +159,22 @@ pub enum WorkflowError {
         /// The entry node.
         entry: String,
     },
+    /// A loop or parallel node has no body.
+    #[error("node `{node}`: field `body`: kind `{kind}` needs a body sub-graph")]
+    MissingBody {
+        /// The node.
+        node: String,
+        /// Its kind.
+        kind: String,
+    },
+    /// A body's entry is missing or ambiguous.
+    #[error("node `{node}`: field `body`: {problem}")]
+    BodyEntry {
+        /// The node owning the body.
+        node: String,
+        /// What is wrong.
+        problem: String,
+    },
     /// A node has a body but its kind does not run one.
     #[error("node `{node}`: field `body`: kind `{kind}` does not take a body sub-graph")]
     BodyNotAllowed {
@@ -242,30 +259,22 @@ pub(super) fn validate(def: WorkflowDef, kinds: &Kinds) -> Result<Plan, Validati
     }
 
     let mut seen = HashSet::new();
-    let graph = check_graph(&def.nodes, &def.edges, kinds, &mut seen, &mut errors);
+    let graph = check_graph(None, &def.nodes, &def.edges, kinds, &mut seen, &mut errors);
 
     let mut inputs = Vec::new();
-    if let Some(graph) = &graph {
-        let entries: Vec<&NodeDef> = def
-            .nodes
-            .iter()
-            .filter(|n| n.kind == kinds::BEGIN)
-            .collect();
-        match entries.as_slice() {
-            [] => errors.push(WorkflowError::NoEntry),
-            [entry] => {
-                inputs = begin_inputs(entry);
-                check_inputs(entry, &inputs, &mut errors);
-                check_structure(graph, entry, &def.nodes, &def.edges, &mut errors);
-            }
-            many => errors.push(WorkflowError::MultipleEntries {
-                nodes: many.iter().map(|n| n.id.clone()).collect(),
-            }),
-        }
+    if let Some(entry) = def.nodes.iter().find(|n| n.kind == kinds::BEGIN) {
+        inputs = begin_inputs(entry);
+        check_inputs(entry, &inputs, &mut errors);
     }
     if errors.is_empty() {
         if let Some(graph) = &graph {
-            check_references(graph, &def, &mut errors);
+            let scope = RefScope {
+                outer: &HashSet::new(),
+                frames: &[],
+                all: &seen,
+                variables: &def.variables,
+            };
+            check_references(graph, &def.nodes, &scope, &mut errors);
         }
     }
     match graph {
@@ -286,9 +295,10 @@ fn is_identifier(s: &str) -> bool {
             .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-')
 }
 
-/// Checks nodes and edges of one graph; returns its plan when nodes and edges are usable
-/// (structure such as entries and cycles is checked afterwards).
+/// Checks the nodes and edges of one graph (the workflow's when `owner` is `None`, else the
+/// body of `owner`), recursing into bodies; returns its plan when it is usable.
 fn check_graph(
+    owner: Option<&NodeDef>,
     nodes: &[NodeDef],
     edges: &[EdgeDef],
     kinds: &Kinds,
@@ -299,55 +309,9 @@ fn check_graph(
     let mut planned = Vec::with_capacity(nodes.len());
     let mut index = HashMap::with_capacity(nodes.len());
     for node in nodes {
-        let id = check_node_id(node, seen, errors);
-        let handler = kinds.get(&node.kind);
-        if handler.is_none() {
-            errors.push(WorkflowError::UnknownKind {
-                node: node.id.clone(),
-                kind: node.kind.clone(),
-                known: kinds.names().map(str::to_owned).collect(),
-            });
-        }
-        if let Some(handler) = handler {
-            for issue in handler.params().check(&node.params) {
-                let field = issue
-                    .field
-                    .strip_prefix("params")
-                    .map_or(issue.field.clone(), |rest| {
-                        rest.trim_start_matches('.').to_owned()
-                    });
-                errors.push(WorkflowError::InvalidParam {
-                    node: node.id.clone(),
-                    field: if field.is_empty() { "".into() } else { field },
-                    problem: issue.problem,
-                });
-            }
-        }
-        if node.body.is_some() {
-            errors.push(WorkflowError::BodyNotAllowed {
-                node: node.id.clone(),
-                kind: node.kind.clone(),
-            });
-        }
-        let params = match Template::compile(&node.params) {
-            Ok(t) => Some(t),
-            Err((field, e)) => {
-                errors.push(WorkflowError::InvalidParam {
-                    node: node.id.clone(),
-                    field,
-                    problem: e.to_string(),
-                });
-                None
-            }
-        };
-        if let (Some(id), Some(handler), Some(params)) = (id, handler, params) {
-            index.insert(id.clone(), planned.len());
-            planned.push(PlannedNode {
-                id,
-                kind: Arc::from(node.kind.as_str()),
-                handler: handler.clone(),
-                params,
-            });
+        if let Some(p) = check_node(node, kinds, seen, errors) {
+            index.insert(p.id.clone(), planned.len());
+            planned.push(p);
         }
     }
 
@@ -387,24 +351,206 @@ fn check_graph(
     if errors.len() > before {
         return None;
     }
-    // The entry index is set by `check_structure`; a placeholder keeps construction in one place.
-    let entry = nodes
-        .iter()
-        .position(|n| n.kind == kinds::BEGIN)
-        .unwrap_or(0);
-    match Graph::new(planned.len(), entry, shape_edges) {
-        Ok(shape) => Some(GraphPlan {
-            nodes: planned,
-            index,
-            shape: Arc::new(shape),
-        }),
+    let entry = find_entry(owner, nodes, edges, errors)?;
+    let shape = match Graph::new(planned.len(), entry, shape_edges) {
+        Ok(shape) => shape,
         Err(e) => {
             errors.push(WorkflowError::InvalidWorkflow {
                 field: "edges".into(),
                 problem: e.to_string(),
             });
+            return None;
+        }
+    };
+    let graph = GraphPlan {
+        nodes: planned,
+        index,
+        shape: Arc::new(shape),
+    };
+    check_structure(&graph, &nodes[entry], nodes, errors);
+    (errors.len() == before).then_some(graph)
+}
+
+/// One node: id, kind, parameters, and for engine-run kinds their spec and body.
+fn check_node(
+    node: &NodeDef,
+    kinds: &Kinds,
+    seen: &mut HashSet<String>,
+    errors: &mut Vec<WorkflowError>,
+) -> Option<PlannedNode> {
+    let before = errors.len();
+    let id = check_node_id(node, seen, errors);
+    let Some(handler) = kinds.get(&node.kind) else {
+        errors.push(WorkflowError::UnknownKind {
+            node: node.id.clone(),
+            kind: node.kind.clone(),
+            known: kinds.names().map(str::to_owned).collect(),
+        });
+        return None;
+    };
+    for issue in handler.params().check(&node.params) {
+        let field = issue
+            .field
+            .strip_prefix("params")
+            .map_or(issue.field.clone(), |rest| {
+                rest.trim_start_matches('.').to_owned()
+            });
+        errors.push(WorkflowError::InvalidParam {
+            node: node.id.clone(),
+            field,
+            problem: issue.problem,
+        });
+    }
+    let takes_body = matches!(node.kind.as_str(), kinds::LOOP | kinds::PARALLEL);
+    let body = match (&node.body, takes_body) {
+        (Some(_), false) => {
+            errors.push(WorkflowError::BodyNotAllowed {
+                node: node.id.clone(),
+                kind: node.kind.clone(),
+            });
             None
         }
+        (None, true) => {
+            errors.push(WorkflowError::MissingBody {
+                node: node.id.clone(),
+                kind: node.kind.clone(),
+            });
+            None
+        }
+        (Some(body), true) => {
+            check_graph(Some(node), &body.nodes, &body.edges, kinds, seen, errors).map(Arc::new)
+        }
+        (None, false) => None,
+    };
+    // Fields of a loop or parallel evaluated at the end of each iteration or item, in the
+    // body's scope; everything else resolves when the node starts.
+    let mut outer = node.params.clone();
+    let mut late = |field: &str| -> Option<Template> {
+        let value = outer.as_object_mut()?.remove(field)?;
+        match Template::compile(&value) {
+            Ok(t) => Some(t),
+            Err((at, e)) => {
+                errors.push(WorkflowError::InvalidParam {
+                    node: node.id.clone(),
+                    field: if at.is_empty() {
+                        field.to_owned()
+                    } else {
+                        format!("{field}.{at}")
+                    },
+                    problem: e.to_string(),
+                });
+                None
+            }
+        }
+    };
+    let (until, output) = if takes_body {
+        (late("until"), late("output"))
+    } else {
+        (None, None)
+    };
+    let params = match Template::compile(&outer) {
+        Ok(t) => Some(t),
+        Err((field, e)) => {
+            errors.push(WorkflowError::InvalidParam {
+                node: node.id.clone(),
+                field,
+                problem: e.to_string(),
+            });
+            None
+        }
+    };
+    let spec = node_spec(node, body, until, output, errors);
+    if errors.len() > before {
+        return None;
+    }
+    Some(PlannedNode {
+        id: id?,
+        kind: Arc::from(node.kind.as_str()),
+        handler: handler.clone(),
+        params: params?,
+        spec: spec?,
+    })
+}
+
+fn node_spec(
+    node: &NodeDef,
+    body: Option<Arc<GraphPlan>>,
+    until: Option<Template>,
+    output: Option<Template>,
+    errors: &mut Vec<WorkflowError>,
+) -> Option<NodeSpec> {
+    let mut issue = |(field, problem): spec::SpecIssue| {
+        errors.push(WorkflowError::InvalidParam {
+            node: node.id.clone(),
+            field,
+            problem,
+        })
+    };
+    let p = &node.params;
+    match node.kind.as_str() {
+        kinds::LOOP => {
+            let mode = match p.get("mode").and_then(|m| m.as_str()) {
+                Some("array") => LoopMode::Array,
+                _ => LoopMode::Condition,
+            };
+            if mode == LoopMode::Array && p.get("items").is_none() {
+                issue(("items".into(), "an array loop needs `items`".into()));
+            }
+            if mode == LoopMode::Condition && until.is_none() {
+                issue((
+                    "until".into(),
+                    "a condition loop needs an `until` condition (checked after each iteration)"
+                        .into(),
+                ));
+            }
+            let max = spec::positive(p, "max_iterations", u64::from(DEFAULT_MAX_ITERATIONS))
+                .map_err(&mut issue)
+                .ok()
+                .map(|n| u32::try_from(n).unwrap_or(u32::MAX));
+            let mut vars = Vec::new();
+            if let Some(declared) = p.get("variables").and_then(|v| v.as_object()) {
+                for name in declared.keys() {
+                    if !is_identifier(name) || spec::FRAME_FIELDS.contains(&name.as_str()) {
+                        issue((
+                            format!("variables.{name}"),
+                            "loop variable names are letters, digits, `_` and `-`, and not `index` or `item`"
+                                .into(),
+                        ));
+                    }
+                    vars.push(name.clone());
+                }
+            }
+            Some(NodeSpec::Loop(Arc::new(LoopSpec {
+                mode,
+                max_iterations: max?,
+                vars,
+                until,
+                output,
+                body: body?,
+            })))
+        }
+        kinds::PARALLEL => {
+            let max = spec::positive(p, "max_concurrency", spec::DEFAULT_MAX_CONCURRENCY as u64)
+                .map_err(&mut issue)
+                .ok()
+                .map(|n| usize::try_from(n).unwrap_or(usize::MAX));
+            Some(NodeSpec::Parallel(Arc::new(ParallelSpec {
+                max_concurrency: max?,
+                fail_fast: p.get("on_error").and_then(|v| v.as_str()) != Some("collect"),
+                output,
+                body: body?,
+            })))
+        }
+        kinds::INTERACTIVE => match spec::interaction(p) {
+            Ok(kind) => Some(NodeSpec::Interactive(Arc::new(kind))),
+            Err(issues) => {
+                for i in issues {
+                    issue(i);
+                }
+                None
+            }
+        },
+        _ => Some(NodeSpec::Task),
     }
 }
 
@@ -539,18 +685,84 @@ fn check_inputs(entry: &NodeDef, inputs: &[InputDecl], errors: &mut Vec<Workflow
     }
 }
 
+/// The entry of a graph: the `begin` node at the top level; in a body, its one node without
+/// incoming edges.
+fn find_entry(
+    owner: Option<&NodeDef>,
+    nodes: &[NodeDef],
+    edges: &[EdgeDef],
+    errors: &mut Vec<WorkflowError>,
+) -> Option<usize> {
+    let begins: Vec<usize> = (0..nodes.len())
+        .filter(|&i| nodes[i].kind == kinds::BEGIN)
+        .collect();
+    let Some(owner) = owner else {
+        return match begins.as_slice() {
+            [] => {
+                errors.push(WorkflowError::NoEntry);
+                None
+            }
+            [one] => Some(*one),
+            many => {
+                errors.push(WorkflowError::MultipleEntries {
+                    nodes: many.iter().map(|&i| nodes[i].id.clone()).collect(),
+                });
+                None
+            }
+        };
+    };
+    let body_error = |problem: String| WorkflowError::BodyEntry {
+        node: owner.id.clone(),
+        problem,
+    };
+    if let Some(&b) = begins.first() {
+        errors.push(body_error(format!(
+            "`{}` is a `begin` node; `begin` is only allowed at the top level",
+            nodes[b].id
+        )));
+        return None;
+    }
+    let roots: Vec<usize> = (0..nodes.len())
+        .filter(|&i| !edges.iter().any(|e| e.to == nodes[i].id))
+        .collect();
+    match roots.as_slice() {
+        [one] => Some(*one),
+        [] if nodes.is_empty() => {
+            errors.push(body_error("the body has no nodes".into()));
+            None
+        }
+        [] => {
+            // Every node has an incoming edge: the body is a cycle; report it as one.
+            Some(0)
+        }
+        many => {
+            errors.push(body_error(format!(
+                "the body has {} entry nodes ({}); it must have exactly one node without incoming edges",
+                many.len(),
+                many.iter()
+                    .map(|&i| nodes[i].id.as_str())
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            )));
+            None
+        }
+    }
+}
+
 /// Entry, cycles and reachability.
 fn check_structure(
     graph: &GraphPlan,
     entry: &NodeDef,
     nodes: &[NodeDef],
-    edges: &[EdgeDef],
     errors: &mut Vec<WorkflowError>,
 ) {
-    if let Some(edge) = edges.iter().find(|e| e.to == entry.id) {
+    let entry_ix = graph.shape.entry();
+    if let Some(from) =
+        (0..graph.nodes.len()).find(|&i| graph.shape.out_edges(i).iter().any(|e| e.to == entry_ix))
+    {
         errors.push(WorkflowError::EntryHasIncoming {
             node: entry.id.clone(),
-            from: edge.from.clone(),
+            from: nodes[from].id.clone(),
         });
     }
     if let Some(cycle) = find_cycle(graph) {
@@ -559,9 +771,6 @@ fn check_structure(
         });
         return;
     }
-    let Some(&entry_ix) = graph.index.get(entry.id.as_str()) else {
-        return;
-    };
     let mut reached = vec![false; graph.nodes.len()];
     let mut stack = vec![entry_ix];
     reached[entry_ix] = true;
@@ -625,80 +834,207 @@ fn find_cycle(graph: &GraphPlan) -> Option<Vec<usize>> {
     None
 }
 
-/// Every node reference must name a node upstream of the referencing node; `sys` keys must be
-/// known; `env` names must be declared variables. Runs only on an acyclic, reachable graph.
-fn check_references(graph: &GraphPlan, def: &WorkflowDef, errors: &mut Vec<WorkflowError>) {
+/// What references may see at one level of nesting.
+struct RefScope<'a> {
+    /// Nodes outside this graph that are visible in it (upstream of the enclosing nodes).
+    outer: &'a HashSet<String>,
+    /// The enclosing loop and parallel nodes, innermost last.
+    frames: &'a [FrameInfo],
+    /// Every node id in the workflow.
+    all: &'a HashSet<String>,
+    /// The workflow's variables.
+    variables: &'a serde_json::Map<String, serde_json::Value>,
+}
+
+/// An enclosing loop or parallel node, as references inside its body see it.
+struct FrameInfo {
+    node: String,
+    /// The fields `{{node.X}}` may name: `index`, `item`, and a loop's variables.
+    fields: Vec<String>,
+    /// Whether `set_variable` may assign its variables (loops only).
+    is_loop: bool,
+}
+
+/// Every node reference must name a node upstream of the referencing node (or a field of an
+/// enclosing loop or parallel frame); `sys` keys must be known; `env` names must be declared
+/// variables; `set_variable` may only assign declared variables. Recurses into bodies. Runs
+/// only on graphs that are acyclic and reachable.
+fn check_references(
+    graph: &GraphPlan,
+    defs: &[NodeDef],
+    scope: &RefScope<'_>,
+    errors: &mut Vec<WorkflowError>,
+) {
     let ancestors = ancestor_sets(graph);
     for (i, node) in graph.nodes.iter().enumerate() {
+        let upstream = |target: &NodeId| match graph.index.get(target) {
+            Some(&t) => ancestors[i].contains(t),
+            None => scope.outer.contains(target.as_str()),
+        };
         for (field, reference) in node.params.references() {
-            let field = if field.is_empty() {
-                "".to_owned()
-            } else {
-                field
-            };
-            let unknown = |problem: String| WorkflowError::UnknownReference {
-                node: node.id.to_string(),
-                field: field.clone(),
-                reference: reference.to_string(),
-                problem,
-            };
-            match reference.root() {
-                Root::Node(target) => match graph.index.get(target) {
-                    None => errors.push(unknown(format!("no node `{target}`"))),
-                    Some(&t) if !ancestors[i].contains(t) => {
-                        errors.push(WorkflowError::NotUpstream {
-                            node: node.id.to_string(),
-                            field: field.clone(),
-                            reference: reference.to_string(),
-                            target: target.to_string(),
-                        })
-                    }
-                    Some(_) => {}
-                },
-                Root::Sys => {
-                    let key = &reference.path()[0];
-                    if !SYS_KEYS.contains(&key.as_str()) {
-                        errors.push(unknown(format!(
-                            "no `sys.{key}`; known: {}",
-                            SYS_KEYS.join(", ")
-                        )));
-                    }
-                }
-                Root::Env => {
-                    let name = &reference.path()[0];
-                    if !def.variables.contains_key(name) {
-                        errors.push(unknown(format!(
-                            "no workflow variable `{name}`; declare it under `variables`"
-                        )));
-                    }
-                }
-            }
+            check_reference(node, &field, reference, &upstream, scope, errors);
         }
         if &*node.kind == kinds::SET_VARIABLE {
-            check_assignments(node, def, errors);
+            check_assignments(node, &defs[i], scope, errors);
+        }
+        let (body, late): (&GraphPlan, Vec<(&str, &Template)>) = match &node.spec {
+            NodeSpec::Loop(l) => (
+                &l.body,
+                [("until", &l.until), ("output", &l.output)]
+                    .into_iter()
+                    .filter_map(|(f, t)| Some((f, t.as_ref()?)))
+                    .collect(),
+            ),
+            NodeSpec::Parallel(p) => (&p.body, p.output.iter().map(|t| ("output", t)).collect()),
+            _ => continue,
+        };
+        // Inside the body: everything upstream of this node, and this node's frame.
+        let mut outer: HashSet<String> = scope.outer.clone();
+        for (t, planned) in graph.nodes.iter().enumerate() {
+            if ancestors[i].contains(t) {
+                outer.insert(planned.id.to_string());
+            }
+        }
+        let mut frames: Vec<FrameInfo> = Vec::with_capacity(scope.frames.len() + 1);
+        frames.extend(scope.frames.iter().map(|f| FrameInfo {
+            node: f.node.clone(),
+            fields: f.fields.clone(),
+            is_loop: f.is_loop,
+        }));
+        let mut fields = vec!["index".to_owned(), "item".to_owned()];
+        if let NodeSpec::Loop(l) = &node.spec {
+            fields.extend(l.vars.iter().cloned());
+        }
+        frames.push(FrameInfo {
+            node: node.id.to_string(),
+            fields,
+            is_loop: matches!(node.spec, NodeSpec::Loop(_)),
+        });
+        let inner = RefScope {
+            outer: &outer,
+            frames: &frames,
+            all: scope.all,
+            variables: scope.variables,
+        };
+        // `until` and `output` are evaluated at the end of an iteration: any body node (one
+        // that did not run reads as null) and everything the body sees.
+        for (name, template) in late {
+            let visible = |target: &NodeId| {
+                body.index.contains_key(target) || outer.contains(target.as_str())
+            };
+            for (at, reference) in template.references() {
+                let field = if at.is_empty() {
+                    name.to_owned()
+                } else {
+                    format!("{name}.{at}")
+                };
+                check_reference(node, &field, reference, &visible, &inner, errors);
+            }
+        }
+        let body_defs = defs[i].body.as_ref().map_or(&[][..], |b| &b.nodes[..]);
+        check_references(body, body_defs, &inner, errors);
+    }
+}
+
+fn check_reference(
+    node: &PlannedNode,
+    field: &str,
+    reference: &crate::reference::Reference,
+    visible: &dyn Fn(&NodeId) -> bool,
+    scope: &RefScope<'_>,
+    errors: &mut Vec<WorkflowError>,
+) {
+    let unknown = |problem: String| WorkflowError::UnknownReference {
+        node: node.id.to_string(),
+        field: field.to_owned(),
+        reference: reference.to_string(),
+        problem,
+    };
+    match reference.root() {
+        Root::Node(target) => {
+            if let Some(frame) = scope
+                .frames
+                .iter()
+                .rev()
+                .find(|f| f.node == target.as_str())
+            {
+                match reference.path().first() {
+                    Some(name) if frame.fields.contains(name) => {}
+                    other => errors.push(unknown(format!(
+                        "inside the body of `{target}`, `{{{{{target}.X}}}}` names one of: {}{}",
+                        frame.fields.join(", "),
+                        other.map(|o| format!(" (not `{o}`)")).unwrap_or_default()
+                    ))),
+                }
+            } else if visible(target) {
+            } else if scope.all.contains(target.as_str()) {
+                errors.push(WorkflowError::NotUpstream {
+                    node: node.id.to_string(),
+                    field: field.to_owned(),
+                    reference: reference.to_string(),
+                    target: target.to_string(),
+                });
+            } else {
+                errors.push(unknown(format!("no node `{target}`")));
+            }
+        }
+        Root::Sys => {
+            let key = &reference.path()[0];
+            if !SYS_KEYS.contains(&key.as_str()) {
+                errors.push(unknown(format!(
+                    "no `sys.{key}`; known: {}",
+                    SYS_KEYS.join(", ")
+                )));
+            }
+        }
+        Root::Env => {
+            let name = &reference.path()[0];
+            if !scope.variables.contains_key(name) {
+                errors.push(unknown(format!(
+                    "no workflow variable `{name}`; declare it under `variables`"
+                )));
+            }
         }
     }
 }
 
-fn check_assignments(node: &PlannedNode, def: &WorkflowDef, errors: &mut Vec<WorkflowError>) {
-    let Some(list) = def
-        .nodes
-        .iter()
-        .find(|n| n.id == node.id.as_str())
-        .and_then(|n| n.params.get("assignments"))
-        .and_then(|a| a.as_array())
-    else {
+/// `set_variable` assigns a declared workflow variable (`name`) or a variable of an enclosing
+/// loop (`loop_id.name`).
+fn check_assignments(
+    node: &PlannedNode,
+    def: &NodeDef,
+    scope: &RefScope<'_>,
+    errors: &mut Vec<WorkflowError>,
+) {
+    let Some(list) = def.params.get("assignments").and_then(|a| a.as_array()) else {
         return;
     };
     for (i, item) in list.iter().enumerate() {
-        if let Some(name) = item.get("variable").and_then(|v| v.as_str()) {
-            if !def.variables.contains_key(name) {
-                errors.push(WorkflowError::InvalidParam {
-                    node: node.id.to_string(),
-                    field: format!("assignments[{i}].variable"),
-                    problem: format!("no workflow variable `{name}`; declare it under `variables`"),
-                });
-            }
+        let Some(name) = item.get("variable").and_then(|v| v.as_str()) else {
+            continue;
+        };
+        let problem = match name.split_once('.') {
+            None if scope.variables.contains_key(name) => None,
+            None => Some(format!(
+                "no workflow variable `{name}`; declare it under `variables`"
+            )),
+            Some((owner, var)) => match scope.frames.iter().rev().find(|f| f.node == owner) {
+                Some(f) if f.is_loop && f.fields.iter().skip(2).any(|v| v == var) => None,
+                Some(f) if f.is_loop => Some(format!(
+                    "loop `{owner}` declares no variable `{var}` (declared: {})",
+                    f.fields[2..].join(", ")
+                )),
+                _ => Some(format!(
+                    "`{owner}` is not an enclosing loop; only the variables of loops around this node can be assigned"
+                )),
+            },
+        };
+        if let Some(problem) = problem {
+            errors.push(WorkflowError::InvalidParam {
+                node: node.id.to_string(),
+                field: format!("assignments[{i}].variable"),
+                problem,
+            });
         }
     }
 }

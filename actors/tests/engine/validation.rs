@@ -7,7 +7,16 @@ use serde_json::json;
 
 use super::support::*;
 
-const BUILTIN: [&str; 5] = ["begin", "message", "set_variable", "switch", "template"];
+const BUILTIN: [&str; 8] = [
+    "begin",
+    "interactive",
+    "loop",
+    "message",
+    "parallel",
+    "set_variable",
+    "switch",
+    "template",
+];
 
 fn owned(items: &[&str]) -> Vec<String> {
     items.iter().map(|s| (*s).to_owned()).collect()
@@ -88,8 +97,11 @@ fn unknown_kind_lists_host_kinds_too() {
                 "echo",
                 "fail",
                 "hold",
+                "interactive",
+                "loop",
                 "message",
                 "panic",
+                "parallel",
                 "probe",
                 "set_variable",
                 "sleep",
