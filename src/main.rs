@@ -2,7 +2,8 @@
 //! `validate` checks one and lists every problem.
 //!
 //! Exit codes: 0 success, 1 the run failed, 2 bad input (unreadable file, invalid workflow,
-//! bad `--input`, ...). Every bad input is one `error: ...` line on stderr, never a panic.
+//! bad `--input`, ...), 130 the run was stopped (Ctrl-C: graceful, twice: forced). Every bad
+//! input is one `error: ...` line on stderr, never a panic.
 
 use std::collections::{BTreeMap, HashMap};
 use std::io::{self, Write};
@@ -14,13 +15,16 @@ use anyhow::{Context, anyhow, bail};
 use clap::{Parser, Subcommand};
 use runvisor::workflow::InputDecl;
 use runvisor::{
-    Config, Map, Message, NodeId, NodePath, RunEvent, RunId, RunOutcome, RunStatus, Runtime,
-    ThreadId, Value, Workflow, register_standard_kinds,
+    CheckpointId, Config, Map, Message, NodeId, NodePath, RunEvent, RunId, RunOutcome, RunStatus,
+    Runtime, StopMode, StopReason, StopResult, ThreadId, Value, Workflow, register_standard_kinds,
 };
 use serde::Serialize;
+use tokio::task::JoinHandle;
 
 /// The run failed (or ended any other way than succeeding).
 const EXIT_RUN_FAILED: u8 = 1;
+/// The run was stopped (Ctrl-C or SIGTERM), as shells report an interrupted command.
+const EXIT_STOPPED: u8 = 130;
 /// Bad input: a file that cannot be read, an invalid workflow, a bad flag value.
 const EXIT_BAD_INPUT: u8 = 2;
 
@@ -179,6 +183,7 @@ fn parse_inputs(declared: &[InputDecl], args: &[String]) -> anyhow::Result<Map> 
 }
 
 async fn run(runtime: &Runtime, args: RunArgs) -> anyhow::Result<ExitCode> {
+    let signals = StopSignals::listen()?;
     let Some(workflow) = load(runtime, &args.file)? else {
         return Ok(ExitCode::from(EXIT_BAD_INPUT));
     };
@@ -191,6 +196,7 @@ async fn run(runtime: &Runtime, args: RunArgs) -> anyhow::Result<ExitCode> {
         .start(&workflow, inputs, thread)
         .await
         .context("the run could not start")?;
+    let signals = signals.stop_run(runtime, run.run_id());
 
     let mut progress = (!args.json).then(|| Progress::new(io::stdout()));
     let mut events = run.events();
@@ -200,12 +206,16 @@ async fn run(runtime: &Runtime, args: RunArgs) -> anyhow::Result<ExitCode> {
         }
     }
     let outcome = run.wait().await;
+    signals.abort();
 
     let mut out = io::stdout().lock();
     if args.json {
         let document = OutcomeDocument::new(&workflow, run.thread(), &outcome);
         writeln!(out, "{}", serde_json::to_string_pretty(&document)?)?;
     } else {
+        if let RunOutcome::Stopped(stop) = &outcome {
+            print_stop(&mut out, stop)?;
+        }
         let outputs = serde_json::to_string_pretty(outcome.outputs())?;
         writeln!(out, "outputs:\n{outputs}")?;
     }
@@ -213,10 +223,89 @@ async fn run(runtime: &Runtime, args: RunArgs) -> anyhow::Result<ExitCode> {
     if let (Some(error), false) = (outcome.error(), args.json) {
         eprintln!("error: run failed: {error}");
     }
-    Ok(match outcome.status() {
-        RunStatus::Succeeded => ExitCode::SUCCESS,
+    Ok(match &outcome {
+        RunOutcome::Stopped(_) => ExitCode::from(EXIT_STOPPED),
+        _ if outcome.status() == RunStatus::Succeeded => ExitCode::SUCCESS,
         _ => ExitCode::from(EXIT_RUN_FAILED),
     })
+}
+
+/// Ctrl-C and SIGTERM, listened for from the start of `run`: a signal that arrives before the
+/// run has started is kept and stops it as soon as it has.
+#[derive(Debug)]
+struct StopSignals {
+    #[cfg(unix)]
+    interrupt: tokio::signal::unix::Signal,
+    #[cfg(unix)]
+    terminate: tokio::signal::unix::Signal,
+}
+
+impl StopSignals {
+    #[cfg(unix)]
+    fn listen() -> anyhow::Result<Self> {
+        use tokio::signal::unix::{SignalKind, signal};
+        Ok(Self {
+            interrupt: signal(SignalKind::interrupt()).context("cannot listen for Ctrl-C")?,
+            terminate: signal(SignalKind::terminate()).context("cannot listen for SIGTERM")?,
+        })
+    }
+
+    #[cfg(not(unix))]
+    fn listen() -> anyhow::Result<Self> {
+        Ok(Self {})
+    }
+
+    /// The next stop request: Ctrl-C is the user's, SIGTERM a shutdown.
+    async fn next(&mut self) -> StopReason {
+        #[cfg(unix)]
+        tokio::select! {
+            _ = self.interrupt.recv() => StopReason::UserInterrupted,
+            _ = self.terminate.recv() => StopReason::Shutdown,
+        }
+        #[cfg(not(unix))]
+        {
+            let _ = tokio::signal::ctrl_c().await;
+            StopReason::UserInterrupted
+        }
+    }
+
+    /// Stops the run on the first signal, gracefully (running nodes may finish within the stop
+    /// timeout; streams are cut at the next chunk), and by force on the second. Either way the
+    /// run persists what it holds and its outcome comes through the run handle.
+    fn stop_run(mut self, runtime: &Runtime, run_id: RunId) -> JoinHandle<()> {
+        let runtime = runtime.clone();
+        tokio::spawn(async move {
+            let reason = self.next().await;
+            eprintln!("stopping ({reason}); Ctrl-C again to force");
+            let graceful = StopMode::Graceful {
+                timeout: runtime.config().stop_timeout,
+            };
+            tokio::select! {
+                _ = runtime.stop_for(run_id, graceful, reason) => {}
+                _ = self.next() => {
+                    let _ = runtime.stop_for(run_id, StopMode::Force, reason).await;
+                }
+            }
+        })
+    }
+}
+
+/// What a stop kept: where it stopped, the partial response, what was persisted.
+fn print_stop(out: &mut impl Write, stop: &StopResult) -> io::Result<()> {
+    let at: Vec<String> = stop.stopped_at().iter().map(ToString::to_string).collect();
+    writeln!(out, "stopped ({}) at {}", stop.reason, at.join(", "))?;
+    if let Some(partial) = &stop.partial_response {
+        writeln!(out, "partial response: {partial:?}")?;
+    }
+    let persisted = stop.messages.persisted.len();
+    match (&stop.checkpoint_id, &stop.checkpoint_error) {
+        (Some(id), _) => writeln!(out, "persisted: {persisted} messages, checkpoint {id}"),
+        (None, Some(error)) => writeln!(
+            out,
+            "persisted: {persisted} messages; checkpoint failed: {error}"
+        ),
+        (None, None) => writeln!(out, "persisted: {persisted} messages"),
+    }
 }
 
 /// The `--json` document: the run, its status, outputs, variables, messages and error.
@@ -235,6 +324,41 @@ struct OutcomeDocument<'a> {
     messages: &'a [Message],
     /// Messages the history store refused, if any.
     messages_not_persisted: &'a [Message],
+    /// What a stop kept; `null` unless the run was stopped.
+    stop: Option<StopDocument<'a>>,
+}
+
+/// The `stop` part of the `--json` document.
+#[derive(Debug, Serialize)]
+struct StopDocument<'a> {
+    reason: StopReason,
+    /// Where it stopped: the interrupted nodes, or the nodes that would have run next.
+    stopped_at: Vec<String>,
+    /// Text a stop cut short, if a stream was running.
+    partial_response: Option<&'a str>,
+    /// Every node that finished (before or during the stop).
+    finished: &'a [NodeId],
+    /// The nodes a resume would start.
+    frontier: &'a [NodeId],
+    /// Nodes whose handlers were aborted.
+    forced: &'a [NodeId],
+    checkpoint_id: Option<CheckpointId>,
+    checkpoint_error: Option<&'a str>,
+}
+
+impl<'a> StopDocument<'a> {
+    fn new(stop: &'a StopResult) -> Self {
+        Self {
+            reason: stop.reason,
+            stopped_at: stop.stopped_at().iter().map(ToString::to_string).collect(),
+            partial_response: stop.partial_response.as_deref(),
+            finished: &stop.finished,
+            frontier: &stop.frontier,
+            forced: &stop.forced,
+            checkpoint_id: stop.checkpoint_id,
+            checkpoint_error: stop.checkpoint_error.as_deref(),
+        }
+    }
 }
 
 impl<'a> OutcomeDocument<'a> {
@@ -254,6 +378,10 @@ impl<'a> OutcomeDocument<'a> {
             variables,
             messages: &history.persisted,
             messages_not_persisted: &history.not_persisted,
+            stop: match outcome {
+                RunOutcome::Stopped(stop) => Some(StopDocument::new(stop)),
+                _ => None,
+            },
         }
     }
 }
@@ -312,6 +440,12 @@ impl<W: Write> Progress<W> {
                 self.running.remove(path);
                 writeln!(self.out, "✗ node {path} failed: {error}")?;
             }
+            RunEvent::NodeInterrupted { path, forced } => {
+                self.running.remove(path);
+                let how = if *forced { " (aborted)" } else { "" };
+                writeln!(self.out, "⏸ node {path} interrupted{how}")?;
+            }
+            RunEvent::Stopping { reason } => writeln!(self.out, "■ stopping ({reason})")?,
             RunEvent::EventsMissed { count } => {
                 writeln!(self.out, "… {count} events missed (output too slow)")?;
             }

@@ -373,3 +373,146 @@ fn no_arguments_print_usage_not_a_panic() {
     assert!(ran.stderr.contains("Usage: runvisor"), "{ran:?}");
     assert!(!ran.stderr.contains("panicked"), "{ran:?}");
 }
+
+/// Sends SIGINT to a child process, as Ctrl-C in a terminal would.
+fn interrupt(child: &std::process::Child) {
+    let status = Command::new("sh")
+        .args(["-c", &format!("kill -INT {}", child.id())])
+        .status()
+        .expect("sh runs");
+    assert!(status.success(), "kill -INT failed");
+}
+
+#[test]
+fn ctrl_c_stops_the_run_and_keeps_the_streamed_text() {
+    use std::io::Read;
+    use std::sync::{Arc, Mutex};
+    use std::time::{Duration, Instant};
+
+    let dir = tempfile::tempdir().expect("temp dir");
+    let file = dir.path().join("long.json");
+    let words: Vec<String> = (1..=200).map(|i| format!("w{i}")).collect();
+    let workflow = serde_json::json!({
+        "id": "long",
+        "nodes": [
+            {"id": "start", "kind": "begin"},
+            {"id": "answer", "kind": "stream_text",
+             "params": {"text": words.join(" "), "interval": "50ms"}},
+            {"id": "after", "kind": "message", "params": {"template": "done"}}
+        ],
+        "edges": [{"from": "start", "to": "answer"}, {"from": "answer", "to": "after"}]
+    });
+    std::fs::write(&file, workflow.to_string()).expect("written");
+
+    let mut child = Command::new(env!("CARGO_BIN_EXE_runvisor"))
+        .args(["run".as_ref(), file.as_os_str()])
+        .env_remove("RUST_LOG")
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("runvisor starts");
+    // Chunks arrive without a newline: read bytes as they come.
+    let seen = Arc::new(Mutex::new(Vec::new()));
+    let mut stdout = child.stdout.take().expect("piped");
+    let reader = {
+        let seen = seen.clone();
+        std::thread::spawn(move || {
+            let mut buf = [0u8; 256];
+            while let Ok(n @ 1..) = stdout.read(&mut buf) {
+                seen.lock()
+                    .expect("not poisoned")
+                    .extend_from_slice(&buf[..n]);
+            }
+        })
+    };
+    // Wait (bounded, so a broken binary fails instead of hanging) until two chunks streamed.
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while !String::from_utf8_lossy(&seen.lock().expect("not poisoned")).contains("w1 w2") {
+        assert!(Instant::now() < deadline, "no streamed chunks");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    interrupt(&child);
+    let status = child.wait().expect("runvisor ends");
+    reader.join().expect("reader ends");
+    let mut stderr = String::new();
+    child
+        .stderr
+        .take()
+        .expect("piped")
+        .read_to_string(&mut stderr)
+        .expect("stderr is utf-8");
+    let stdout = String::from_utf8(seen.lock().expect("not poisoned").clone()).expect("utf-8");
+    let ran = Ran {
+        code: status.code(),
+        stdout,
+        stderr,
+    };
+
+    assert_eq!(ran.code, Some(130), "{ran:?}");
+    assert!(!ran.stderr.contains("panicked"), "{ran:?}");
+    assert!(
+        ran.stderr.contains("stopping (user_interrupted)"),
+        "{ran:?}"
+    );
+    for line in [
+        "⏸ node answer interrupted",
+        "■ run stopped",
+        "stopped (user_interrupted) at answer",
+    ] {
+        assert!(
+            ran.stdout.lines().any(|l| l == line),
+            "missing {line:?}: {ran:?}"
+        );
+    }
+    let partial = ran
+        .stdout
+        .lines()
+        .find_map(|l| l.strip_prefix("partial response: "))
+        .expect("the partial response is shown");
+    assert!(partial.starts_with("\"w1 w2"), "{ran:?}");
+    assert!(!partial.contains("w200"), "cut short: {ran:?}");
+    let outputs = printed_outputs(&ran.stdout);
+    assert!(outputs.get("answer").is_none(), "interrupted: no output");
+    assert!(outputs.get("after").is_none(), "never started");
+}
+
+#[test]
+fn a_stopped_run_is_described_in_json() {
+    use std::time::Duration;
+
+    let dir = tempfile::tempdir().expect("temp dir");
+    let file = dir.path().join("nap.json");
+    std::fs::write(
+        &file,
+        r#"{"id": "nap", "nodes": [
+            {"id": "start", "kind": "begin"},
+            {"id": "nap", "kind": "sleep", "params": {"duration": "1h"}}
+          ],
+          "edges": [{"from": "start", "to": "nap"}]}"#,
+    )
+    .expect("written");
+    let child = Command::new(env!("CARGO_BIN_EXE_runvisor"))
+        .args(["run".as_ref(), file.as_os_str(), "--json".as_ref()])
+        .env_remove("RUST_LOG")
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("runvisor starts");
+    // Nothing is printed before the end in --json mode; the nap lasts an hour, so any moment
+    // after start-up finds the run sleeping.
+    std::thread::sleep(Duration::from_millis(500));
+    interrupt(&child);
+    let output = child.wait_with_output().expect("runvisor ends");
+    let ran = Ran {
+        code: output.status.code(),
+        stdout: String::from_utf8(output.stdout).expect("utf-8"),
+        stderr: String::from_utf8(output.stderr).expect("utf-8"),
+    };
+    assert_eq!(ran.code, Some(130), "{ran:?}");
+    let doc: serde_json::Value = serde_json::from_str(&ran.stdout).expect("stdout is JSON");
+    assert_eq!(doc["status"], "stopped", "{ran:?}");
+    assert_eq!(doc["stop"]["reason"], "user_interrupted");
+    assert_eq!(doc["stop"]["stopped_at"], serde_json::json!(["nap"]));
+    assert_eq!(doc["stop"]["frontier"], serde_json::json!(["nap"]));
+    assert_eq!(doc["stop"]["finished"], serde_json::json!(["start"]));
+}
