@@ -1,2 +1,193 @@
-//! Engine overhead benchmarks.
-fn main() {}
+//! Engine overhead benchmarks: whole runs (start -> wait) of trivial-node workflows on the
+//! in-memory stores, so what is measured is the engine's cost per node (actor spawn and
+//! supervision, scheduling, reference resolution, events), not handler work.
+//!
+//! Run with `cargo bench --bench engine`. Each benchmark reports time per run; chains and
+//! fan-outs also set `Throughput::Elements(nodes)` so criterion prints nodes per second.
+//! Every run asserts it completed with the expected outputs, so a broken engine cannot report
+//! fast numbers. The in-memory stores keep every run's record and final checkpoint, so memory
+//! grows over a bench; that is part of what an embedded runtime pays.
+
+use std::hint::black_box;
+use std::time::Duration;
+
+use criterion::measurement::WallTime;
+use criterion::{BenchmarkGroup, Criterion, Throughput, criterion_group, criterion_main};
+use runvisor::{
+    Map, NodeContext, NodeError, NodeHandler, NodeOutput, RunOutcome, Runtime, ThreadId, Value,
+    Workflow, async_trait,
+    workflow::{NodeDef, WorkflowDef},
+};
+use serde_json::json;
+use tokio::runtime::Runtime as Tokio;
+
+/// The host kind every trivial node uses.
+const ECHO: &str = "echo";
+
+/// A trivial host handler: outputs `{"value": <its resolved "x" param>}`.
+#[derive(Debug)]
+struct Echo;
+
+#[async_trait]
+impl NodeHandler for Echo {
+    async fn run(&self, input: Value, _ctx: NodeContext) -> Result<NodeOutput, NodeError> {
+        let mut out = Map::new();
+        out.insert(
+            "value".to_owned(),
+            input.get("x").cloned().unwrap_or_default(),
+        );
+        Ok(NodeOutput::new(Value::Object(out)))
+    }
+}
+
+fn runtime() -> Runtime {
+    Runtime::builder().handler(ECHO, Echo).build()
+}
+
+fn tokio() -> Tokio {
+    tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .expect("tokio runtime")
+}
+
+/// `begin -> n1 -> ... -> n{len}`; `n1` has `x: 1`, every later node `x: "{{n<i-1>.value}}"`,
+/// so every node resolves a reference to its predecessor's output.
+fn chain(runtime: &Runtime, len: usize) -> Workflow {
+    let mut def = WorkflowDef::new(format!("chain-{len}")).node(NodeDef::new("begin", "begin"));
+    let mut prev = "begin".to_owned();
+    for i in 1..=len {
+        let id = format!("n{i}");
+        let x = if i == 1 {
+            json!(1)
+        } else {
+            json!(format!("{{{{{prev}.value}}}}"))
+        };
+        def = def
+            .node(NodeDef::new(&id, ECHO).param("x", x))
+            .edge(&prev, &id);
+        prev = id;
+    }
+    runtime.validate(def).expect("chain workflow is valid")
+}
+
+/// `begin -> p0..p{width-1} (parallel) -> join`; each parallel node has a literal `x`, the
+/// join references one of them.
+fn fanout(runtime: &Runtime, width: usize) -> Workflow {
+    let mut def = WorkflowDef::new(format!("fanout-{width}"))
+        .node(NodeDef::new("begin", "begin"))
+        .node(NodeDef::new("join", ECHO).param("x", "{{p0.value}}"));
+    for i in 0..width {
+        let id = format!("p{i}");
+        def = def
+            .node(NodeDef::new(&id, ECHO).param("x", i))
+            .edge("begin", &id)
+            .edge(&id, "join");
+    }
+    runtime.validate(def).expect("fanout workflow is valid")
+}
+
+/// `begin -> src -> route (switch) -> refund | other`: the `refund` case matches, so `other`
+/// is skipped.
+fn switch(runtime: &Runtime) -> Workflow {
+    let def = WorkflowDef::new("switch")
+        .node(NodeDef::new("begin", "begin"))
+        .node(NodeDef::new("src", ECHO).param("x", "refund"))
+        .node(NodeDef::new("route", "switch").params(json!({
+            "cases": [{"id": "refund", "conditions": [
+                {"left": "{{src.value}}", "op": "eq", "right": "refund"}
+            ]}]
+        })))
+        .node(NodeDef::new("refund", ECHO).param("x", "{{src.value}}"))
+        .node(NodeDef::new("other", ECHO).param("x", 0))
+        .edge("begin", "src")
+        .edge("src", "route")
+        .branch("route", "refund", "refund")
+        .branch("route", "else", "other");
+    runtime.validate(def).expect("switch workflow is valid")
+}
+
+/// One whole run; panics unless it completed and `check` holds for its outcome, so a broken
+/// engine cannot report fast numbers.
+async fn run_once(
+    runtime: &Runtime,
+    workflow: &Workflow,
+    thread: &ThreadId,
+    check: impl Fn(&RunOutcome) -> bool,
+) {
+    let handle = runtime
+        .start(workflow, Map::new(), thread.clone())
+        .await
+        .expect("run starts");
+    let outcome = handle.wait().await;
+    match &outcome {
+        RunOutcome::Completed { .. } if check(&outcome) => {}
+        other => panic!("run did not complete as expected: {other:?}"),
+    }
+    black_box(outcome);
+}
+
+fn configure(group: &mut BenchmarkGroup<'_, WallTime>) {
+    group
+        .sample_size(20)
+        .warm_up_time(Duration::from_secs(1))
+        .measurement_time(Duration::from_secs(5));
+}
+
+fn value_of(outcome: &RunOutcome, node: &str) -> Option<Value> {
+    outcome.output(node)?.get("value").cloned()
+}
+
+fn benches(c: &mut Criterion) {
+    let rt = tokio();
+    let runtime = runtime();
+    let thread = ThreadId::new("bench").expect("valid thread id");
+
+    let mut group = c.benchmark_group("chain");
+    configure(&mut group);
+    for len in [100, 1000] {
+        let wf = chain(&runtime, len);
+        let last = format!("n{len}");
+        group.throughput(Throughput::Elements(len as u64));
+        group.bench_function(len.to_string(), |b| {
+            b.to_async(&rt).iter(|| {
+                run_once(&runtime, &wf, &thread, |o| {
+                    value_of(o, &last) == Some(Value::from(1))
+                })
+            });
+        });
+    }
+    group.finish();
+
+    let mut group = c.benchmark_group("fanout");
+    configure(&mut group);
+    let width = 100;
+    let wf = fanout(&runtime, width);
+    let last = format!("p{}", width - 1);
+    // The parallel nodes and the join.
+    group.throughput(Throughput::Elements(width as u64 + 1));
+    group.bench_function(width.to_string(), |b| {
+        b.to_async(&rt).iter(|| {
+            run_once(&runtime, &wf, &thread, |o| {
+                value_of(o, "join") == Some(Value::from(0))
+                    && value_of(o, &last) == Some(Value::from(width - 1))
+            })
+        });
+    });
+    group.finish();
+
+    let mut group = c.benchmark_group("switch");
+    configure(&mut group);
+    let wf = switch(&runtime);
+    group.bench_function("route", |b| {
+        b.to_async(&rt).iter(|| {
+            run_once(&runtime, &wf, &thread, |o| {
+                value_of(o, "refund") == Some(Value::from("refund")) && o.output("other").is_none()
+            })
+        });
+    });
+    group.finish();
+}
+
+criterion_group!(engine, benches);
+criterion_main!(engine);
