@@ -22,8 +22,51 @@ pub enum Frame {
 /// Where something happens in a run, through nested frames:
 /// `loop_1/#3/parallel_2/@7/ask_user` reads "node `ask_user` in item 7 of `parallel_2` in
 /// iteration 3 of `loop_1`". Positions are always named by path, never by list position.
-#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord, Default, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord, Default)]
 pub struct NodePath(Vec<Frame>);
+
+impl Serialize for NodePath {
+    /// As its text form, `loop_1/#3/ask_user`.
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        serializer.collect_str(self)
+    }
+}
+
+impl<'de> Deserialize<'de> for NodePath {
+    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        let text = String::deserialize(deserializer)?;
+        text.parse().map_err(serde::de::Error::custom)
+    }
+}
+
+impl std::str::FromStr for NodePath {
+    type Err = String;
+
+    /// Parses the text form: node ids, `#N` iterations and `@N` items separated by `/`.
+    fn from_str(text: &str) -> Result<Self, Self::Err> {
+        if text.is_empty() {
+            return Ok(NodePath::default());
+        }
+        text.split('/')
+            .map(|part| {
+                let number = |n: &str| {
+                    n.parse::<u32>()
+                        .map_err(|_| format!("bad path step {part:?} in {text:?}"))
+                };
+                if let Some(n) = part.strip_prefix('#') {
+                    number(n).map(Frame::Iteration)
+                } else if let Some(n) = part.strip_prefix('@') {
+                    number(n).map(Frame::Item)
+                } else {
+                    NodeId::new(part)
+                        .map(Frame::Node)
+                        .map_err(|e| format!("bad node id in path {text:?}: {e}"))
+                }
+            })
+            .collect::<Result<Vec<_>, _>>()
+            .map(NodePath)
+    }
+}
 
 impl NodePath {
     /// The path of a top-level node.
@@ -37,6 +80,11 @@ impl NodePath {
         frames.extend_from_slice(&self.0);
         frames.push(frame);
         Self(frames)
+    }
+
+    /// The empty path (the prefix of the workflow's own graph).
+    pub fn root() -> Self {
+        Self(Vec::new())
     }
 
     /// The frames, outermost first.
@@ -120,6 +168,11 @@ pub enum RunEvent {
         path: NodePath,
         /// Whether its handler was aborted rather than returning by itself.
         forced: bool,
+    },
+    /// An interactive node has no answer: the run pauses (it ends as `AwaitingInput`).
+    Paused {
+        /// The interactive node.
+        path: NodePath,
     },
     /// A stop was requested: no node starts any more; running nodes are finishing or being
     /// aborted, then the run persists what it holds.

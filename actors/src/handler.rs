@@ -56,8 +56,22 @@ pub struct NodeOutput {
     pub value: Value,
     /// Which outgoing edges are active. [`Route::All`] unless the node routes.
     pub route: Route,
-    /// Workflow variables to assign (`{{env.NAME}}`), applied when the node completes.
+    /// Variables to assign when the node completes: `NAME` for a workflow variable
+    /// (`{{env.NAME}}`), `loop_id.NAME` for a variable of an enclosing loop.
     pub variables: Vec<(String, Value)>,
+    /// What the node consumed (tokens, calls, credits...), summed per run. A node restored
+    /// from a checkpoint is not counted again.
+    pub usage: Usage,
+}
+
+/// Amounts consumed, by name (`tokens`, `calls`, ...).
+pub type Usage = std::collections::BTreeMap<String, f64>;
+
+/// Adds `more` to `total`.
+pub(crate) fn add_usage(total: &mut Usage, more: &Usage) {
+    for (name, amount) in more {
+        *total.entry(name.clone()).or_insert(0.0) += amount;
+    }
 }
 
 impl NodeOutput {
@@ -67,6 +81,7 @@ impl NodeOutput {
             value: value.into(),
             route: Route::All,
             variables: Vec::new(),
+            usage: Usage::new(),
         }
     }
 
@@ -77,6 +92,12 @@ impl NodeOutput {
         S: Into<String>,
     {
         self.route = Route::Branches(branches.into_iter().map(Into::into).collect());
+        self
+    }
+
+    /// Records an amount consumed (added to what the run reports in its outcome).
+    pub fn with_usage(mut self, name: impl Into<String>, amount: f64) -> Self {
+        *self.usage.entry(name.into()).or_insert(0.0) += amount;
         self
     }
 
@@ -162,6 +183,23 @@ pub(crate) struct RunInfo {
     /// The run's supervisor, set when it starts.
     pub(crate) supervisor: OnceLock<ractor::ActorRef<crate::supervisor::RunMsg>>,
     pub(crate) probe: Option<Arc<dyn Probe>>,
+    /// Answers given on resume, by the path of the interactive node they answer.
+    pub(crate) answers: std::collections::HashMap<NodePath, Value>,
+    /// What the registry shows of the run (status, running nodes).
+    pub(crate) live: Arc<Mutex<crate::registry::LiveState>>,
+    /// Shared runtime services (config, stores).
+    pub(crate) services: Arc<crate::runtime::Services>,
+}
+
+impl RunInfo {
+    pub(crate) fn live(&self) -> MutexGuard<'_, crate::registry::LiveState> {
+        self.live.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Publishes an event; no subscriber is fine.
+    pub(crate) fn emit(&self, event: RunEvent) {
+        let _ = self.events.send(event);
+    }
 }
 
 /// The context of one running node.

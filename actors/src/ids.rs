@@ -88,6 +88,11 @@ uuid_id!(
     MessageId,
     "message id"
 );
+uuid_id!(
+    /// One pause for a person's answer.
+    InteractionId,
+    "interaction id"
+);
 
 macro_rules! text_id {
     ($(#[$doc:meta])* $name:ident, $what:literal, $max:literal) => {

@@ -22,6 +22,7 @@ use crate::schema::{ParamSchema, ParamType};
 use crate::value::{Map, Value};
 use crate::workflow::InputType;
 
+pub(crate) use switch::case_matches;
 pub use switch::{ELSE, Switch};
 
 /// The entry kind.

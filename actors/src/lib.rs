@@ -20,6 +20,9 @@ pub mod testkit;
 pub mod value;
 pub mod workflow;
 
+mod body;
+mod exec;
+mod interaction;
 mod node;
 mod outcome;
 mod probe;
@@ -29,8 +32,9 @@ mod stop;
 mod supervisor;
 
 pub use event::{Frame, NodePath, RunEvent};
-pub use handler::{NodeContext, NodeError, NodeHandler, NodeOutput, StopRequested};
-pub use ids::{CheckpointId, InvalidId, MessageId, NodeId, RunId, ThreadId};
+pub use handler::{NodeContext, NodeError, NodeHandler, NodeOutput, StopRequested, Usage};
+pub use ids::{CheckpointId, InteractionId, InvalidId, MessageId, NodeId, RunId, ThreadId};
+pub use interaction::Interaction;
 pub use kinds::{KindError, Kinds};
 pub use message::{Message, Role};
 pub use outcome::{HistoryFlush, RunError, RunOutcome};
@@ -45,7 +49,10 @@ pub use schema::{ParamSchema, ParamType};
 pub use stop::{FinishedRun, Interrupted, StopError, StopMode, StopReason, StopReply, StopResult};
 pub use store::{RunStatus, StoreError};
 pub use value::{Map, Value};
-pub use workflow::{ValidationErrors, Workflow, WorkflowDef, WorkflowError};
+pub use workflow::{
+    AnswerError, FieldType, FormField, InteractionKind, SelectOption, ValidationErrors, Workflow,
+    WorkflowDef, WorkflowError,
+};
 
 /// Re-exported so host handlers need no direct dependency to implement [`NodeHandler`].
 pub use async_trait::async_trait;

@@ -18,9 +18,12 @@ use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
 use tracing::Instrument;
 
-use crate::handler::{NodeContext, NodeError, NodeHandler, NodeOutput};
+use crate::event::NodePath;
+use crate::handler::{NodeContext, NodeError, NodeHandler, NodeOutput, Usage};
+use crate::interaction::Interaction;
 use crate::message::Message;
 use crate::scheduler::NodeIndex;
+use crate::snapshot::FrameState;
 use crate::value::Value;
 
 /// How long `post_stop` waits for an aborted handler task to unwind before reading its
@@ -33,11 +36,34 @@ const ABORT_GRACE: Duration = Duration::from_millis(200);
 pub(crate) enum NodeEnd {
     /// The handler returned an output.
     Completed(NodeOutput),
-    /// The handler returned an error or panicked.
-    Failed(NodeError),
-    /// The node was stopped before its handler returned. `forced` is set when the handler
-    /// task was aborted rather than allowed to return.
-    Interrupted { forced: bool },
+    /// The handler returned an error or panicked. For a loop or parallel node, `path` names
+    /// the body node that failed.
+    Failed {
+        path: Option<NodePath>,
+        error: NodeError,
+    },
+    /// The node was stopped before it finished. `forced` is set when its handler task was
+    /// aborted rather than allowed to return. A loop or parallel node hands over its progress
+    /// (`frame`) and the interactions that paused it.
+    Interrupted {
+        forced: bool,
+        frame: Option<FrameState>,
+        interactions: Vec<Interaction>,
+    },
+}
+
+impl NodeEnd {
+    pub(crate) fn interrupted(forced: bool) -> Self {
+        NodeEnd::Interrupted {
+            forced,
+            frame: None,
+            interactions: Vec::new(),
+        }
+    }
+
+    pub(crate) fn failed(error: NodeError) -> Self {
+        NodeEnd::Failed { path: None, error }
+    }
 }
 
 /// What a node hands its parent when it ends.
@@ -53,6 +79,8 @@ pub(crate) struct NodeReport {
     pub(crate) messages: Vec<Message>,
     /// The stop a probe requested at one of its chunks, if one did.
     pub(crate) requested_stop: crate::probe::ProbeStop,
+    /// What the node (a loop or parallel: its body nodes) consumed in this run.
+    pub(crate) usage: Usage,
 }
 
 /// Messages a node actor handles.
@@ -73,6 +101,15 @@ pub(crate) enum NodeStatus {
     Running,
     /// A stop was requested; the handler is finishing.
     Stopping,
+}
+
+impl NodeStatus {
+    pub(crate) fn as_str(&self) -> &'static str {
+        match self {
+            NodeStatus::Running => "running",
+            NodeStatus::Stopping => "stopping",
+        }
+    }
 }
 
 pub(crate) struct NodeActor;
@@ -150,16 +187,16 @@ impl Actor for NodeActor {
                 state.end = Some(match result {
                     Ok(output) => NodeEnd::Completed(output),
                     Err(NodeError::Stopped) if state.ctx.stop_requested() => {
-                        NodeEnd::Interrupted { forced: false }
+                        NodeEnd::interrupted(false)
                     }
-                    Err(error) => NodeEnd::Failed(error),
+                    Err(error) => NodeEnd::failed(error),
                 });
                 myself.stop(None);
             }
             NodeMsg::Abort => {
                 if state.end.is_none() {
                     abort_task(state).await;
-                    state.end = Some(NodeEnd::Interrupted { forced: true });
+                    state.end = Some(NodeEnd::interrupted(true));
                 }
                 myself.stop(Some("aborted".into()));
             }
@@ -184,7 +221,7 @@ impl Actor for NodeActor {
             // Stopped from outside before the handler returned.
             let forced = state.task.is_some();
             abort_task(state).await;
-            state.end = Some(NodeEnd::Interrupted { forced });
+            state.end = Some(NodeEnd::interrupted(forced));
         }
         let (partial, chunks, messages, requested_stop) = {
             let mut buffer = state.ctx.buffer().lock().unwrap_or_else(|e| e.into_inner());
@@ -195,16 +232,19 @@ impl Actor for NodeActor {
                 buffer.requested_stop,
             )
         };
+        let end = state.end.take().unwrap_or(NodeEnd::interrupted(true));
+        let usage = match &end {
+            NodeEnd::Completed(output) => output.usage.clone(),
+            _ => Usage::new(),
+        };
         let report = NodeReport {
             node: state.node,
-            end: state
-                .end
-                .take()
-                .unwrap_or(NodeEnd::Interrupted { forced: true }),
+            end,
             partial,
             chunks,
             messages,
             requested_stop,
+            usage,
         };
         if let Some(tx) = state.report.take() {
             // The parent may have given up waiting: the report then has no reader.

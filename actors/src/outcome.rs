@@ -4,7 +4,10 @@ use std::collections::BTreeMap;
 
 use crate::event::NodePath;
 use crate::handler::NodeError;
+use crate::handler::Usage;
+use crate::ids::CheckpointId;
 use crate::ids::{NodeId, RunId};
+use crate::interaction::Interaction;
 use crate::message::Message;
 use crate::stop::StopResult;
 use crate::store::RunStatus;
@@ -52,6 +55,9 @@ pub enum RunOutcome {
         variables: Map,
         /// The run's messages.
         history: HistoryFlush,
+        /// What the nodes that ran in this run consumed (nodes restored from a checkpoint
+        /// are not counted again).
+        usage: Usage,
     },
     /// A node failed; nodes still running were stopped.
     Failed {
@@ -63,6 +69,26 @@ pub enum RunOutcome {
         outputs: BTreeMap<NodeId, Value>,
         /// The run's messages (kept even though the run failed).
         history: HistoryFlush,
+        /// What the nodes that ran in this run consumed.
+        usage: Usage,
+    },
+    /// The run reached an interactive node: it is checkpointed with the pending interaction
+    /// and holds no actors until `resume` brings the answer.
+    AwaitingInput {
+        /// The run.
+        run_id: RunId,
+        /// The interactions waiting for an answer (usually one), each with its full path.
+        interactions: Vec<Interaction>,
+        /// The outputs of the nodes that completed so far.
+        outputs: BTreeMap<NodeId, Value>,
+        /// The run's messages.
+        history: HistoryFlush,
+        /// The checkpoint holding the pause.
+        checkpoint_id: Option<CheckpointId>,
+        /// Why the checkpoint could not be written, if it could not.
+        checkpoint_error: Option<String>,
+        /// What the nodes that ran in this run consumed.
+        usage: Usage,
     },
     /// The run was stopped; it can be resumed from its checkpoint.
     Stopped(StopResult),
@@ -75,13 +101,16 @@ impl RunOutcome {
             RunOutcome::Completed { .. } => RunStatus::Succeeded,
             RunOutcome::Failed { .. } => RunStatus::Failed,
             RunOutcome::Stopped(stop) => stop.reason.status(),
+            RunOutcome::AwaitingInput { .. } => RunStatus::AwaitingInput,
         }
     }
 
     /// The run.
     pub fn run_id(&self) -> RunId {
         match self {
-            RunOutcome::Completed { run_id, .. } | RunOutcome::Failed { run_id, .. } => *run_id,
+            RunOutcome::Completed { run_id, .. }
+            | RunOutcome::Failed { run_id, .. }
+            | RunOutcome::AwaitingInput { run_id, .. } => *run_id,
             RunOutcome::Stopped(stop) => stop.run_id,
         }
     }
@@ -89,7 +118,9 @@ impl RunOutcome {
     /// The node outputs.
     pub fn outputs(&self) -> &BTreeMap<NodeId, Value> {
         match self {
-            RunOutcome::Completed { outputs, .. } | RunOutcome::Failed { outputs, .. } => outputs,
+            RunOutcome::Completed { outputs, .. }
+            | RunOutcome::Failed { outputs, .. }
+            | RunOutcome::AwaitingInput { outputs, .. } => outputs,
             RunOutcome::Stopped(stop) => &stop.outputs,
         }
     }
@@ -102,7 +133,9 @@ impl RunOutcome {
     /// What became of the run's messages.
     pub fn history(&self) -> &HistoryFlush {
         match self {
-            RunOutcome::Completed { history, .. } | RunOutcome::Failed { history, .. } => history,
+            RunOutcome::Completed { history, .. }
+            | RunOutcome::Failed { history, .. }
+            | RunOutcome::AwaitingInput { history, .. } => history,
             RunOutcome::Stopped(stop) => &stop.messages,
         }
     }
@@ -111,7 +144,25 @@ impl RunOutcome {
     pub fn error(&self) -> Option<&RunError> {
         match self {
             RunOutcome::Failed { error, .. } => Some(error),
-            RunOutcome::Completed { .. } | RunOutcome::Stopped(_) => None,
+            _ => None,
+        }
+    }
+
+    /// What the nodes that ran in this run consumed.
+    pub fn usage(&self) -> &Usage {
+        match self {
+            RunOutcome::Completed { usage, .. }
+            | RunOutcome::Failed { usage, .. }
+            | RunOutcome::AwaitingInput { usage, .. } => usage,
+            RunOutcome::Stopped(stop) => &stop.usage,
+        }
+    }
+
+    /// The first interaction waiting for an answer, if the run paused.
+    pub fn interaction(&self) -> Option<&Interaction> {
+        match self {
+            RunOutcome::AwaitingInput { interactions, .. } => interactions.first(),
+            _ => None,
         }
     }
 

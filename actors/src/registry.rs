@@ -9,6 +9,7 @@ use dashmap::DashMap;
 use ractor::ActorRef;
 use serde::Serialize;
 
+use crate::event::NodePath;
 use crate::ids::{NodeId, RunId, ThreadId};
 use crate::store::RunStatus;
 use crate::supervisor::RunMsg;
@@ -26,8 +27,8 @@ pub struct RunSummary {
     pub status: RunStatus,
     /// Milliseconds since the epoch.
     pub started_at_ms: u64,
-    /// The nodes whose handlers are running now.
-    pub running_nodes: Vec<NodeId>,
+    /// The nodes running now, by path (a node inside a loop shows its iteration).
+    pub running_nodes: Vec<NodePath>,
 }
 
 /// One node of a run's actor tree, as the actor itself reported it.
@@ -50,7 +51,7 @@ pub struct ActorTree {
 #[derive(Debug)]
 pub(crate) struct LiveState {
     pub(crate) status: RunStatus,
-    pub(crate) running: BTreeSet<NodeId>,
+    pub(crate) running: BTreeSet<NodePath>,
 }
 
 /// A live run's registry entry.
@@ -60,7 +61,8 @@ pub(crate) struct LiveRun {
     pub(crate) workflow_id: String,
     pub(crate) started_at_ms: u64,
     pub(crate) state: Arc<Mutex<LiveState>>,
-    pub(crate) supervisor: ActorRef<RunMsg>,
+    /// The run's supervisor; `None` while the run waits for input (it holds no actors).
+    pub(crate) supervisor: Option<ActorRef<RunMsg>>,
     pub(crate) outcome: tokio::sync::watch::Receiver<Option<Arc<crate::outcome::RunOutcome>>>,
 }
 
@@ -83,6 +85,27 @@ impl RunRegistry {
 
     pub(crate) fn remove(&self, run_id: &RunId) {
         self.runs.remove(run_id);
+    }
+
+    /// Keeps a run listed without actors (it waits for input).
+    pub(crate) fn detach(&self, run_id: &RunId) {
+        if let Some(mut run) = self.runs.get_mut(run_id) {
+            run.supervisor = None;
+        }
+    }
+
+    /// Forgets the waiting runs of a thread (it is being resumed).
+    pub(crate) fn forget_waiting(&self, thread: &ThreadId) {
+        self.runs
+            .retain(|_, run| !(run.supervisor.is_none() && &run.thread == thread));
+    }
+
+    /// The live (not waiting) run of a thread, if there is one.
+    pub(crate) fn active_on(&self, thread: &ThreadId) -> Option<RunId> {
+        self.runs
+            .iter()
+            .find(|r| r.supervisor.is_some() && &r.thread == thread)
+            .map(|r| *r.key())
     }
 
     pub(crate) fn get(&self, run_id: &RunId) -> Option<LiveRun> {

@@ -21,6 +21,7 @@
 //! # Ok(()) }
 //! ```
 
+use std::collections::HashMap;
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
@@ -28,13 +29,14 @@ use ractor::Actor;
 use serde::{Deserialize, Serialize};
 use tokio::sync::{broadcast, watch};
 
+use crate::event::NodePath;
 use crate::handler::{NodeHandler, RunInfo};
 use crate::ids::{RunId, ThreadId};
 use crate::kinds::{KindError, Kinds};
 use crate::message::{Message, now_ms};
 use crate::outcome::RunOutcome;
 use crate::probe::Probe;
-use crate::registry::{ActorTree, RunRegistry, RunSummary};
+use crate::registry::{ActorTree, LiveState, RunRegistry, RunSummary};
 use crate::stop::{FinishedRun, StopError, StopMode, StopReason, StopReply};
 use crate::store::memory::{
     MemoryCheckpointStore, MemoryHistoryStore, MemoryRunStore, MemorySignalSource,
@@ -86,6 +88,14 @@ pub(crate) struct Services {
     pub(crate) signals: Arc<dyn SignalSource>,
     pub(crate) config: RuntimeConfig,
     pub(crate) registry: RunRegistry,
+}
+
+impl std::fmt::Debug for Services {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Services")
+            .field("config", &self.config)
+            .finish_non_exhaustive()
+    }
 }
 
 /// Builds a [`Runtime`]: node kinds, stores and config. Stores default to the in-memory
@@ -242,6 +252,9 @@ pub enum QueryError {
     /// The run ended or did not answer in time.
     #[error("run {0} did not answer: {1}")]
     NoAnswer(RunId, String),
+    /// The run holds no actors: it waits for input.
+    #[error("run {0} holds no actors ({1})")]
+    NotRunning(RunId, RunStatus),
 }
 
 /// The runtime. Cheap to clone; clones share everything.
@@ -335,7 +348,11 @@ impl Runtime {
             .ok_or(QueryError::UnknownRun(run_id))?;
         // Each node actor is asked with the query timeout; allow for all of them plus slack.
         let timeout = self.services.config.query_timeout * 2;
-        match live.supervisor.call(RunMsg::Tree, Some(timeout)).await {
+        let Some(supervisor) = live.supervisor else {
+            let status = live.lock().status;
+            return Err(QueryError::NotRunning(run_id, status));
+        };
+        match supervisor.call(RunMsg::Tree, Some(timeout)).await {
             Ok(ractor::rpc::CallResult::Success(tree)) => Ok(tree),
             Ok(other) => Err(QueryError::NoAnswer(run_id, format!("{other:?}"))),
             Err(e) => Err(QueryError::NoAnswer(run_id, e.to_string())),
@@ -371,6 +388,7 @@ impl Runtime {
             history,
             produced,
             restore: None,
+            answers: HashMap::new(),
         })
         .await
     }
@@ -396,6 +414,7 @@ impl Runtime {
             history,
             produced,
             restore,
+            answers,
         } = launch;
         for node in &plan.graph.nodes {
             if self.kinds.get(&node.kind).is_none() {
@@ -429,11 +448,16 @@ impl Runtime {
             events: events.clone(),
             supervisor: OnceLock::new(),
             probe: self.probe.clone(),
+            answers,
+            live: Arc::new(std::sync::Mutex::new(LiveState {
+                status: RunStatus::Running,
+                running: Default::default(),
+            })),
+            services: self.services.clone(),
         });
         let args = RunArgs {
             plan,
             run,
-            services: self.services.clone(),
             history,
             produced,
             record,
@@ -498,6 +522,8 @@ pub(crate) struct Launch {
     pub(crate) history: Vec<Message>,
     pub(crate) produced: Vec<Message>,
     pub(crate) restore: Option<Restore>,
+    /// Answers to interactions, by the path of their node.
+    pub(crate) answers: HashMap<NodePath, Value>,
 }
 
 /// Stops a run of this process, or reports its recorded end.
@@ -509,7 +535,10 @@ pub(crate) async fn stop_run(
 ) -> Result<StopReply, StopError> {
     if let Some(live) = services.registry.get(&run_id) {
         // A send fails only when the run is ending: its outcome is published regardless.
-        let _ = live.supervisor.send_message(RunMsg::Stop { mode, reason });
+        // A run waiting for input has no supervisor: its outcome is there already.
+        if let Some(supervisor) = &live.supervisor {
+            let _ = supervisor.send_message(RunMsg::Stop { mode, reason });
+        }
         let mut rx = live.outcome.clone();
         let outcome = rx
             .wait_for(Option::is_some)

@@ -19,6 +19,7 @@
 use serde::{Deserialize, Serialize};
 
 use crate::ids::{NodeId, RunId, ThreadId};
+use crate::interaction::Interaction;
 use crate::message::Message;
 use crate::scheduler::Route;
 use crate::stop::StopReason;
@@ -50,6 +51,101 @@ pub struct CompletedNode {
     pub output: Value,
 }
 
+/// The progress of one execution of a graph: the workflow's, one loop iteration's, or one
+/// parallel item's.
+#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
+pub struct GraphState {
+    /// Completed nodes, in completion order.
+    pub completed: Vec<CompletedNode>,
+    /// The nodes a resume starts: interrupted ones and ready ones not yet started.
+    pub frontier: Vec<NodeId>,
+    /// The saved progress of loop and parallel nodes of the frontier that were cut short.
+    pub frames: Vec<SavedFrame>,
+}
+
+/// The progress of a loop or parallel node that was cut short.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct SavedFrame {
+    /// The loop or parallel node.
+    pub node: NodeId,
+    /// Its progress.
+    pub state: FrameState,
+}
+
+/// Loop or parallel progress.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub enum FrameState {
+    /// A loop.
+    Loop(LoopState),
+    /// A parallel node.
+    Parallel(ParallelState),
+}
+
+/// What a loop keeps: finished iterations are never run again; the current one continues from
+/// its own frontier.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct LoopState {
+    /// The current iteration (from 0).
+    pub iteration: u32,
+    /// The loop variables as the current iteration left them.
+    pub vars: Map,
+    /// The `output` of each finished iteration.
+    pub history: Vec<Value>,
+    /// The body nodes that ran in each finished iteration.
+    pub details: Vec<IterationDetail>,
+    /// The items, in array mode.
+    pub items: Option<Vec<Value>>,
+    /// The current iteration's progress.
+    pub body: GraphState,
+    /// Assignments made in the loop to variables it does not own, in order.
+    pub assigned: Vec<(String, Value)>,
+}
+
+/// The body nodes that ran in one iteration, in completion order.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct IterationDetail {
+    /// The iteration (from 0).
+    pub index: u32,
+    /// The body nodes, in completion order (nodes completed before a pause included).
+    pub nodes: Vec<NodeId>,
+}
+
+/// What a parallel node keeps: finished items are never run again; items in progress continue
+/// from their own frontier.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ParallelState {
+    /// The items.
+    pub items: Vec<Value>,
+    /// The `output` of each finished item, by input index.
+    pub results: Vec<Option<Value>>,
+    /// Whether each item has finished (succeeded or failed).
+    pub done: Vec<bool>,
+    /// The errors of failed items (with `on_error: collect`).
+    pub errors: Vec<ItemError>,
+    /// Items in progress.
+    pub in_progress: Vec<ItemState>,
+    /// Assignments each finished item made to variables the node does not own.
+    pub assigned: Vec<(u32, Vec<(String, Value)>)>,
+}
+
+/// A parallel item in progress.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ItemState {
+    /// The item's input index.
+    pub index: u32,
+    /// Its progress.
+    pub body: GraphState,
+}
+
+/// A parallel item that failed.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ItemError {
+    /// The item's input index.
+    pub index: u32,
+    /// What failed.
+    pub error: String,
+}
+
 /// The state of a run at a checkpoint: enough to continue it in another run (or process).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Snapshot {
@@ -75,10 +171,10 @@ pub struct Snapshot {
     pub query: Option<Value>,
     /// The workflow variables.
     pub variables: Map,
-    /// Completed nodes, in completion order.
-    pub completed: Vec<CompletedNode>,
-    /// The nodes a resume starts: interrupted ones and ready ones not yet started.
-    pub frontier: Vec<NodeId>,
+    /// The workflow graph's progress, nested frames included.
+    pub graph: GraphState,
+    /// Interactions waiting for an answer.
+    pub interactions: Vec<Interaction>,
     /// Messages the history store has not confirmed; a resume persists them first.
     pub pending_messages: Vec<Message>,
 }
@@ -215,12 +311,30 @@ mod tests {
             inputs,
             query: Some(Value::from("hi")),
             variables: Map::new(),
-            completed: vec![CompletedNode {
-                node: node("a"),
-                route: Route::branches(["x"]),
-                output: Value::from(vec![Value::Int(0), Value::Null]),
-            }],
-            frontier: vec![node("b")],
+            graph: GraphState {
+                completed: vec![CompletedNode {
+                    node: node("a"),
+                    route: Route::branches(["x"]),
+                    output: Value::from(vec![Value::Int(0), Value::Null]),
+                }],
+                frontier: vec![node("b")],
+                frames: vec![SavedFrame {
+                    node: node("b"),
+                    state: FrameState::Loop(LoopState {
+                        iteration: 0,
+                        vars: Map::new(),
+                        history: vec![Value::Bool(false)],
+                        details: vec![IterationDetail {
+                            index: 0,
+                            nodes: vec![node("c")],
+                        }],
+                        items: Some(vec![Value::Int(0), Value::from("")]),
+                        body: GraphState::default(),
+                        assigned: vec![("x".into(), Value::Int(0))],
+                    }),
+                }],
+            },
+            interactions: Vec::new(),
             pending_messages: vec![Message::assistant("partial")],
         }
     }

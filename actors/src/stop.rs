@@ -133,6 +133,8 @@ pub struct StopResult {
     pub checkpoint_id: Option<CheckpointId>,
     /// Why the checkpoint could not be written, if it could not.
     pub checkpoint_error: Option<String>,
+    /// What the nodes that ran in this run consumed.
+    pub usage: crate::handler::Usage,
 }
 
 impl StopResult {

@@ -208,6 +208,7 @@ impl Persisted {
     /// The nodes a resume would start.
     pub fn frontier(&self) -> Vec<String> {
         self.snapshot()
+            .graph
             .frontier
             .iter()
             .map(NodeId::to_string)
@@ -217,6 +218,7 @@ impl Persisted {
     /// The completed nodes, in completion order.
     pub fn completed(&self) -> Vec<String> {
         self.snapshot()
+            .graph
             .completed
             .iter()
             .map(|c| c.node.to_string())
@@ -226,6 +228,7 @@ impl Persisted {
     /// The recorded output of a completed node.
     pub fn output(&self, node: &str) -> Option<&Value> {
         self.snapshot()
+            .graph
             .completed
             .iter()
             .find(|c| c.node.as_str() == node)

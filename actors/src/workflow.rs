@@ -314,7 +314,7 @@ pub(crate) struct Plan {
     pub(crate) def: WorkflowDef,
     pub(crate) variables: Map,
     pub(crate) inputs: Vec<InputDecl>,
-    pub(crate) graph: GraphPlan,
+    pub(crate) graph: Arc<GraphPlan>,
     /// The definition as compact JSON, made once for the snapshots that carry it.
     pub(crate) def_json: std::sync::OnceLock<Arc<str>>,
 }

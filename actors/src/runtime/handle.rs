@@ -127,6 +127,7 @@ impl RunHandle {
             error: RunError::Supervisor("run supervisor ended without an outcome".into()),
             outputs: Default::default(),
             history: Default::default(),
+            usage: Default::default(),
         }
     }
 }

@@ -7,16 +7,18 @@
 //! and are persisted first). Resuming from an older checkpoint of the thread forks: the
 //! original runs and checkpoints are untouched.
 
-use std::sync::Arc;
+use std::collections::HashMap;
 
 use super::{Launch, RunHandle, Runtime, StartError};
-use crate::ids::{CheckpointId, RunId, ThreadId};
+use crate::ids::{CheckpointId, InteractionId, RunId, ThreadId};
+use crate::interaction::Interaction;
 use crate::message::Message;
 use crate::scheduler::Schedule;
 use crate::snapshot::{Snapshot, SnapshotError};
 use crate::store::{RunStatus, StoreError};
 use crate::supervisor::Restore;
 use crate::value::Value;
+use crate::workflow::AnswerError;
 use crate::workflow::ValidationErrors;
 
 /// Where to resume from.
@@ -40,7 +42,7 @@ impl From<ThreadId> for ResumeFrom {
 }
 
 /// What to resume with.
-#[derive(Debug, Clone, PartialEq, Eq, Default)]
+#[derive(Debug, Clone, PartialEq, Default)]
 pub enum ResumeInput {
     /// Continue as is.
     #[default]
@@ -48,6 +50,14 @@ pub enum ResumeInput {
     /// Continue with a new instruction from the user: it is appended to history as a user
     /// message and becomes `{{sys.query}}`.
     Instruction(String),
+    /// Answer the interaction a run paused at: a form's values (an object) or a selection's
+    /// value. It is checked against the form or the options; a wrong answer changes nothing.
+    Answer {
+        /// The interaction, as the paused run reported it.
+        interaction_id: InteractionId,
+        /// The answer.
+        value: Value,
+    },
 }
 
 /// Why a run could not be resumed.
@@ -107,6 +117,32 @@ pub enum ResumeError {
         /// What does not fit.
         reason: String,
     },
+    /// The answer names an interaction the checkpoint is not waiting for (stale or unknown).
+    #[error("checkpoint {checkpoint} is not waiting for interaction {interaction} (waiting for: {})", pending.iter().map(ToString::to_string).collect::<Vec<_>>().join(", "))]
+    UnknownInteraction {
+        /// The checkpoint.
+        checkpoint: CheckpointId,
+        /// The interaction named.
+        interaction: InteractionId,
+        /// The interactions it waits for.
+        pending: Vec<InteractionId>,
+    },
+    /// The answer does not fit the form or the options; the run stays resumable.
+    #[error("answer to interaction {interaction} refused: {error}")]
+    InvalidAnswer {
+        /// The interaction.
+        interaction: InteractionId,
+        /// What is wrong with the answer.
+        error: AnswerError,
+    },
+    /// The run waits for an answer; resume with `ResumeInput::Answer`.
+    #[error("checkpoint {checkpoint} waits for an answer to interaction {} at `{}`", interaction.id, interaction.path)]
+    AnswerRequired {
+        /// The checkpoint.
+        checkpoint: CheckpointId,
+        /// The interaction to answer.
+        interaction: Box<Interaction>,
+    },
     /// A store failed.
     #[error("store error while resuming: {0}")]
     Store(StoreError),
@@ -126,16 +162,8 @@ impl Runtime {
         let thread = match &from {
             ResumeFrom::Thread(t) | ResumeFrom::Checkpoint { thread: t, .. } => t.clone(),
         };
-        if let Some(live) = self
-            .registry()
-            .list()
-            .into_iter()
-            .find(|r| r.thread == thread)
-        {
-            return Err(ResumeError::ThreadBusy {
-                thread,
-                run: live.run_id,
-            });
+        if let Some(run) = self.registry().active_on(&thread) {
+            return Err(ResumeError::ThreadBusy { thread, run });
         }
         let stored = match &from {
             ResumeFrom::Thread(_) => self
@@ -175,18 +203,53 @@ impl Runtime {
             .load_json(&snapshot.workflow)
             .map_err(|errors| ResumeError::Workflow { checkpoint, errors })?;
         let plan = workflow.plan().clone();
-        let mut completions = Vec::with_capacity(snapshot.completed.len());
-        let mut outputs = vec![None; plan.graph.nodes.len()];
-        for done in snapshot.completed {
+        let mut completions = Vec::with_capacity(snapshot.graph.completed.len());
+        for done in &snapshot.graph.completed {
             let index =
                 *plan.graph.index.get(&done.node).ok_or_else(|| {
                     inconsistent(format!("no node `{}` in its workflow", done.node))
                 })?;
-            outputs[index] = Some(Arc::new(done.output));
-            completions.push((index, done.route));
+            completions.push((index, done.route.clone()));
         }
-        let schedule = Schedule::restore(plan.graph.shape.clone(), &completions)
+        Schedule::restore(plan.graph.shape.clone(), &completions)
             .map_err(|e| inconsistent(format!("completions do not replay: {e}")))?;
+
+        let mut answers = HashMap::new();
+        match &input {
+            ResumeInput::Answer {
+                interaction_id,
+                value,
+            } => {
+                let interaction = snapshot
+                    .interactions
+                    .iter()
+                    .find(|i| i.id == *interaction_id)
+                    .ok_or_else(|| ResumeError::UnknownInteraction {
+                        checkpoint,
+                        interaction: *interaction_id,
+                        pending: snapshot.interactions.iter().map(|i| i.id).collect(),
+                    })?;
+                let output =
+                    interaction
+                        .kind
+                        .accept(value)
+                        .map_err(|error| ResumeError::InvalidAnswer {
+                            interaction: *interaction_id,
+                            error,
+                        })?;
+                answers.insert(interaction.path.clone(), output);
+            }
+            _ => {
+                if let Some(interaction) = snapshot.interactions.first() {
+                    if snapshot.status == RunStatus::AwaitingInput {
+                        return Err(ResumeError::AnswerRequired {
+                            checkpoint,
+                            interaction: Box::new(interaction.clone()),
+                        });
+                    }
+                }
+            }
+        }
 
         let mut history = self.load_history(&thread).await?;
         let run_id = RunId::new();
@@ -213,6 +276,7 @@ impl Runtime {
             produced.push(message);
             query = Some(Value::String(text));
         }
+        self.registry().forget_waiting(&thread);
         let handle = self
             .launch(Launch {
                 run_id,
@@ -222,12 +286,12 @@ impl Runtime {
                 history,
                 produced,
                 restore: Some(Restore {
-                    schedule,
-                    outputs,
+                    graph: snapshot.graph,
                     variables: snapshot.variables,
                     query,
                     parent_run_id: snapshot.run_id,
                 }),
+                answers,
             })
             .await?;
         Ok(handle)

@@ -282,7 +282,7 @@ pub(super) fn validate(def: WorkflowDef, kinds: &Kinds) -> Result<Plan, Validati
             def,
             variables,
             inputs,
-            graph,
+            graph: Arc::new(graph),
             def_json: Default::default(),
         }),
         _ => Err(ValidationErrors(errors)),

@@ -10,6 +10,10 @@ fn node(id: &str) -> NodeId {
     NodeId::new(id).expect("node id")
 }
 
+fn path(id: &str) -> runvisor_actors::NodePath {
+    runvisor_actors::NodePath::node(node(id))
+}
+
 /// Reads the run's events until every given node has started (bounded).
 async fn until_started(run: &RunHandle, nodes: &[&str]) {
     let mut stream = run.events();
@@ -57,7 +61,7 @@ async fn a_blocked_run_is_listed_with_its_running_node_and_tree() {
     assert_eq!(summary.thread, thread("ops-thread"));
     assert_eq!(summary.workflow_id, "ops-wf");
     assert_eq!(summary.status, RunStatus::Running);
-    assert_eq!(summary.running_nodes, [node("blocked")]);
+    assert_eq!(summary.running_nodes, [path("blocked")]);
     let record =
         h.rt.run_store()
             .get(run_id)
@@ -109,7 +113,7 @@ async fn tree_lists_every_running_branch_with_distinct_actors() {
     until_started(&run, &["a", "b"]).await;
 
     let summary = h.rt.registry().summary(&run_id).expect("listed");
-    assert_eq!(summary.running_nodes, [node("a"), node("b")]);
+    assert_eq!(summary.running_nodes, [path("a"), path("b")]);
     let tree = h.rt.tree(run_id).await.expect("tree");
     let nodes: Vec<(Option<NodeId>, &str, &str)> = tree
         .children
@@ -134,7 +138,7 @@ async fn tree_lists_every_running_branch_with_distinct_actors() {
     within("a to finish", async {
         loop {
             let running = h.rt.registry().summary(&run_id).map(|s| s.running_nodes);
-            if running.as_deref() == Some(&[node("b")][..]) {
+            if running.as_deref() == Some(&[path("b")][..]) {
                 break;
             }
             tokio::time::sleep(std::time::Duration::from_millis(5)).await;
