@@ -651,6 +651,8 @@ impl BodyState {
         let cell = myself.get_cell();
         loop {
             if self.end.is_some() {
+                // Finished: `post_stop` hands the report over.
+                myself.stop(None);
                 return;
             }
             if self.stopping {
@@ -664,17 +666,16 @@ impl BodyState {
                 }
                 return;
             }
-            let events = match &self.work {
-                Work::Loop(_) => match self.loop_step(&cell).await {
-                    Step::Wait => return,
-                    Step::Events(events) => events,
-                },
-                Work::Parallel(_) => match self.parallel_step(&cell).await {
-                    Step::Wait => return,
-                    Step::Events(events) => events,
-                },
+            let step = match &self.work {
+                Work::Loop(_) => self.loop_step(&cell).await,
+                Work::Parallel(_) => self.parallel_step(&cell).await,
             };
-            self.handle_events(myself, events);
+            match step {
+                // The step may have finished or failed the body: settle that first.
+                Step::Wait if self.end.is_some() || self.stopping => {}
+                Step::Wait => return,
+                Step::Events(events) => self.handle_events(myself, events),
+            }
         }
     }
 
