@@ -564,6 +564,14 @@ async fn stop_racing_natural_completion_has_exactly_one_final_state() {
                     usize::from(quick_done),
                     "iteration {i}: {stop:#?}"
                 );
+                // A graceful stop lets a running `quick` finish: the run then ends stopped
+                // with an empty frontier, nothing left to resume.
+                assert_eq!(
+                    stop.frontier.is_empty(),
+                    quick_done,
+                    "iteration {i}: {stop:#?}"
+                );
+                assert_eq!(p.frontier().is_empty(), quick_done, "iteration {i}");
                 assert_eq!(stop.messages.persisted, p.history, "iteration {i}");
             }
             StopReply::AlreadyFinished(f) => {
