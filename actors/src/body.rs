@@ -613,6 +613,8 @@ impl BodyState {
                 }
                 self.stop(myself, false);
             }
+            // Body executions launch their ready nodes themselves.
+            ExecEvent::Ready(_) => {}
             ExecEvent::Stop(mode, reason) => {
                 if let Some(supervisor) = self.run.supervisor.get() {
                     let _ = supervisor.send_message(RunMsg::Stop { mode, reason });

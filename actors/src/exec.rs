@@ -127,6 +127,9 @@ pub(crate) enum ExecEvent {
     Paused(Interaction),
     /// A probe asked for a stop.
     Stop(StopMode, StopReason),
+    /// A node completed and these nodes are ready; the host launches them (after saving the
+    /// run's progress) because it asked to defer launches.
+    Ready(Vec<NodeIndex>),
 }
 
 /// The host's side of launching: where children link, the run, and the history they see.
@@ -165,6 +168,9 @@ pub(crate) struct GraphExec {
     pub(crate) usage: Usage,
     halted: bool,
     forced: bool,
+    /// Hand ready nodes to the host instead of launching them (the run saves its progress
+    /// between a node's completion and its dependents' start).
+    pub(crate) defer_launch: bool,
 }
 
 impl Scope for GraphExec {
@@ -227,6 +233,7 @@ impl GraphExec {
             usage: Usage::new(),
             halted: false,
             forced: false,
+            defer_launch: false,
         }
     }
 
@@ -236,7 +243,7 @@ impl GraphExec {
         let mut completions = Vec::with_capacity(state.completed.len());
         for done in state.completed {
             let i = self.index_of(&done.node)?;
-            self.outputs[i] = Some(Arc::new(done.output));
+            self.outputs[i] = Some(done.output);
             completions.push((i, done.route));
         }
         self.schedule = Schedule::restore(self.graph.shape.clone(), &completions)
@@ -318,12 +325,16 @@ impl GraphExec {
         Value::Object(out)
     }
 
-    /// The nodes a resume would start.
+    /// The nodes a resume would start: ready ones, and running ones (which a resume runs
+    /// again from their start).
     pub(crate) fn frontier(&self) -> Vec<NodeId> {
-        self.schedule
+        let mut nodes: Vec<NodeIndex> = self
+            .schedule
             .ready()
-            .map(|n| self.node_id(n).clone())
-            .collect()
+            .chain(self.schedule.running())
+            .collect();
+        nodes.sort_unstable();
+        nodes.into_iter().map(|n| self.node_id(n).clone()).collect()
     }
 
     /// The outer scope a body of a node of this graph sees.
@@ -647,8 +658,14 @@ impl GraphExec {
                                 events.push(ExecEvent::Stop(mode, reason));
                             }
                         }
-                        let launched = self.launch(host, ready).await;
-                        events.extend(launched);
+                        if self.defer_launch {
+                            if !ready.is_empty() {
+                                events.push(ExecEvent::Ready(ready));
+                            }
+                        } else {
+                            let launched = self.launch(host, ready).await;
+                            events.extend(launched);
+                        }
                     }
                     Err(e) => events.push(e),
                 }
@@ -807,7 +824,7 @@ impl GraphExec {
                 .map(|(n, route)| CompletedNode {
                     node: self.node_id(*n).clone(),
                     route: route.clone(),
-                    output: self.outputs[*n].as_deref().cloned().unwrap_or_default(),
+                    output: self.outputs[*n].clone().unwrap_or_default(),
                 })
                 .collect(),
             frontier: self.frontier(),

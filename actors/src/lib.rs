@@ -21,6 +21,7 @@ pub mod value;
 pub mod workflow;
 
 mod body;
+mod checkpointer;
 mod exec;
 mod interaction;
 mod node;
@@ -31,6 +32,7 @@ mod runtime;
 mod stop;
 mod supervisor;
 
+pub use checkpointer::Durability;
 pub use event::{Frame, NodePath, RunEvent};
 pub use handler::{NodeContext, NodeError, NodeHandler, NodeOutput, StopRequested, Usage};
 pub use ids::{CheckpointId, InteractionId, InvalidId, MessageId, NodeId, RunId, ThreadId};

@@ -25,10 +25,11 @@ use std::collections::HashMap;
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
-use ractor::Actor;
+use ractor::{Actor, ActorRef};
 use serde::{Deserialize, Serialize};
 use tokio::sync::{broadcast, watch};
 
+use crate::checkpointer::{Backlog, CheckpointMsg, Checkpointer, CheckpointerArgs, Durability};
 use crate::event::NodePath;
 use crate::handler::{NodeHandler, RunInfo};
 use crate::ids::{RunId, ThreadId};
@@ -68,6 +69,15 @@ pub struct RuntimeConfig {
     /// Events buffered per run for slow subscribers; past that a subscriber misses events
     /// (and is told how many).
     pub event_buffer: usize,
+    /// When snapshots are written: `sync`, `async` (default) or `exit`.
+    pub durability: Durability,
+    /// Bytes of background snapshots allowed to wait for the store (during an outage); past
+    /// that, runs wait for their snapshot to be stored before going on.
+    pub checkpoint_buffer: usize,
+    /// How long an awaited snapshot write keeps retrying a failing store before the run
+    /// reports it as not written.
+    #[serde(with = "humantime_serde")]
+    pub checkpoint_flush_timeout: Duration,
 }
 
 impl Default for RuntimeConfig {
@@ -76,6 +86,9 @@ impl Default for RuntimeConfig {
             stop_timeout: Duration::from_secs(30),
             query_timeout: Duration::from_secs(1),
             event_buffer: 1024,
+            durability: Durability::Async,
+            checkpoint_buffer: 64 * 1024 * 1024,
+            checkpoint_flush_timeout: Duration::from_secs(10),
         }
     }
 }
@@ -88,6 +101,27 @@ pub(crate) struct Services {
     pub(crate) signals: Arc<dyn SignalSource>,
     pub(crate) config: RuntimeConfig,
     pub(crate) registry: RunRegistry,
+    checkpointer: tokio::sync::OnceCell<ActorRef<CheckpointMsg>>,
+    pub(crate) backlog: Arc<Backlog>,
+}
+
+impl Services {
+    /// The runtime's checkpointer, spawned on first use.
+    pub(crate) async fn checkpointer(&self) -> Result<&ActorRef<CheckpointMsg>, String> {
+        self.checkpointer
+            .get_or_try_init(|| async {
+                let args = CheckpointerArgs {
+                    store: self.checkpoints.clone(),
+                    backlog: self.backlog.clone(),
+                    flush_timeout: self.config.checkpoint_flush_timeout,
+                };
+                Actor::spawn(None, Checkpointer, args)
+                    .await
+                    .map(|(actor, _)| actor)
+                    .map_err(|e| format!("could not spawn the checkpointer: {e}"))
+            })
+            .await
+    }
 }
 
 impl std::fmt::Debug for Services {
@@ -193,6 +227,8 @@ impl RuntimeBuilder {
                 .unwrap_or_else(|| Arc::new(MemorySignalSource::new())),
             config: self.config,
             registry: RunRegistry::default(),
+            checkpointer: tokio::sync::OnceCell::new(),
+            backlog: Arc::default(),
         };
         Ok(Runtime {
             kinds: Arc::new(self.kinds),

@@ -47,8 +47,8 @@ pub struct CompletedNode {
     pub node: NodeId,
     /// Which of its outgoing edges it activated.
     pub route: Route,
-    /// Its output.
-    pub output: Value,
+    /// Its output (shared with the run's state, so a snapshot copies no output).
+    pub output: std::sync::Arc<Value>,
 }
 
 /// The progress of one execution of a graph: the workflow's, one loop iteration's, or one
@@ -315,7 +315,7 @@ mod tests {
                 completed: vec![CompletedNode {
                     node: node("a"),
                     route: Route::branches(["x"]),
-                    output: Value::from(vec![Value::Int(0), Value::Null]),
+                    output: std::sync::Arc::new(Value::from(vec![Value::Int(0), Value::Null])),
                 }],
                 frontier: vec![node("b")],
                 frames: vec![SavedFrame {

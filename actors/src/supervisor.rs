@@ -20,6 +20,7 @@ use ractor::{Actor, ActorProcessingErr, ActorRef, RpcReplyPort, SupervisionEvent
 use tokio::sync::watch;
 use tracing::Instrument;
 
+use crate::checkpointer::{CheckpointMsg, Durability, Write};
 use crate::event::{NodePath, RunEvent};
 use crate::exec::{ExecEvent, GraphExec, Host, Outer};
 use crate::handler::RunInfo;
@@ -30,7 +31,7 @@ use crate::outcome::{HistoryFlush, RunError, RunOutcome};
 use crate::registry::{ActorTree, LiveRun};
 use crate::snapshot::{GraphState, Snapshot};
 use crate::stop::{StopMode, StopReason, StopResult};
-use crate::store::{RunRecord, RunStatus, StoredCheckpoint};
+use crate::store::{RunRecord, RunStatus};
 use crate::value::{Map, Value};
 use crate::workflow::Plan;
 
@@ -159,6 +160,9 @@ impl Actor for RunSupervisor {
             Arc::from(history),
         );
         let restored = restore.is_some();
+        let mut exec = exec;
+        // Between a node's completion and its dependents' start, the run saves its progress.
+        exec.defer_launch = run.services.config.durability != Durability::Exit;
         let exec = match restore {
             Some(state) => exec
                 .restore(state)
@@ -216,7 +220,7 @@ impl Actor for RunSupervisor {
             .launch(&host, ready)
             .instrument(state.span.clone())
             .await;
-        state.handle_events(&myself, events);
+        state.process(&myself, events).await;
         state.settle(&myself).await;
         Ok(())
     }
@@ -243,7 +247,7 @@ impl Actor for RunSupervisor {
                 for report in state.exec.abandon(&host) {
                     events.extend(state.exec.on_report(&host, report).await);
                 }
-                state.handle_events(&myself, events);
+                state.process(&myself, events).await;
             }
         }
         state.settle(&myself).await;
@@ -285,7 +289,7 @@ impl Actor for RunSupervisor {
                 state.exec.on_lost(&host, child, &why)
             }
         };
-        state.handle_events(&myself, events);
+        state.process(&myself, events).await;
         state.settle(&myself).await;
         Ok(())
     }
@@ -326,9 +330,29 @@ impl Actor for RunSupervisor {
 }
 
 impl RunState {
-    fn handle_events(&mut self, myself: &ActorRef<RunMsg>, events: Vec<ExecEvent>) {
-        for event in events {
+    /// Acts on what the graph reported: failures, pauses and stops end the run; ready nodes
+    /// start after the run's progress is saved (per the durability mode).
+    async fn process(&mut self, myself: &ActorRef<RunMsg>, events: Vec<ExecEvent>) {
+        let mut queue: std::collections::VecDeque<ExecEvent> = events.into();
+        while let Some(event) = queue.pop_front() {
             match event {
+                ExecEvent::Ready(ready) => {
+                    if self.stopping.is_none() {
+                        self.save_progress().await;
+                    }
+                    let cell = myself.get_cell();
+                    let run = self.run.clone();
+                    let host = Host {
+                        cell: &cell,
+                        run: &run,
+                    };
+                    let more = self
+                        .exec
+                        .launch(&host, ready)
+                        .instrument(self.span.clone())
+                        .await;
+                    queue.extend(more);
+                }
                 ExecEvent::Failed { path, error } => {
                     tracing::warn!(parent: &self.span, node = %path, %error, "node failed");
                     let cause = Cause::Failure(RunError::Node { path, error });
@@ -337,6 +361,69 @@ impl RunState {
                 ExecEvent::Paused(interaction) => self.pause(myself, interaction),
                 ExecEvent::Stop(mode, reason) => self.begin_stop(myself, Cause::Stop(reason), mode),
             }
+        }
+    }
+
+    /// Saves the run's progress between nodes: awaited in `sync` mode (and in `async` mode when
+    /// too many snapshots wait for the store), in the background in `async` mode.
+    async fn save_progress(&mut self) {
+        let services = self.run.services.clone();
+        let config = &services.config;
+        let awaited = match config.durability {
+            Durability::Exit => return,
+            Durability::Sync => true,
+            Durability::Async => self.run.services.backlog.bytes() > config.checkpoint_buffer,
+        };
+        let write = self.snapshot(RunStatus::Running, None, Vec::new());
+        let Ok(checkpointer) = services.checkpointer().await else {
+            return;
+        };
+        if awaited {
+            let timeout = config.checkpoint_flush_timeout + Duration::from_secs(1);
+            match checkpointer
+                .call(|reply| CheckpointMsg::Awaited(write, reply), Some(timeout))
+                .await
+            {
+                Ok(ractor::rpc::CallResult::Success(Ok(id))) => {
+                    self.record.checkpoint_id = Some(id);
+                }
+                other => {
+                    tracing::warn!(parent: &self.span, result = ?other.map(|_| ()), "progress snapshot not stored");
+                }
+            }
+        } else {
+            let _ = checkpointer.send_message(CheckpointMsg::Background(write));
+        }
+    }
+
+    /// The run's state as a snapshot to write, with the next sequence number.
+    fn snapshot(
+        &mut self,
+        status: RunStatus,
+        stop_reason: Option<StopReason>,
+        pending_messages: Vec<Message>,
+    ) -> Write {
+        self.sequence += 1;
+        Write {
+            thread: self.run.thread.clone(),
+            run: self.run.run_id,
+            sequence: self.sequence,
+            snapshot: Box::new(Snapshot {
+                run_id: self.run.run_id,
+                parent_run_id: self.record.parent_run_id,
+                thread: self.run.thread.clone(),
+                sequence: self.sequence,
+                created_at_ms: now_ms(),
+                status,
+                stop_reason,
+                workflow: self.plan.def_json(),
+                inputs: Map::clone(&self.run.inputs),
+                query: self.query.clone(),
+                variables: self.exec.env.clone(),
+                graph: self.exec.state(),
+                interactions: self.interactions.clone(),
+                pending_messages,
+            }),
         }
     }
 
@@ -577,48 +664,25 @@ impl RunState {
         }
     }
 
-    /// Writes a snapshot of the run; messages the history store refused travel in it, so a
-    /// resume persists them.
+    /// Writes the final snapshot of the run through the checkpointer and waits until it is
+    /// stored; messages the history store refused travel in it, so a resume persists them.
     async fn write_checkpoint(
         &mut self,
         status: RunStatus,
         stop_reason: Option<StopReason>,
         history: &HistoryFlush,
     ) -> Result<CheckpointId, String> {
-        self.sequence += 1;
-        let snapshot = Snapshot {
-            run_id: self.run.run_id,
-            parent_run_id: self.record.parent_run_id,
-            thread: self.run.thread.clone(),
-            sequence: self.sequence,
-            created_at_ms: now_ms(),
-            status,
-            stop_reason,
-            workflow: self.plan.def_json(),
-            inputs: Map::clone(&self.run.inputs),
-            query: self.query.clone(),
-            variables: self.exec.env.clone(),
-            graph: self.exec.state(),
-            interactions: self.interactions.clone(),
-            pending_messages: history.not_persisted.clone(),
-        };
-        let bytes = snapshot.encode().map_err(|e| e.to_string())?;
-        let id = CheckpointId::new();
-        self.run
-            .services
-            .checkpoints
-            .put(
-                &self.run.thread,
-                StoredCheckpoint {
-                    id,
-                    run: self.run.run_id,
-                    sequence: self.sequence,
-                    bytes,
-                },
-            )
+        let write = self.snapshot(status, stop_reason, history.not_persisted.clone());
+        let checkpointer = self.run.services.checkpointer().await?;
+        let timeout = self.run.services.config.checkpoint_flush_timeout + Duration::from_secs(1);
+        match checkpointer
+            .call(|reply| CheckpointMsg::Awaited(write, reply), Some(timeout))
             .await
-            .map_err(|e| e.to_string())?;
-        Ok(id)
+        {
+            Ok(ractor::rpc::CallResult::Success(result)) => result,
+            Ok(other) => Err(format!("checkpointer did not answer: {other:?}")),
+            Err(e) => Err(format!("checkpointer unreachable: {e}")),
+        }
     }
 
     /// Answers a tree query without blocking the run: each child is asked in a task.

@@ -232,7 +232,7 @@ impl Persisted {
             .completed
             .iter()
             .find(|c| c.node.as_str() == node)
-            .map(|c| &c.output)
+            .map(|c| &*c.output)
     }
 
     /// The texts of the history, in order.

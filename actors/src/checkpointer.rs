@@ -1,0 +1,281 @@
+//! `Checkpointer`: one actor per runtime, the only writer of snapshots.
+//!
+//! Runs hand it snapshots in one of two ways:
+//! - **awaited** (`sync` durability after each node, and every run's final snapshot at a stop,
+//!   pause, failure or finish): the caller waits until the snapshot is stored, retried with
+//!   backoff while the store fails, for at most the configured flush timeout;
+//! - **background** (`async` durability): the newest pending snapshot of each run replaces any
+//!   older one still waiting (coalescing), and pending snapshots are written in a batch. A failed
+//!   write stays pending and is retried with backoff, so when the store comes back the newest
+//!   state lands; the store's sequence check refuses anything older than what it holds.
+//!
+//! Pending bytes are counted; a run whose background snapshot would exceed the configured
+//! buffer waits for an awaited write instead, so a long outage slows runs down rather than
+//! losing their state or growing memory without bound.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Duration;
+
+use ractor::{Actor, ActorProcessingErr, ActorRef, RpcReplyPort};
+use serde::{Deserialize, Serialize};
+
+use crate::ids::{CheckpointId, RunId, ThreadId};
+use crate::snapshot::Snapshot;
+use crate::store::{CheckpointStore, StoreError, StoredCheckpoint};
+
+/// When snapshots are written.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Durability {
+    /// After every node, before its dependents start: a crash loses no completed node.
+    Sync,
+    /// After every node, in the background, coalesced per run: a crash may lose the nodes
+    /// that finished after the last stored snapshot.
+    #[default]
+    Async,
+    /// Only when the run pauses, stops, fails or finishes.
+    Exit,
+}
+
+/// Snapshot bytes waiting to be written, shared with the runs that read it.
+#[derive(Debug, Default)]
+pub(crate) struct Backlog {
+    bytes: AtomicUsize,
+}
+
+impl Backlog {
+    pub(crate) fn bytes(&self) -> usize {
+        self.bytes.load(Ordering::Relaxed)
+    }
+}
+
+/// A snapshot to write.
+#[derive(Debug)]
+pub(crate) struct Write {
+    pub(crate) thread: ThreadId,
+    pub(crate) run: RunId,
+    pub(crate) sequence: u64,
+    pub(crate) snapshot: Box<Snapshot>,
+}
+
+/// Messages the checkpointer handles.
+#[derive(Debug)]
+pub(crate) enum CheckpointMsg {
+    /// Write now and answer when stored (or when the flush timeout passed).
+    Awaited(Write, RpcReplyPort<Result<CheckpointId, String>>),
+    /// Write in the background; a newer snapshot of the same run replaces this one.
+    Background(Write),
+    /// Write what is pending.
+    Flush,
+}
+
+pub(crate) struct Checkpointer;
+
+pub(crate) struct CheckpointerArgs {
+    pub(crate) store: Arc<dyn CheckpointStore>,
+    pub(crate) backlog: Arc<Backlog>,
+    pub(crate) flush_timeout: Duration,
+}
+
+struct Pending {
+    write: Write,
+    bytes: Vec<u8>,
+    id: CheckpointId,
+}
+
+pub(crate) struct CheckpointerState {
+    store: Arc<dyn CheckpointStore>,
+    backlog: Arc<Backlog>,
+    flush_timeout: Duration,
+    pending: HashMap<RunId, Pending>,
+    flush_scheduled: bool,
+    retry_delay: Duration,
+    failures: u64,
+}
+
+const FIRST_RETRY: Duration = Duration::from_millis(50);
+const MAX_RETRY: Duration = Duration::from_secs(2);
+
+impl Actor for Checkpointer {
+    type Msg = CheckpointMsg;
+    type State = CheckpointerState;
+    type Arguments = CheckpointerArgs;
+
+    async fn pre_start(
+        &self,
+        _myself: ActorRef<Self::Msg>,
+        args: CheckpointerArgs,
+    ) -> Result<Self::State, ActorProcessingErr> {
+        Ok(CheckpointerState {
+            store: args.store,
+            backlog: args.backlog,
+            flush_timeout: args.flush_timeout,
+            pending: HashMap::new(),
+            flush_scheduled: false,
+            retry_delay: FIRST_RETRY,
+            failures: 0,
+        })
+    }
+
+    async fn handle(
+        &self,
+        myself: ActorRef<Self::Msg>,
+        message: Self::Msg,
+        state: &mut Self::State,
+    ) -> Result<(), ActorProcessingErr> {
+        match message {
+            CheckpointMsg::Awaited(write, reply) => {
+                // Anything older of the same run is superseded by this write. The write runs
+                // in its own task so one run's retries never hold up another's.
+                state.drop_pending(&write.run);
+                let store = state.store.clone();
+                let timeout = state.flush_timeout;
+                tokio::spawn(async move {
+                    let result = match write.snapshot.encode() {
+                        Ok(bytes) => write_until(store, timeout, write, bytes).await,
+                        Err(e) => Err(format!("snapshot does not encode: {e}")),
+                    };
+                    let _ = reply.send(result);
+                });
+            }
+            CheckpointMsg::Background(write) => match write.snapshot.encode() {
+                Ok(bytes) => {
+                    state.drop_pending(&write.run);
+                    state
+                        .backlog
+                        .bytes
+                        .fetch_add(bytes.len(), Ordering::Relaxed);
+                    let run = write.run;
+                    state.pending.insert(
+                        run,
+                        Pending {
+                            write,
+                            bytes,
+                            id: CheckpointId::new(),
+                        },
+                    );
+                    if !state.flush_scheduled {
+                        state.flush_scheduled = true;
+                        let _ = myself.send_message(CheckpointMsg::Flush);
+                    }
+                }
+                Err(e) => tracing::error!(run = %write.run, error = %e, "snapshot does not encode"),
+            },
+            CheckpointMsg::Flush => {
+                state.flush_scheduled = false;
+                state.flush().await;
+                if !state.pending.is_empty() && !state.flush_scheduled {
+                    // The store failed: retry later, backing off.
+                    state.flush_scheduled = true;
+                    let delay = state.retry_delay;
+                    state.retry_delay = (state.retry_delay * 2).min(MAX_RETRY);
+                    let me = myself.clone();
+                    tokio::spawn(async move {
+                        tokio::time::sleep(delay).await;
+                        let _ = me.send_message(CheckpointMsg::Flush);
+                    });
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+impl CheckpointerState {
+    fn drop_pending(&mut self, run: &RunId) {
+        if let Some(old) = self.pending.remove(run) {
+            self.backlog
+                .bytes
+                .fetch_sub(old.bytes.len(), Ordering::Relaxed);
+        }
+    }
+
+    /// Writes every pending snapshot once; failed ones stay pending.
+    async fn flush(&mut self) {
+        let batch: Vec<Pending> = self.pending.drain().map(|(_, p)| p).collect();
+        let store = self.store.clone();
+        let results = futures::future::join_all(batch.into_iter().map(|p| {
+            let store = store.clone();
+            async move {
+                let stored = StoredCheckpoint {
+                    id: p.id,
+                    run: p.write.run,
+                    sequence: p.write.sequence,
+                    bytes: p.bytes.clone(),
+                };
+                let result = store.put(&p.write.thread, stored).await;
+                (p, result)
+            }
+        }))
+        .await;
+        for (p, result) in results {
+            match result {
+                Ok(()) | Err(StoreError::StaleSequence { .. }) => {
+                    // Stored, or something newer already is.
+                    self.backlog
+                        .bytes
+                        .fetch_sub(p.bytes.len(), Ordering::Relaxed);
+                    self.retry_delay = FIRST_RETRY;
+                }
+                Err(e) => {
+                    self.failures += 1;
+                    if self.failures.is_power_of_two() {
+                        tracing::warn!(error = %e, failures = self.failures, "checkpoint write failed; will retry");
+                    }
+                    // Keep it unless a newer snapshot of the run arrived meanwhile.
+                    let run = p.write.run;
+                    match self.pending.get(&run) {
+                        Some(_) => {
+                            self.backlog
+                                .bytes
+                                .fetch_sub(p.bytes.len(), Ordering::Relaxed);
+                        }
+                        None => {
+                            self.pending.insert(run, p);
+                        }
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// Writes one snapshot, retrying with backoff until it is stored or `timeout` passed.
+async fn write_until(
+    store: Arc<dyn CheckpointStore>,
+    timeout: Duration,
+    write: Write,
+    bytes: Vec<u8>,
+) -> Result<CheckpointId, String> {
+    let id = CheckpointId::new();
+    let deadline = tokio::time::Instant::now() + timeout;
+    let mut delay = FIRST_RETRY;
+    let mut attempts = 0u64;
+    loop {
+        let stored = StoredCheckpoint {
+            id,
+            run: write.run,
+            sequence: write.sequence,
+            bytes: bytes.clone(),
+        };
+        match store.put(&write.thread, stored).await {
+            Ok(()) => return Ok(id),
+            Err(e @ StoreError::StaleSequence { .. }) => return Err(e.to_string()),
+            Err(e) => {
+                attempts += 1;
+                if tokio::time::Instant::now() + delay > deadline {
+                    return Err(format!(
+                        "checkpoint store kept failing for {timeout:?} ({attempts} attempts): {e}"
+                    ));
+                }
+                if attempts.is_power_of_two() {
+                    tracing::warn!(run = %write.run, error = %e, attempts, "checkpoint write failed; retrying");
+                }
+                tokio::time::sleep(delay).await;
+                delay = (delay * 2).min(MAX_RETRY);
+            }
+        }
+    }
+}
