@@ -1,0 +1,374 @@
+//! Redis adapters for the engine's ports: checkpoints, run records and thread histories kept in
+//! one Redis server, so a run stopped in one process resumes in another.
+//!
+//! ```no_run
+//! # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
+//! use runvisor::Runtime;
+//! use runvisor::redis::{RedisConfig, RedisStores};
+//!
+//! let stores = RedisStores::connect(RedisConfig::new("redis://127.0.0.1:6379/")).await?;
+//! let runtime = stores.install(Runtime::builder()).try_build()?;
+//! # let _ = runtime; Ok(()) }
+//! ```
+//!
+//! # Key layout
+//!
+//! Every key starts with the configured prefix `<p>` (default `runvisor`). Placeholders are in
+//! angle brackets; curly braces are literal: `{<thread>}` is a Redis Cluster hash tag, so all
+//! the keys of one thread live in one slot and every script below touches a single slot.
+//!
+//! | key | type | holds |
+//! |---|---|---|
+//! | `<p>:cp:{<thread>}:<checkpoint_id>` | HASH | one checkpoint: `bytes` (the snapshot envelope, raw), `run` (run id), `sequence` (decimal) |
+//! | `<p>:cpidx:{<thread>}` | ZSET | the thread's checkpoint ids, all with score 0 |
+//! | `<p>:cpseq:{<thread>}:<run_id>` | STRING | the newest checkpoint sequence stored for a run (decimal) |
+//! | `<p>:run:<run_id>` | HASH | a run record, field by field (see below) |
+//! | `<p>:runs:{<thread>}` | ZSET | the thread's run ids, all with score 0 |
+//! | `<p>:hist:{<thread>}` | LIST | the thread's history, one JSON message per entry, oldest first |
+//! | `<p>:histids:{<thread>}` | SET | the ids of the messages in that list |
+//!
+//! Ordering: checkpoint, run and message ids are UUIDv7, whose text order is their time order
+//! (and the order of the ids themselves). The two ZSETs give every member the score 0, so
+//! Redis orders them by their bytes: `ZRANGE` lists them oldest first, exactly as the ids
+//! compare, with no tie broken by a clock.
+//!
+//! Run record fields: `status` (`running`, `stopped`, ...), `thread`, `workflow_id`,
+//! `started_at` (ms since the epoch), and when set `checkpoint_id`, `parent_run_id`,
+//! `finished_at`, `stop_reason`, `failure_reason`, `unpersisted`. An absent option is an
+//! absent field; other fields (written by other tools) are left alone.
+//!
+//! Every key written gets the configured TTL ([`RedisConfig::checkpoint_ttl`], default 30 days),
+//! refreshed by each write to it.
+//!
+//! # Atomicity
+//!
+//! - A checkpoint `put` is one Lua script: it refuses a sequence not greater than the run's
+//!   stored one ([`StoreError::StaleSequence`](crate::StoreError::StaleSequence)), then writes
+//!   payload, index entry and sequence together, or nothing.
+//! - A history `append` is one Lua script: it appends, in order, the messages whose id is not
+//!   yet in the id set, and records their ids, or does nothing.
+//! - `prune` reads the index, then removes the oldest checkpoints in batches; each batch
+//!   (payloads and index entries) is one Lua script.
+//! - A run `put` writes the thread's run index, then the run hash in one Lua script (they are
+//!   in different slots); a reader skips an index entry whose hash is missing.
+//! - Scripts check the types of their keys before writing, so a key holding something else
+//!   fails the call with [`StoreError::Corrupt`](crate::StoreError::Corrupt) and writes
+//!   nothing. Keys and values reach scripts as `KEYS` and `ARGV`, never as script text.
+//!
+//! # Failures
+//!
+//! Calls go through one auto-reconnecting connection with explicit connect and response
+//! timeouts, and each call is bounded by [`RedisConfig::call_timeout`] however the connection
+//! behaves: an unreachable Redis gives [`StoreError::Unavailable`](crate::StoreError::Unavailable),
+//! a silent one [`StoreError::Timeout`](crate::StoreError::Timeout). Data that cannot be read
+//! gives [`StoreError::Corrupt`](crate::StoreError::Corrupt) naming the key. Nothing panics on
+//! what Redis returns.
+//!
+//! Redis should run with `maxmemory-policy noeviction`: an evicting policy may drop
+//! checkpoints. [`RedisStores::connect`] warns when it is not.
+
+mod checkpoint;
+mod conn;
+mod history;
+mod keys;
+mod reply;
+mod run;
+
+use std::fmt;
+use std::sync::Arc;
+use std::time::Duration;
+
+use runvisor_actors::RuntimeBuilder;
+use runvisor_actors::store::{CheckpointStore, HistoryStore, RunStore};
+use serde::{Deserialize, Serialize};
+
+pub use checkpoint::RedisCheckpointStore;
+pub use history::RedisHistoryStore;
+pub use keys::Keys;
+pub use run::RedisRunStore;
+
+use conn::Conn;
+
+/// How to reach Redis and how long to wait for it. Durations are humantime strings in config
+/// files (`"500ms"`, `"30d"`).
+#[derive(Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct RedisConfig {
+    /// The server, as a `redis://` (or `rediss://`, `unix://`) URL.
+    pub url: String,
+    /// What every key starts with. No whitespace, no braces.
+    pub prefix: String,
+    /// How long one connection attempt may take.
+    #[serde(with = "humantime_serde")]
+    pub connect_timeout: Duration,
+    /// How long Redis may take to answer one command.
+    #[serde(with = "humantime_serde")]
+    pub response_timeout: Duration,
+    /// The most one store call may take, reconnects and script loads included: the backstop
+    /// over the two timeouts above.
+    #[serde(with = "humantime_serde")]
+    pub call_timeout: Duration,
+    /// How long written keys live (refreshed by each write): checkpoints, run records and
+    /// histories alike.
+    #[serde(with = "humantime_serde")]
+    pub checkpoint_ttl: Duration,
+}
+
+impl RedisConfig {
+    /// The defaults, with this server.
+    pub fn new(url: impl Into<String>) -> Self {
+        Self {
+            url: url.into(),
+            ..Self::default()
+        }
+    }
+
+    /// The URL with any password replaced by `***`, for messages and logs.
+    pub fn redacted_url(&self) -> String {
+        redact(&self.url)
+    }
+
+    fn check(&self) -> Result<(), ConnectError> {
+        let invalid = |what: String| Err(ConnectError::InvalidConfig(what));
+        if self.prefix.is_empty()
+            || self
+                .prefix
+                .chars()
+                .any(|c| c.is_whitespace() || c.is_control() || c == '{' || c == '}')
+        {
+            return invalid(format!(
+                "prefix {:?} must be non-empty, without whitespace or braces",
+                self.prefix
+            ));
+        }
+        for (name, value) in [
+            ("connect_timeout", self.connect_timeout),
+            ("response_timeout", self.response_timeout),
+            ("call_timeout", self.call_timeout),
+        ] {
+            if value.is_zero() {
+                return invalid(format!("{name} must be greater than zero"));
+            }
+        }
+        if self.checkpoint_ttl < Duration::from_millis(1) {
+            return invalid("checkpoint_ttl must be at least 1ms".to_owned());
+        }
+        Ok(())
+    }
+}
+
+impl Default for RedisConfig {
+    fn default() -> Self {
+        Self {
+            url: "redis://127.0.0.1:6379/".to_owned(),
+            prefix: "runvisor".to_owned(),
+            connect_timeout: Duration::from_secs(1),
+            response_timeout: Duration::from_millis(500),
+            call_timeout: Duration::from_secs(2),
+            checkpoint_ttl: Duration::from_secs(30 * 24 * 60 * 60),
+        }
+    }
+}
+
+impl fmt::Debug for RedisConfig {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("RedisConfig")
+            .field("url", &self.redacted_url())
+            .field("prefix", &self.prefix)
+            .field("connect_timeout", &self.connect_timeout)
+            .field("response_timeout", &self.response_timeout)
+            .field("call_timeout", &self.call_timeout)
+            .field("checkpoint_ttl", &self.checkpoint_ttl)
+            .finish()
+    }
+}
+
+/// `redis://user:secret@host/` -> `redis://user:***@host/`.
+fn redact(url: &str) -> String {
+    let Some(scheme_end) = url.find("://").map(|i| i + 3) else {
+        return url.to_owned();
+    };
+    let rest = &url[scheme_end..];
+    let authority_end = rest.find('/').unwrap_or(rest.len());
+    let Some(at) = rest[..authority_end].rfind('@') else {
+        return url.to_owned();
+    };
+    let userinfo = &rest[..at];
+    let user = userinfo.split(':').next().unwrap_or("");
+    let hidden = if userinfo.contains(':') {
+        format!("{user}:***")
+    } else {
+        "***".to_owned()
+    };
+    format!("{}{hidden}{}", &url[..scheme_end], &rest[at..])
+}
+
+/// Why [`RedisStores::connect`] failed.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum ConnectError {
+    /// The config cannot work (bad URL, prefix or duration).
+    #[error("invalid redis config: {0}")]
+    InvalidConfig(String),
+    /// Redis could not be reached or refused the connection.
+    #[error("cannot connect to redis at {url}: {error}")]
+    Connect {
+        /// The server (password hidden).
+        url: String,
+        /// What went wrong.
+        error: String,
+    },
+    /// Redis did not answer in time.
+    #[error("redis at {url} did not answer within {timeout:?}")]
+    Timeout {
+        /// The server (password hidden).
+        url: String,
+        /// How long it was given.
+        timeout: Duration,
+    },
+}
+
+/// The three Redis-backed stores, sharing one connection. Cheap to clone.
+#[derive(Clone)]
+pub struct RedisStores {
+    /// Checkpoints.
+    pub checkpoints: Arc<dyn CheckpointStore>,
+    /// Run records.
+    pub runs: Arc<dyn RunStore>,
+    /// Thread histories.
+    pub history: Arc<dyn HistoryStore>,
+    keys: Keys,
+    config: RedisConfig,
+}
+
+impl fmt::Debug for RedisStores {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("RedisStores")
+            .field("config", &self.config)
+            .finish_non_exhaustive()
+    }
+}
+
+impl RedisStores {
+    /// Connects to Redis (bounded by the configured timeouts) and builds the stores.
+    ///
+    /// Logs a warning when Redis may evict keys (`maxmemory-policy` other than `noeviction`);
+    /// a server that refuses `CONFIG GET` is accepted as it is.
+    pub async fn connect(config: RedisConfig) -> Result<Self, ConnectError> {
+        config.check()?;
+        let conn = Conn::connect(&config).await?;
+        check_eviction_policy(&conn, &config).await;
+        let keys = Keys::new(&config.prefix);
+        let ttl = config.checkpoint_ttl;
+        Ok(Self {
+            checkpoints: Arc::new(RedisCheckpointStore::new(conn.clone(), keys.clone(), ttl)),
+            runs: Arc::new(RedisRunStore::new(conn.clone(), keys.clone(), ttl)),
+            history: Arc::new(RedisHistoryStore::new(conn, keys.clone(), ttl)),
+            keys,
+            config,
+        })
+    }
+
+    /// Makes a runtime builder use these stores.
+    pub fn install(&self, builder: RuntimeBuilder) -> RuntimeBuilder {
+        builder
+            .checkpoint_store(self.checkpoints.clone())
+            .run_store(self.runs.clone())
+            .history_store(self.history.clone())
+    }
+
+    /// The key names in use.
+    pub fn keys(&self) -> &Keys {
+        &self.keys
+    }
+
+    /// The config the stores were built with.
+    pub fn config(&self) -> &RedisConfig {
+        &self.config
+    }
+}
+
+/// Warns loudly when Redis may evict keys under memory pressure: an evicted checkpoint or
+/// history is lost work.
+async fn check_eviction_policy(conn: &Conn, config: &RedisConfig) {
+    let mut cmd = ::redis::cmd("CONFIG");
+    cmd.arg("GET").arg("maxmemory-policy");
+    let policy = match conn.query("CONFIG GET maxmemory-policy", &cmd).await {
+        Ok(value) => reply::config_value(&value, "maxmemory-policy"),
+        Err(error) => {
+            tracing::info!(
+                url = %config.redacted_url(),
+                %error,
+                "cannot read redis maxmemory-policy (CONFIG may be disabled); make sure it is noeviction"
+            );
+            return;
+        }
+    };
+    match policy.as_deref() {
+        Some("noeviction") => {}
+        Some(policy) => tracing::warn!(
+            url = %config.redacted_url(),
+            policy,
+            "REDIS MAY EVICT RUNVISOR DATA: maxmemory-policy is `{policy}`, not `noeviction`; \
+             checkpoints, run records and histories can disappear under memory pressure"
+        ),
+        None => tracing::info!(
+            url = %config.redacted_url(),
+            "redis did not report its maxmemory-policy; make sure it is noeviction"
+        ),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn config_defaults_and_humantime_fields() {
+        let config: RedisConfig = serde_json::from_str("{}").expect("defaults");
+        assert_eq!(config, RedisConfig::default());
+        assert_eq!(config.prefix, "runvisor");
+        assert_eq!(config.connect_timeout, Duration::from_secs(1));
+        assert_eq!(config.response_timeout, Duration::from_millis(500));
+        assert_eq!(config.checkpoint_ttl, Duration::from_secs(30 * 86_400));
+        let config: RedisConfig = serde_json::from_str(
+            r#"{"url": "redis://h:1/", "response_timeout": "250ms", "checkpoint_ttl": "7d"}"#,
+        )
+        .expect("valid");
+        assert_eq!(config.response_timeout, Duration::from_millis(250));
+        assert_eq!(config.checkpoint_ttl, Duration::from_secs(7 * 86_400));
+        let json = serde_json::to_value(&config).expect("serializes");
+        assert_eq!(json["checkpoint_ttl"], "7days");
+        assert!(serde_json::from_str::<RedisConfig>(r#"{"ttl": "1d"}"#).is_err());
+    }
+
+    #[test]
+    fn bad_configs_are_refused() {
+        for prefix in ["", "a b", "a{b", "x}"] {
+            let config = RedisConfig {
+                prefix: prefix.to_owned(),
+                ..RedisConfig::default()
+            };
+            assert!(config.check().is_err(), "{prefix:?}");
+        }
+        let config = RedisConfig {
+            call_timeout: Duration::ZERO,
+            ..RedisConfig::default()
+        };
+        assert!(config.check().is_err());
+        assert!(RedisConfig::default().check().is_ok());
+    }
+
+    #[test]
+    fn passwords_never_show() {
+        assert_eq!(
+            redact("redis://user:s3cret@host:6379/0"),
+            "redis://user:***@host:6379/0"
+        );
+        assert_eq!(redact("redis://:s3cret@host/"), "redis://:***@host/");
+        assert_eq!(redact("redis://token@host"), "redis://***@host");
+        assert_eq!(redact("redis://host:6379/"), "redis://host:6379/");
+        let config = RedisConfig::new("rediss://u:pw@h/");
+        assert!(!format!("{config:?}").contains("pw"));
+    }
+}

@@ -1,0 +1,121 @@
+//! Thread histories on Redis: a LIST of JSON messages (`<p>:hist:{<thread>}`, oldest first)
+//! and a SET of their ids (`<p>:histids:{<thread>}`) that makes appends idempotent.
+//!
+//! `append` is one Lua script: for each message in order, it adds the id to the set and, only
+//! if the id was new, pushes the message; then it refreshes both TTLs. So a retried flush (for
+//! instance after a timeout whose write did land) or a resumed run never duplicates a message,
+//! and a batch is stored entirely or not at all.
+
+use std::fmt;
+use std::time::Duration;
+
+use ::redis::Script;
+use async_trait::async_trait;
+use runvisor_actors::store::HistoryStore;
+use runvisor_actors::{Message, StoreError, ThreadId};
+
+use super::checkpoint::ttl_ms;
+use super::conn::Conn;
+use super::keys::Keys;
+use super::reply::{self, corrupt};
+
+/// Appends the messages whose ids are new, in order.
+///
+/// KEYS: history list, id set. ARGV: TTL in ms, then id and JSON for each message.
+/// Returns `{"ok", appended}` or `{"wrongtype", key}`.
+const APPEND: &str = r#"
+local kinds = {'list', 'set'}
+for i, key in ipairs(KEYS) do
+  local t = redis.call('TYPE', key)['ok']
+  if t ~= 'none' and t ~= kinds[i] then return {'wrongtype', key} end
+end
+local appended = 0
+for i = 2, #ARGV - 1, 2 do
+  if redis.call('SADD', KEYS[2], ARGV[i]) == 1 then
+    redis.call('RPUSH', KEYS[1], ARGV[i + 1])
+    appended = appended + 1
+  end
+end
+redis.call('PEXPIRE', KEYS[1], ARGV[1])
+redis.call('PEXPIRE', KEYS[2], ARGV[1])
+return {'ok', appended}
+"#;
+
+/// [`HistoryStore`] on Redis: a list of JSON messages and a set of their ids per thread;
+/// `append` is one script, idempotent by message id. See the [key layout](super).
+pub struct RedisHistoryStore {
+    conn: Conn,
+    keys: Keys,
+    ttl_ms: u64,
+    append: Script,
+}
+
+impl fmt::Debug for RedisHistoryStore {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("RedisHistoryStore")
+            .field("keys", &self.keys)
+            .field("ttl_ms", &self.ttl_ms)
+            .finish_non_exhaustive()
+    }
+}
+
+impl RedisHistoryStore {
+    pub(crate) fn new(conn: Conn, keys: Keys, ttl: Duration) -> Self {
+        Self {
+            conn,
+            keys,
+            ttl_ms: ttl_ms(ttl),
+            append: Script::new(APPEND),
+        }
+    }
+}
+
+#[async_trait]
+impl HistoryStore for RedisHistoryStore {
+    async fn append(&self, thread: &ThreadId, messages: &[Message]) -> Result<(), StoreError> {
+        if messages.is_empty() {
+            return Ok(());
+        }
+        let list = self.keys.history(thread);
+        let ids = self.keys.history_ids(thread);
+        let mut invocation = self.append.prepare_invoke();
+        invocation.key(&list).key(&ids).arg(self.ttl_ms);
+        for message in messages {
+            let json = serde_json::to_string(message).map_err(|e| {
+                StoreError::Unavailable(format!("cannot encode message {}: {e}", message.id))
+            })?;
+            invocation.arg(message.id.to_string()).arg(json);
+        }
+        let reply = self.conn.script(&list, &invocation).await?;
+        let items = reply::array(&reply, &list)?;
+        match items.first().map(|s| reply::text(s, &list)).transpose()? {
+            Some("ok") => Ok(()),
+            Some("wrongtype") => {
+                let key = items
+                    .get(1)
+                    .map(|k| reply::text(k, &list))
+                    .transpose()?
+                    .unwrap_or(&list);
+                Err(corrupt(key, "the key holds a value of another type"))
+            }
+            _ => Err(StoreError::Unavailable(format!(
+                "unexpected reply from the history script for {list}: {reply:?}"
+            ))),
+        }
+    }
+
+    async fn load(&self, thread: &ThreadId) -> Result<Vec<Message>, StoreError> {
+        let list = self.keys.history(thread);
+        let mut cmd = ::redis::cmd("LRANGE");
+        cmd.arg(&list).arg(0).arg(-1);
+        let reply = self.conn.query(&list, &cmd).await?;
+        reply::array(&reply, &list)?
+            .iter()
+            .enumerate()
+            .map(|(i, entry)| {
+                serde_json::from_slice(reply::bytes(entry, &list)?)
+                    .map_err(|e| corrupt(&list, format!("entry {i} is not a message: {e}")))
+            })
+            .collect()
+    }
+}

@@ -1,0 +1,219 @@
+//! Run records on Redis: one HASH per run (`<p>:run:<run_id>`), field by field, and a
+//! per-thread index ZSET (`<p>:runs:{<thread>}`, score 0, members in run id order, which is
+//! start order for UUIDv7) for `list_thread`.
+//!
+//! `put` writes the index entry first, then replaces the record's fields in one Lua script
+//! (fields of the record that are `None` are deleted; fields other tools added are kept). The
+//! run hash and the thread index live in different slots, so they cannot share a script; a
+//! reader skips an index entry whose hash does not exist (a `put` cut between its two steps,
+//! or an expired record).
+
+use std::fmt;
+use std::time::Duration;
+
+use ::redis::Script;
+use async_trait::async_trait;
+use runvisor_actors::store::{RunRecord, RunStatus, RunStore};
+use runvisor_actors::{RunId, StoreError, ThreadId};
+
+use super::checkpoint::ttl_ms;
+use super::conn::Conn;
+use super::keys::Keys;
+use super::reply::{self, Fields, corrupt};
+
+/// Sets and deletes fields of a run hash and refreshes its TTL.
+///
+/// KEYS: the run hash. ARGV: TTL in ms, the number N of field/value pairs to set, the N pairs,
+/// then the fields to delete. Returns `{"ok"}` or `{"wrongtype", key}`.
+const PUT: &str = r#"
+local t = redis.call('TYPE', KEYS[1])['ok']
+if t ~= 'none' and t ~= 'hash' then return {'wrongtype', KEYS[1]} end
+local n = tonumber(ARGV[2])
+local set = {}
+for i = 3, 2 + 2 * n do set[#set + 1] = ARGV[i] end
+local del = {}
+for i = 3 + 2 * n, #ARGV do del[#del + 1] = ARGV[i] end
+redis.call('HSET', KEYS[1], unpack(set))
+if #del > 0 then redis.call('HDEL', KEYS[1], unpack(del)) end
+redis.call('PEXPIRE', KEYS[1], ARGV[1])
+return {'ok'}
+"#;
+
+/// How many records `list_thread` reads per round trip.
+const LIST_BATCH: usize = 256;
+
+/// [`RunStore`] on Redis: a hash per run and an index of runs per thread. See the
+/// [key layout](super).
+pub struct RedisRunStore {
+    conn: Conn,
+    keys: Keys,
+    ttl_ms: u64,
+    put: Script,
+}
+
+impl fmt::Debug for RedisRunStore {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("RedisRunStore")
+            .field("keys", &self.keys)
+            .field("ttl_ms", &self.ttl_ms)
+            .finish_non_exhaustive()
+    }
+}
+
+impl RedisRunStore {
+    pub(crate) fn new(conn: Conn, keys: Keys, ttl: Duration) -> Self {
+        Self {
+            conn,
+            keys,
+            ttl_ms: ttl_ms(ttl),
+            put: Script::new(PUT),
+        }
+    }
+}
+
+/// The hash fields of a record: those to set and the optional ones to delete.
+fn fields(record: &RunRecord) -> (Vec<(&'static str, String)>, Vec<&'static str>) {
+    let mut set = vec![
+        ("status", record.status.as_str().to_owned()),
+        ("thread", record.thread.to_string()),
+        ("workflow_id", record.workflow_id.clone()),
+        ("started_at", record.started_at_ms.to_string()),
+    ];
+    let mut delete = Vec::new();
+    let optional = [
+        ("checkpoint_id", record.checkpoint_id.map(|c| c.to_string())),
+        ("parent_run_id", record.parent_run_id.map(|r| r.to_string())),
+        ("finished_at", record.finished_at_ms.map(|t| t.to_string())),
+        ("stop_reason", record.stop_reason.clone()),
+        ("failure_reason", record.failure_reason.clone()),
+        ("unpersisted", record.unpersisted.clone()),
+    ];
+    for (name, value) in optional {
+        match value {
+            Some(value) => set.push((name, value)),
+            None => delete.push(name),
+        }
+    }
+    (set, delete)
+}
+
+/// Reads a record from its hash; `None` when the hash does not exist.
+fn record(run_id: RunId, fields: &Fields<'_>, key: &str) -> Result<Option<RunRecord>, StoreError> {
+    if fields.is_empty() {
+        return Ok(None);
+    }
+    let status_text = fields.required_text("status")?;
+    let status: RunStatus = serde_json::from_value(serde_json::Value::String(
+        status_text.to_owned(),
+    ))
+    .map_err(|_| {
+        corrupt(
+            key,
+            format!("field `status`: unknown status {status_text:?}"),
+        )
+    })?;
+    Ok(Some(RunRecord {
+        run_id,
+        thread: fields.required_parsed::<ThreadId>("thread")?,
+        workflow_id: fields.required_text("workflow_id")?.to_owned(),
+        status,
+        parent_run_id: fields.optional_parsed("parent_run_id")?,
+        checkpoint_id: fields.optional_parsed("checkpoint_id")?,
+        started_at_ms: fields.required_parsed("started_at")?,
+        finished_at_ms: fields.optional_parsed("finished_at")?,
+        failure_reason: fields.optional_text("failure_reason")?.map(str::to_owned),
+        stop_reason: fields.optional_text("stop_reason")?.map(str::to_owned),
+        unpersisted: fields.optional_text("unpersisted")?.map(str::to_owned),
+    }))
+}
+
+#[async_trait]
+impl RunStore for RedisRunStore {
+    async fn put(&self, record: &RunRecord) -> Result<(), StoreError> {
+        let index = self.keys.thread_runs(&record.thread);
+        let mut pipe = ::redis::pipe();
+        pipe.atomic()
+            .cmd("ZADD")
+            .arg(&index)
+            .arg(0)
+            .arg(record.run_id.to_string())
+            .ignore()
+            .cmd("PEXPIRE")
+            .arg(&index)
+            .arg(self.ttl_ms)
+            .ignore();
+        self.conn.pipeline(&index, &pipe).await?;
+
+        let key = self.keys.run(record.run_id);
+        let (set, delete) = fields(record);
+        let mut invocation = self.put.prepare_invoke();
+        invocation.key(&key).arg(self.ttl_ms).arg(set.len());
+        for (name, value) in &set {
+            invocation.arg(*name).arg(value.as_str());
+        }
+        for name in &delete {
+            invocation.arg(*name);
+        }
+        let reply = self.conn.script(&key, &invocation).await?;
+        let items = reply::array(&reply, &key)?;
+        match items.first().map(|s| reply::text(s, &key)).transpose()? {
+            Some("ok") => Ok(()),
+            Some("wrongtype") => Err(corrupt(&key, "the key holds a value of another type")),
+            _ => Err(StoreError::Unavailable(format!(
+                "unexpected reply from the run script for {key}: {reply:?}"
+            ))),
+        }
+    }
+
+    async fn get(&self, run: RunId) -> Result<Option<RunRecord>, StoreError> {
+        let key = self.keys.run(run);
+        let mut cmd = ::redis::cmd("HGETALL");
+        cmd.arg(&key);
+        let reply = self.conn.query(&key, &cmd).await?;
+        record(run, &Fields::read(&reply, &key)?, &key)
+    }
+
+    async fn list_thread(&self, thread: &ThreadId) -> Result<Vec<RunRecord>, StoreError> {
+        let index = self.keys.thread_runs(thread);
+        let mut cmd = ::redis::cmd("ZRANGE");
+        cmd.arg(&index).arg(0).arg(-1);
+        let reply = self.conn.query(&index, &cmd).await?;
+        let ids = reply::array(&reply, &index)?
+            .iter()
+            .map(|m| {
+                let member = reply::text(m, &index)?;
+                member
+                    .parse::<RunId>()
+                    .map_err(|_| corrupt(&index, format!("member {member:?} is not a run id")))
+            })
+            .collect::<Result<Vec<RunId>, StoreError>>()?;
+        let mut records = Vec::with_capacity(ids.len());
+        for batch in ids.chunks(LIST_BATCH) {
+            let keys: Vec<String> = batch.iter().map(|id| self.keys.run(*id)).collect();
+            let mut pipe = ::redis::pipe();
+            // Errors per reply, so a bad record is named by its own key.
+            pipe.ignore_errors();
+            for key in &keys {
+                pipe.cmd("HGETALL").arg(key);
+            }
+            let replies = self.conn.pipeline(&index, &pipe).await?;
+            if replies.len() != keys.len() {
+                return Err(StoreError::Unavailable(format!(
+                    "redis answered {} replies to {} reads of {index}",
+                    replies.len(),
+                    keys.len()
+                )));
+            }
+            for ((id, key), reply) in batch.iter().zip(&keys).zip(&replies) {
+                reply::server_error(reply, key)?;
+                if let Some(found) = record(*id, &Fields::read(reply, key)?, key)? {
+                    // A record moved to another thread is not this thread's.
+                    if &found.thread == thread {
+                        records.push(found);
+                    }
+                }
+            }
+        }
+        Ok(records)
+    }
+}
