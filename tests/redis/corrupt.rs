@@ -1,0 +1,167 @@
+//! Garbage in Redis (written by hand, by another tool, by an older version) is reported as
+//! `StoreError::Corrupt` naming the key, never a panic, and a write over a key of the wrong
+//! type writes nothing.
+
+use runvisor::store::{RunRecord, RunStatus, StoredCheckpoint};
+use runvisor::{CheckpointId, Message, RunId};
+
+use super::support::{RedisServer, assert_corrupt_at, cmd, raw, stores, thread};
+
+#[tokio::test]
+async fn junk_run_records_are_corrupt() {
+    let server = RedisServer::start();
+    let runs = stores(&server).await.runs;
+    let mut con = raw(&server).await;
+    let t = thread("junk");
+    let run = RunId::new();
+    let key = format!("runvisor:run:{run}");
+    let index = "runvisor:runs:{junk}";
+    let valid = [
+        "status",
+        "running",
+        "thread",
+        "junk",
+        "workflow_id",
+        "wf",
+        "started_at",
+        "1",
+    ];
+    let cases: [(&str, &str); 6] = [
+        ("status", "exploded"),
+        ("started_at", "yesterday"),
+        ("thread", "has space"),
+        ("parent_run_id", "not-a-uuid"),
+        ("finished_at", "-1"),
+        ("checkpoint_id", "\u{ff}"),
+    ];
+    for (field, junk) in cases {
+        let _: i64 = cmd(&mut con, &["DEL", &key]).await;
+        let mut args = vec!["HSET", key.as_str()];
+        args.extend(valid);
+        args.extend([field, junk]);
+        let _: i64 = cmd(&mut con, &args).await;
+        assert_corrupt_at(runs.get(run).await, &key);
+    }
+    // A required field missing.
+    let _: i64 = cmd(&mut con, &["HDEL", &key, "started_at"]).await;
+    assert_corrupt_at(runs.get(run).await, &key);
+    // Listed through the thread index, the bad record is named too.
+    let _: i64 = cmd(&mut con, &["ZADD", index, "0", &run.to_string()]).await;
+    assert_corrupt_at(runs.list_thread(&t).await, &key);
+    // A member of the index that is not a run id.
+    let _: i64 = cmd(&mut con, &["DEL", &key]).await;
+    let _: i64 = cmd(&mut con, &["ZADD", index, "0", "garbage"]).await;
+    assert_corrupt_at(runs.list_thread(&t).await, index);
+
+    // The run key holds a string: reading and writing are refused, nothing is written.
+    let _: () = cmd(&mut con, &["SET", &key, "not a hash"]).await;
+    assert_corrupt_at(runs.get(run).await, &key);
+    let _: i64 = cmd(&mut con, &["ZREM", index, "garbage"]).await;
+    assert_corrupt_at(runs.list_thread(&t).await, &key);
+    let record = RunRecord {
+        run_id: run,
+        thread: thread("elsewhere"),
+        workflow_id: "wf".to_owned(),
+        status: RunStatus::Running,
+        parent_run_id: None,
+        checkpoint_id: None,
+        started_at_ms: 1,
+        finished_at_ms: None,
+        failure_reason: None,
+        stop_reason: None,
+        unpersisted: None,
+    };
+    assert_corrupt_at(runs.put(&record).await, &key);
+    let value: String = cmd(&mut con, &["GET", &key]).await;
+    assert_eq!(value, "not a hash");
+}
+
+#[tokio::test]
+async fn junk_history_is_corrupt() {
+    let server = RedisServer::start();
+    let history = stores(&server).await.history;
+    let mut con = raw(&server).await;
+    let t = thread("junk");
+    let list = "runvisor:hist:{junk}";
+    let ids = "runvisor:histids:{junk}";
+    let good = Message::user("fine");
+    history
+        .append(&t, std::slice::from_ref(&good))
+        .await
+        .expect("append");
+    let _: i64 = cmd(&mut con, &["RPUSH", list, "{\"id\": 42"]).await;
+    assert_corrupt_at(history.load(&t).await, list);
+    let _: i64 = cmd(&mut con, &["DEL", list]).await;
+    let _: i64 = cmd(
+        &mut con,
+        &["RPUSH", list, "{\"valid\": \"json\", \"but\": 1}"],
+    )
+    .await;
+    assert_corrupt_at(history.load(&t).await, list);
+
+    // The id set is not a set: the append is refused and writes nothing.
+    let _: i64 = cmd(&mut con, &["DEL", list, ids]).await;
+    let _: () = cmd(&mut con, &["SET", ids, "x"]).await;
+    assert_corrupt_at(history.append(&t, &[Message::user("new")]).await, ids);
+    let len: i64 = cmd(&mut con, &["EXISTS", list]).await;
+    assert_eq!(len, 0, "nothing was appended");
+    // The list is not a list.
+    let _: i64 = cmd(&mut con, &["DEL", ids]).await;
+    let _: i64 = cmd(&mut con, &["HSET", list, "a", "b"]).await;
+    assert_corrupt_at(history.load(&t).await, list);
+    assert_corrupt_at(history.append(&t, &[Message::user("new")]).await, list);
+    let ids_exist: i64 = cmd(&mut con, &["EXISTS", ids]).await;
+    assert_eq!(ids_exist, 0, "no id was recorded");
+}
+
+#[tokio::test]
+async fn junk_checkpoints_are_corrupt() {
+    let server = RedisServer::start();
+    let checkpoints = stores(&server).await.checkpoints;
+    let mut con = raw(&server).await;
+    let t = thread("junk");
+    let run = RunId::new();
+    let id = CheckpointId::new();
+    let payload = format!("runvisor:cp:{{junk}}:{id}");
+    let index = "runvisor:cpidx:{junk}";
+    let sequence = format!("runvisor:cpseq:{{junk}}:{run}");
+    let cp = |sequence: u64| StoredCheckpoint {
+        id,
+        run,
+        sequence,
+        bytes: b"bytes".to_vec(),
+    };
+    checkpoints.put(&t, cp(1)).await.expect("put");
+
+    let _: i64 = cmd(&mut con, &["HSET", &payload, "sequence", "many"]).await;
+    assert_corrupt_at(checkpoints.get(&t, id).await, &payload);
+    assert_corrupt_at(checkpoints.latest(&t).await, &payload);
+    let _: i64 = cmd(
+        &mut con,
+        &["HSET", &payload, "sequence", "1", "run", "nobody"],
+    )
+    .await;
+    assert_corrupt_at(checkpoints.get(&t, id).await, &payload);
+    let _: i64 = cmd(&mut con, &["HDEL", &payload, "bytes", "run"]).await;
+    assert_corrupt_at(checkpoints.get(&t, id).await, &payload);
+
+    let _: i64 = cmd(&mut con, &["ZADD", index, "0", "not-an-id"]).await;
+    assert_corrupt_at(checkpoints.list(&t).await, index);
+    assert_corrupt_at(checkpoints.latest(&t).await, index);
+    // Pruning cleans a malformed entry up like any other.
+    assert_eq!(checkpoints.prune(&t, 0).await, Ok(2));
+    assert_eq!(checkpoints.list(&t).await, Ok(vec![]));
+
+    // A stored sequence that is not a number refuses the write.
+    let _: () = cmd(&mut con, &["SET", &sequence, "seven"]).await;
+    assert_corrupt_at(checkpoints.put(&t, cp(2)).await, &sequence);
+    // An index of the wrong type refuses the write, and nothing is written.
+    let _: i64 = cmd(&mut con, &["DEL", &sequence]).await;
+    let _: () = cmd(&mut con, &["SET", index, "x"]).await;
+    assert_corrupt_at(checkpoints.put(&t, cp(3)).await, index);
+    assert_corrupt_at(checkpoints.list(&t).await, index);
+    for key in [&payload, &sequence] {
+        let exists: i64 = cmd(&mut con, &["EXISTS", key]).await;
+        assert_eq!(exists, 0, "{key} was not written");
+    }
+}

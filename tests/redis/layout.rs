@@ -1,0 +1,146 @@
+//! The key layout as other tools see it: exact key names under the prefix, the `{<thread>}`
+//! hash tag on every per-thread key, and the TTL on every key written, refreshed by writes.
+
+use std::collections::BTreeSet;
+use std::time::Duration;
+
+use runvisor::redis::{RedisConfig, RedisStores};
+use runvisor::store::{RunRecord, RunStatus, StoredCheckpoint};
+use runvisor::{CheckpointId, Message, RunId, ThreadId};
+
+use super::support::{RedisServer, cmd, config, raw, thread, within};
+
+fn record(run: RunId, thread: &ThreadId) -> RunRecord {
+    RunRecord {
+        run_id: run,
+        thread: thread.clone(),
+        workflow_id: "wf".to_owned(),
+        status: RunStatus::Running,
+        parent_run_id: None,
+        checkpoint_id: None,
+        started_at_ms: 1,
+        finished_at_ms: None,
+        failure_reason: None,
+        stop_reason: None,
+        unpersisted: None,
+    }
+}
+
+/// Writes one of everything for a thread; returns the keys that must exist.
+async fn write_all(stores: &RedisStores, t: &ThreadId, sequence: u64) -> Vec<String> {
+    let run = RunId::new();
+    let id = CheckpointId::new();
+    let cp = StoredCheckpoint {
+        id,
+        run,
+        sequence,
+        bytes: b"snapshot".to_vec(),
+    };
+    stores.checkpoints.put(t, cp).await.expect("checkpoint put");
+    stores
+        .history
+        .append(t, &[Message::user("hi")])
+        .await
+        .expect("history append");
+    stores.runs.put(&record(run, t)).await.expect("run put");
+    let p = stores.config().prefix.clone();
+    vec![
+        format!("{p}:cp:{{{t}}}:{id}"),
+        format!("{p}:cpidx:{{{t}}}"),
+        format!("{p}:cpseq:{{{t}}}:{run}"),
+        format!("{p}:run:{run}"),
+        format!("{p}:runs:{{{t}}}"),
+        format!("{p}:hist:{{{t}}}"),
+        format!("{p}:histids:{{{t}}}"),
+    ]
+}
+
+#[tokio::test]
+async fn keys_follow_the_layout_and_carry_the_thread_hash_tag() {
+    let server = RedisServer::start();
+    let mut con = raw(&server).await;
+    let stores = within(
+        "connect",
+        RedisStores::connect(RedisConfig {
+            prefix: "acme:rv".to_owned(),
+            ..config(&server)
+        }),
+    )
+    .await
+    .expect("connect");
+    let t = thread("chat:42");
+    let expected = write_all(&stores, &t, 1).await;
+    let keys: BTreeSet<String> = cmd::<Vec<String>>(&mut con, &["KEYS", "*"])
+        .await
+        .into_iter()
+        .collect();
+    assert_eq!(keys, expected.iter().cloned().collect::<BTreeSet<_>>());
+    for key in &keys {
+        assert!(key.starts_with("acme:rv:"), "{key} is under the prefix");
+        if !key.starts_with("acme:rv:run:") {
+            assert!(key.contains("{chat:42}"), "{key} carries the hash tag");
+        }
+    }
+    let types: Vec<String> = {
+        let mut types = Vec::new();
+        for key in &expected {
+            types.push(cmd::<String>(&mut con, &["TYPE", key]).await);
+        }
+        types
+    };
+    assert_eq!(
+        types,
+        ["hash", "zset", "string", "hash", "zset", "list", "set"]
+    );
+    let scores: Vec<String> =
+        cmd(&mut con, &["ZRANGE", &expected[1], "0", "-1", "WITHSCORES"]).await;
+    assert_eq!(scores[1], "0", "index entries all have score 0");
+}
+
+#[tokio::test]
+async fn every_key_written_gets_the_ttl_and_writes_refresh_it() {
+    let server = RedisServer::start();
+    let mut con = raw(&server).await;
+    let ttl = Duration::from_secs(3600);
+    let stores = within(
+        "connect",
+        RedisStores::connect(RedisConfig {
+            checkpoint_ttl: ttl,
+            ..config(&server)
+        }),
+    )
+    .await
+    .expect("connect");
+    let t = thread("ttl");
+    let ttl_ms = ttl.as_millis() as i64;
+    let keys = write_all(&stores, &t, 1).await;
+    for key in &keys {
+        let pttl: i64 = cmd(&mut con, &["PTTL", key]).await;
+        assert!(
+            pttl > ttl_ms - 60_000 && pttl <= ttl_ms,
+            "{key} has the configured TTL, got {pttl}ms"
+        );
+    }
+    // Shorten every TTL, then write again: each thread key written is refreshed.
+    for key in &keys {
+        let _: i64 = cmd(&mut con, &["PEXPIRE", key, "10000"]).await;
+    }
+    let again = write_all(&stores, &t, 2).await;
+    // Per-thread keys (index, run index, history) are shared by both writes.
+    for key in [&keys[1], &keys[4], &keys[5], &keys[6]] {
+        let pttl: i64 = cmd(&mut con, &["PTTL", key]).await;
+        assert!(
+            pttl > 10_000,
+            "{key} was refreshed by the write, got {pttl}ms"
+        );
+    }
+    for key in &again {
+        let pttl: i64 = cmd(&mut con, &["PTTL", key]).await;
+        assert!(pttl > ttl_ms - 60_000, "{key} has the TTL, got {pttl}ms");
+    }
+    // The first run's record and sequence were not written again: their short TTL stands.
+    for key in [&keys[2], &keys[3]] {
+        let pttl: i64 = cmd(&mut con, &["PTTL", key]).await;
+        assert!(pttl <= 10_000, "{key} untouched, got {pttl}ms");
+    }
+}

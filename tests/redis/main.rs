@@ -1,0 +1,14 @@
+//! Integration tests of the Redis adapters against real `redis-server` processes (see
+//! [`support`]): the store contracts checked against the in-memory stores, connecting, the
+//! key layout and TTLs, corrupt data, faults (a frozen, killed and restarted server) and a
+//! whole workflow stopped in one runtime and resumed in another.
+
+mod checkpoints;
+mod connect;
+mod corrupt;
+mod faults;
+mod history;
+mod layout;
+mod resume;
+mod runs;
+mod support;

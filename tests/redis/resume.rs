@@ -1,0 +1,181 @@
+//! A whole workflow on Redis: a run force-stopped in one runtime resumes in a brand-new
+//! runtime (as another process would) connected to the same Redis. Completed nodes do not run
+//! again, the interrupted one runs from its start, and the history holds every message once.
+
+use std::collections::{BTreeMap, HashSet};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use runvisor::redis::RedisStores;
+use runvisor::{
+    Map, Message, NodeContext, NodeError, NodeHandler, NodeOutput, ResumeInput, RunStatus, Runtime,
+    StopMode, StopReply, ThreadId, Value, async_trait,
+};
+
+use super::support::{RedisServer, stores, thread, within};
+
+/// Counts its calls per node, appends "<node> done" to history and returns `{"node": id}`.
+/// With `hang`, it never returns (until its task is aborted by a forced stop).
+#[derive(Debug, Clone, Default)]
+struct Step {
+    calls: Arc<Mutex<BTreeMap<String, usize>>>,
+    hang: Arc<HashSet<&'static str>>,
+}
+
+impl Step {
+    fn hanging(nodes: &[&'static str]) -> Self {
+        Self {
+            hang: Arc::new(nodes.iter().copied().collect()),
+            ..Self::default()
+        }
+    }
+
+    fn calls(&self, node: &str) -> usize {
+        self.calls
+            .lock()
+            .expect("calls")
+            .get(node)
+            .copied()
+            .unwrap_or(0)
+    }
+}
+
+#[async_trait]
+impl NodeHandler for Step {
+    async fn run(&self, _input: Value, ctx: NodeContext) -> Result<NodeOutput, NodeError> {
+        let node = ctx.node_id().as_str().to_owned();
+        *self
+            .calls
+            .lock()
+            .expect("calls")
+            .entry(node.clone())
+            .or_default() += 1;
+        if self.hang.contains(node.as_str()) {
+            tokio::time::sleep(Duration::from_secs(3600)).await;
+        }
+        ctx.append_message(Message::assistant(format!("{node} done")));
+        let output: Map = [("node".to_owned(), Value::from(node))]
+            .into_iter()
+            .collect();
+        Ok(NodeOutput::new(Value::from(output)))
+    }
+}
+
+const WORKFLOW: &str = r#"{
+  "id": "durable",
+  "nodes": [
+    {"id": "start", "kind": "begin"},
+    {"id": "intro", "kind": "step"},
+    {"id": "slow", "kind": "step"},
+    {"id": "outro", "kind": "step"}
+  ],
+  "edges": [
+    {"from": "start", "to": "intro"},
+    {"from": "intro", "to": "slow"},
+    {"from": "slow", "to": "outro"}
+  ]
+}"#;
+
+fn runtime(stores: &RedisStores, step: &Step) -> Runtime {
+    Runtime::builder()
+        .handler("step", step.clone())
+        .checkpoint_store(stores.checkpoints.clone())
+        .run_store(stores.runs.clone())
+        .history_store(stores.history.clone())
+        .build()
+}
+
+fn texts(history: &[Message]) -> Vec<&str> {
+    history.iter().map(|m| m.content.as_str()).collect()
+}
+
+#[tokio::test]
+async fn a_run_stopped_in_one_runtime_resumes_in_another() {
+    let server = RedisServer::start();
+    let t: ThreadId = thread("chat:durable");
+
+    // Process one: the run reaches `slow`, which hangs; it is force-stopped there.
+    let first_step = Step::hanging(&["slow"]);
+    let first_stores = stores(&server).await;
+    let first_rt = runtime(&first_stores, &first_step);
+    let workflow = first_rt.load_json(WORKFLOW).expect("valid workflow");
+    let inputs: Map = [("query".to_owned(), Value::from("hello"))]
+        .into_iter()
+        .collect();
+    let first = first_rt
+        .start(&workflow, inputs, t.clone())
+        .await
+        .expect("start");
+    within("`slow` to start", async {
+        while first_step.calls("slow") == 0 {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    })
+    .await;
+    let stop = match within("force stop", first.stop(StopMode::Force)).await {
+        Ok(StopReply::Stopped(result)) => result,
+        other => panic!("expected the run to stop: {other:?}"),
+    };
+    assert!(stop.checkpoint_id.is_some(), "{stop:#?}");
+    assert_eq!(
+        within("outcome", first.wait()).await.status(),
+        RunStatus::Stopped
+    );
+    assert_eq!(
+        texts(&first_stores.history.load(&t).await.expect("history")),
+        ["hello", "intro done"]
+    );
+    drop(first_rt);
+    drop(first_stores);
+
+    // Process two: new stores, new runtime, same Redis.
+    let second_step = Step::default();
+    let second_stores = stores(&server).await;
+    let second_rt = runtime(&second_stores, &second_step);
+    let resumed = within("resume", second_rt.resume(t.clone(), ResumeInput::Continue))
+        .await
+        .expect("resumable from Redis");
+    let outcome = within("resumed run", resumed.wait()).await;
+    assert_eq!(outcome.status(), RunStatus::Succeeded, "{outcome:#?}");
+
+    // Completed nodes did not run again; the interrupted one ran from its start.
+    assert_eq!(second_step.calls("intro"), 0);
+    assert_eq!(second_step.calls("slow"), 1);
+    assert_eq!(second_step.calls("outro"), 1);
+    assert_eq!(
+        outcome.output("intro").and_then(|o| o.get("node")),
+        Some(&Value::from("intro"))
+    );
+
+    // Every message once, in order.
+    let history = second_stores.history.load(&t).await.expect("history");
+    assert_eq!(
+        texts(&history),
+        ["hello", "intro done", "slow done", "outro done"]
+    );
+    let ids: HashSet<_> = history.iter().map(|m| m.id).collect();
+    assert_eq!(ids.len(), history.len(), "no message stored twice");
+
+    // Run records and checkpoints, as another process reads them.
+    let runs = second_stores.runs.list_thread(&t).await.expect("runs");
+    assert_eq!(
+        runs.iter()
+            .map(|r| (r.run_id, r.status, r.parent_run_id))
+            .collect::<Vec<_>>(),
+        [
+            (first.run_id(), RunStatus::Stopped, None),
+            (resumed.run_id(), RunStatus::Succeeded, Some(first.run_id())),
+        ]
+    );
+    let latest = second_stores
+        .checkpoints
+        .latest(&t)
+        .await
+        .expect("latest")
+        .expect("a checkpoint");
+    assert_eq!(latest.run, resumed.run_id());
+    assert_eq!(runs[1].checkpoint_id, Some(latest.id));
+    let listed = second_stores.checkpoints.list(&t).await.expect("list");
+    assert!(listed.contains(&stop.checkpoint_id.expect("stop checkpoint")));
+    assert_eq!(listed.last(), Some(&latest.id));
+}

@@ -1,0 +1,145 @@
+//! The run store contract on Redis: records round trip exactly (every status, every optional
+//! field present or absent), `put` replaces, `list_thread` answers in run order, and fields
+//! other tools add to a run hash survive.
+
+use runvisor::store::memory::MemoryRunStore;
+use runvisor::store::{RunRecord, RunStatus, RunStore};
+use runvisor::{CheckpointId, RunId, ThreadId};
+
+use super::support::{RedisServer, cmd, raw, stores, thread};
+
+fn bare(run: RunId, thread: &ThreadId) -> RunRecord {
+    RunRecord {
+        run_id: run,
+        thread: thread.clone(),
+        workflow_id: "support-agent".to_owned(),
+        status: RunStatus::Running,
+        parent_run_id: None,
+        checkpoint_id: None,
+        started_at_ms: 1_700_000_000_123,
+        finished_at_ms: None,
+        failure_reason: None,
+        stop_reason: None,
+        unpersisted: None,
+    }
+}
+
+fn full(run: RunId, thread: &ThreadId) -> RunRecord {
+    RunRecord {
+        status: RunStatus::Failed,
+        parent_run_id: Some(RunId::new()),
+        checkpoint_id: Some(CheckpointId::new()),
+        finished_at_ms: Some(u64::MAX),
+        failure_reason: Some("node `llm`: «timeout»\nline two \"quoted\"".to_owned()),
+        stop_reason: Some(String::new()),
+        unpersisted: Some("2 messages: redis: connection refused".to_owned()),
+        workflow_id: String::new(),
+        started_at_ms: 0,
+        ..bare(run, thread)
+    }
+}
+
+#[tokio::test]
+async fn records_round_trip_exactly_and_put_replaces() {
+    let server = RedisServer::start();
+    let runs = stores(&server).await.runs;
+    let t = thread("chat:42");
+    let run = RunId::new();
+    assert_eq!(runs.get(run).await, Ok(None));
+
+    let first = bare(run, &t);
+    runs.put(&first).await.expect("put");
+    assert_eq!(runs.get(run).await, Ok(Some(first.clone())));
+
+    // Every optional field set (an empty string is a value, not an absence).
+    let second = full(run, &t);
+    runs.put(&second).await.expect("put");
+    assert_eq!(runs.get(run).await, Ok(Some(second.clone())));
+
+    // Back to absent: the fields are gone, not left over.
+    runs.put(&first).await.expect("put");
+    assert_eq!(runs.get(run).await, Ok(Some(first.clone())));
+
+    for status in [
+        RunStatus::Running,
+        RunStatus::AwaitingInput,
+        RunStatus::Stopped,
+        RunStatus::Succeeded,
+        RunStatus::Failed,
+        RunStatus::Cancelled,
+    ] {
+        let record = RunRecord {
+            status,
+            ..first.clone()
+        };
+        runs.put(&record).await.expect("put");
+        assert_eq!(runs.get(run).await, Ok(Some(record)));
+    }
+}
+
+#[tokio::test]
+async fn list_thread_answers_in_run_order_like_the_memory_store() {
+    let server = RedisServer::start();
+    let redis = stores(&server).await.runs;
+    let memory = MemoryRunStore::new();
+    let (t, other) = (thread("list"), thread("other"));
+    let ids: Vec<RunId> = (0..4).map(|_| RunId::new()).collect();
+    let records = [
+        full(ids[2], &t),
+        bare(ids[0], &t),
+        bare(ids[3], &other),
+        full(ids[1], &t),
+    ];
+    for record in &records {
+        redis.put(record).await.expect("put");
+        memory.put(record).await.expect("put");
+    }
+    // Updating a record does not duplicate it in the index.
+    redis.put(&records[1]).await.expect("put again");
+    let listed = redis.list_thread(&t).await.expect("list");
+    assert_eq!(
+        listed.iter().map(|r| r.run_id).collect::<Vec<_>>(),
+        [ids[0], ids[1], ids[2]]
+    );
+    assert_eq!(Ok(listed), memory.list_thread(&t).await);
+    assert_eq!(
+        redis.list_thread(&other).await,
+        memory.list_thread(&other).await
+    );
+    assert_eq!(redis.list_thread(&thread("nobody")).await, Ok(vec![]));
+}
+
+#[tokio::test]
+async fn fields_written_by_other_tools_survive_a_put() {
+    let server = RedisServer::start();
+    let runs = stores(&server).await.runs;
+    let mut con = raw(&server).await;
+    let t = thread("foreign");
+    let record = bare(RunId::new(), &t);
+    runs.put(&record).await.expect("put");
+    let key = format!("runvisor:run:{}", record.run_id);
+    let _: i64 = cmd(&mut con, &["HSET", &key, "cancel_requested", "1"]).await;
+    let finished = RunRecord {
+        status: RunStatus::Cancelled,
+        finished_at_ms: Some(5),
+        ..record.clone()
+    };
+    runs.put(&finished).await.expect("put");
+    assert_eq!(runs.get(record.run_id).await, Ok(Some(finished)));
+    let flag: Option<String> = cmd(&mut con, &["HGET", &key, "cancel_requested"]).await;
+    assert_eq!(flag.as_deref(), Some("1"));
+    let fields: Vec<String> = cmd(&mut con, &["HKEYS", &key]).await;
+    let mut fields = fields;
+    fields.sort();
+    assert_eq!(
+        fields,
+        [
+            "cancel_requested",
+            "finished_at",
+            "started_at",
+            "status",
+            "thread",
+            "workflow_id"
+        ]
+    );
+}
