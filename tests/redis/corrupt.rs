@@ -2,10 +2,10 @@
 //! `StoreError::Corrupt` naming the key, never a panic, and a write over a key of the wrong
 //! type writes nothing.
 
-use runvisor::store::{RunRecord, RunStatus, StoredCheckpoint};
+use runvisor::store::StoredCheckpoint;
 use runvisor::{CheckpointId, Message, RunId};
 
-use super::support::{RedisServer, assert_corrupt_at, cmd, raw, stores, thread};
+use super::support::{RedisServer, assert_corrupt_at, cmd, raw, run_record, stores, thread};
 
 #[tokio::test]
 async fn junk_run_records_are_corrupt() {
@@ -58,19 +58,7 @@ async fn junk_run_records_are_corrupt() {
     assert_corrupt_at(runs.get(run).await, &key);
     let _: i64 = cmd(&mut con, &["ZREM", index, "garbage"]).await;
     assert_corrupt_at(runs.list_thread(&t).await, &key);
-    let record = RunRecord {
-        run_id: run,
-        thread: thread("elsewhere"),
-        workflow_id: "wf".to_owned(),
-        status: RunStatus::Running,
-        parent_run_id: None,
-        checkpoint_id: None,
-        started_at_ms: 1,
-        finished_at_ms: None,
-        failure_reason: None,
-        stop_reason: None,
-        unpersisted: None,
-    };
+    let record = run_record(run, &thread("elsewhere"));
     assert_corrupt_at(runs.put(&record).await, &key);
     let value: String = cmd(&mut con, &["GET", &key]).await;
     assert_eq!(value, "not a hash");

@@ -6,26 +6,10 @@
 use std::time::Duration;
 
 use runvisor::redis::{ConnectError, RedisStores};
-use runvisor::store::{RunRecord, RunStatus, StoredCheckpoint};
-use runvisor::{CheckpointId, Message, RunId, StoreError, ThreadId};
+use runvisor::store::StoredCheckpoint;
+use runvisor::{CheckpointId, Message, RunId, StoreError};
 
-use super::support::{RedisServer, config, stores, thread, within};
-
-fn record(thread: &ThreadId) -> RunRecord {
-    RunRecord {
-        run_id: RunId::new(),
-        thread: thread.clone(),
-        workflow_id: "wf".to_owned(),
-        status: RunStatus::Running,
-        parent_run_id: None,
-        checkpoint_id: None,
-        started_at_ms: 1,
-        finished_at_ms: None,
-        failure_reason: None,
-        stop_reason: None,
-        unpersisted: None,
-    }
-}
+use super::support::{RedisServer, config, run_record, stores, thread, within};
 
 fn checkpoint(run: RunId, sequence: u64) -> StoredCheckpoint {
     StoredCheckpoint {
@@ -76,7 +60,7 @@ async fn a_frozen_server_times_out_and_serves_again_once_thawed() {
         "checkpoint put",
     );
     timed_out(
-        within("run put", stores.runs.put(&record(&t))).await,
+        within("run put", stores.runs.put(&run_record(RunId::new(), &t))).await,
         "run put",
     );
     let read = within("latest", stores.checkpoints.latest(&t)).await;

@@ -5,26 +5,10 @@ use std::collections::BTreeSet;
 use std::time::Duration;
 
 use runvisor::redis::{RedisConfig, RedisStores};
-use runvisor::store::{RunRecord, RunStatus, StoredCheckpoint};
+use runvisor::store::StoredCheckpoint;
 use runvisor::{CheckpointId, Message, RunId, ThreadId};
 
-use super::support::{RedisServer, cmd, config, raw, thread, within};
-
-fn record(run: RunId, thread: &ThreadId) -> RunRecord {
-    RunRecord {
-        run_id: run,
-        thread: thread.clone(),
-        workflow_id: "wf".to_owned(),
-        status: RunStatus::Running,
-        parent_run_id: None,
-        checkpoint_id: None,
-        started_at_ms: 1,
-        finished_at_ms: None,
-        failure_reason: None,
-        stop_reason: None,
-        unpersisted: None,
-    }
-}
+use super::support::{RedisServer, cmd, config, raw, run_record, thread, within};
 
 /// Writes one of everything for a thread; returns the keys that must exist.
 async fn write_all(stores: &RedisStores, t: &ThreadId, sequence: u64) -> Vec<String> {
@@ -42,7 +26,7 @@ async fn write_all(stores: &RedisStores, t: &ThreadId, sequence: u64) -> Vec<Str
         .append(t, &[Message::user("hi")])
         .await
         .expect("history append");
-    stores.runs.put(&record(run, t)).await.expect("run put");
+    stores.runs.put(&run_record(run, t)).await.expect("run put");
     let p = stores.config().prefix.clone();
     vec![
         format!("{p}:cp:{{{t}}}:{id}"),

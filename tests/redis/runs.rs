@@ -6,21 +6,13 @@ use runvisor::store::memory::MemoryRunStore;
 use runvisor::store::{RunRecord, RunStatus, RunStore};
 use runvisor::{CheckpointId, RunId, ThreadId};
 
-use super::support::{RedisServer, cmd, raw, stores, thread};
+use super::support::{RedisServer, cmd, raw, run_record, stores, thread};
 
 fn bare(run: RunId, thread: &ThreadId) -> RunRecord {
     RunRecord {
-        run_id: run,
-        thread: thread.clone(),
         workflow_id: "support-agent".to_owned(),
-        status: RunStatus::Running,
-        parent_run_id: None,
-        checkpoint_id: None,
         started_at_ms: 1_700_000_000_123,
-        finished_at_ms: None,
-        failure_reason: None,
-        stop_reason: None,
-        unpersisted: None,
+        ..run_record(run, thread)
     }
 }
 

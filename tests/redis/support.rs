@@ -15,7 +15,8 @@ use std::time::{Duration, Instant};
 
 use ::redis::aio::MultiplexedConnection;
 use runvisor::redis::{RedisConfig, RedisStores};
-use runvisor::{StoreError, ThreadId};
+use runvisor::store::{RunRecord, RunStatus};
+use runvisor::{RunId, StoreError, ThreadId};
 
 /// How long any test waits for something that should happen promptly before failing.
 pub(crate) const PATIENCE: Duration = Duration::from_secs(5);
@@ -247,6 +248,23 @@ pub(crate) async fn cmd<T: ::redis::FromRedisValue>(
     within(args[0], cmd.query_async(con))
         .await
         .unwrap_or_else(|e| panic!("{args:?}: {e}"))
+}
+
+/// A running run's record with every optional field absent: the one place tests build records.
+pub(crate) fn run_record(run: RunId, thread: &ThreadId) -> RunRecord {
+    RunRecord {
+        run_id: run,
+        thread: thread.clone(),
+        workflow_id: "wf".to_owned(),
+        status: RunStatus::Running,
+        parent_run_id: None,
+        checkpoint_id: None,
+        started_at_ms: 1,
+        finished_at_ms: None,
+        failure_reason: None,
+        stop_reason: None,
+        unpersisted: None,
+    }
 }
 
 pub(crate) fn thread(id: &str) -> ThreadId {
