@@ -189,6 +189,10 @@ pub(crate) struct RunInfo {
     pub(crate) live: Arc<Mutex<crate::registry::LiveState>>,
     /// Shared runtime services (config, stores).
     pub(crate) services: Arc<crate::runtime::Services>,
+    /// The ids the run's flags are named by.
+    pub(crate) labels: crate::watcher::RunLabels,
+    /// The run's stop and cancel flags.
+    pub(crate) signal_keys: crate::watcher::WatchedKeys,
 }
 
 impl RunInfo {

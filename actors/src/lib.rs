@@ -31,6 +31,7 @@ mod registry;
 mod runtime;
 mod stop;
 mod supervisor;
+mod watcher;
 
 pub use checkpointer::Durability;
 pub use event::{Frame, NodePath, RunEvent};
@@ -44,13 +45,14 @@ pub use probe::{Probe, ProbeStop};
 pub use registry::{ActorTree, RunRegistry, RunSummary};
 pub use runtime::{
     EventStream, QueryError, ResumeError, ResumeFrom, ResumeInput, RunHandle, Runtime,
-    RuntimeBuilder, RuntimeConfig, StartError,
+    RuntimeBuilder, RuntimeConfig, StartError, StopRequest,
 };
 pub use scheduler::Route;
 pub use schema::{ParamSchema, ParamType};
 pub use stop::{FinishedRun, Interrupted, StopError, StopMode, StopReason, StopReply, StopResult};
-pub use store::{RunStatus, StoreError};
+pub use store::{Notice, RunStatus, Signal, StoreError};
 pub use value::{Map, Value};
+pub use watcher::{RunLabels, SignalConfig, render_key};
 pub use workflow::{
     AnswerError, FieldType, FormField, InteractionKind, SelectOption, ValidationErrors, Workflow,
     WorkflowDef, WorkflowError,

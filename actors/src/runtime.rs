@@ -29,6 +29,8 @@ use ractor::{Actor, ActorRef};
 use serde::{Deserialize, Serialize};
 use tokio::sync::{broadcast, watch};
 
+use std::sync::atomic::AtomicU64;
+
 use crate::checkpointer::{Backlog, CheckpointMsg, Checkpointer, CheckpointerArgs, Durability};
 use crate::event::NodePath;
 use crate::handler::{NodeHandler, RunInfo};
@@ -47,12 +49,16 @@ use crate::store::{
 };
 use crate::supervisor::{Restore, RunArgs, RunMsg, RunSupervisor};
 use crate::value::{Map, Value};
+use crate::watcher::{RunLabels, SignalConfig, StopWatcher, WatchMsg, WatchedKeys, WatcherArgs};
 use crate::workflow::{Plan, ValidationErrors, Workflow, WorkflowDef};
 
 pub use handle::{EventStream, RunHandle};
 
 mod handle;
 mod resume;
+mod signals;
+
+pub use signals::StopRequest;
 
 pub use resume::{ResumeError, ResumeFrom, ResumeInput};
 
@@ -78,6 +84,8 @@ pub struct RuntimeConfig {
     /// reports it as not written.
     #[serde(with = "humantime_serde")]
     pub checkpoint_flush_timeout: Duration,
+    /// Stop and cancel flags: key formats and timings.
+    pub signals: SignalConfig,
 }
 
 impl Default for RuntimeConfig {
@@ -89,6 +97,7 @@ impl Default for RuntimeConfig {
             durability: Durability::Async,
             checkpoint_buffer: 64 * 1024 * 1024,
             checkpoint_flush_timeout: Duration::from_secs(10),
+            signals: SignalConfig::default(),
         }
     }
 }
@@ -103,9 +112,28 @@ pub(crate) struct Services {
     pub(crate) registry: RunRegistry,
     checkpointer: tokio::sync::OnceCell<ActorRef<CheckpointMsg>>,
     pub(crate) backlog: Arc<Backlog>,
+    watcher: tokio::sync::OnceCell<ActorRef<WatchMsg>>,
+    pub(crate) signal_errors: Arc<AtomicU64>,
 }
 
 impl Services {
+    /// The runtime's stop watcher, spawned on first use.
+    pub(crate) async fn watcher(self: &Arc<Self>) -> Result<&ActorRef<WatchMsg>, String> {
+        self.watcher
+            .get_or_try_init(|| async {
+                let args = WatcherArgs {
+                    source: self.signals.clone(),
+                    services: Arc::downgrade(self),
+                    errors: self.signal_errors.clone(),
+                };
+                Actor::spawn(None, StopWatcher, args)
+                    .await
+                    .map(|(actor, _)| actor)
+                    .map_err(|e| format!("could not spawn the stop watcher: {e}"))
+            })
+            .await
+    }
+
     /// The runtime's checkpointer, spawned on first use.
     pub(crate) async fn checkpointer(&self) -> Result<&ActorRef<CheckpointMsg>, String> {
         self.checkpointer
@@ -229,6 +257,8 @@ impl RuntimeBuilder {
             registry: RunRegistry::default(),
             checkpointer: tokio::sync::OnceCell::new(),
             backlog: Arc::default(),
+            watcher: tokio::sync::OnceCell::new(),
+            signal_errors: Arc::default(),
         };
         Ok(Runtime {
             kinds: Arc::new(self.kinds),
@@ -370,6 +400,13 @@ impl Runtime {
         &self.services.signals
     }
 
+    /// How many signal source errors the stop watcher has met (each meant "not stopping").
+    pub fn signal_errors(&self) -> u64 {
+        self.services
+            .signal_errors
+            .load(std::sync::atomic::Ordering::Relaxed)
+    }
+
     /// Summaries of the live runs.
     pub fn runs(&self) -> Vec<RunSummary> {
         self.services.registry.list()
@@ -405,6 +442,19 @@ impl Runtime {
         inputs: Map,
         thread: ThreadId,
     ) -> Result<RunHandle, StartError> {
+        self.start_with(workflow, inputs, thread, RunLabels::default())
+            .await
+    }
+
+    /// Starts a run with labels: the app, chat and task ids its stop and cancel flags are
+    /// named by, so any process can stop it (see [`SignalConfig`]).
+    pub async fn start_with(
+        &self,
+        workflow: &Workflow,
+        inputs: Map,
+        thread: ThreadId,
+        labels: RunLabels,
+    ) -> Result<RunHandle, StartError> {
         let inputs = check_inputs(workflow, inputs)?;
         let history = self.load_history(&thread).await?;
         let run_id = RunId::new();
@@ -425,6 +475,7 @@ impl Runtime {
             produced,
             restore: None,
             answers: HashMap::new(),
+            labels,
         })
         .await
     }
@@ -451,6 +502,7 @@ impl Runtime {
             produced,
             restore,
             answers,
+            labels,
         } = launch;
         for node in &plan.graph.nodes {
             if self.kinds.get(&node.kind).is_none() {
@@ -469,6 +521,7 @@ impl Runtime {
             failure_reason: None,
             stop_reason: None,
             unpersisted: None,
+            labels: labels.clone(),
         };
         self.services
             .runs
@@ -489,6 +542,13 @@ impl Runtime {
                 status: RunStatus::Running,
                 running: Default::default(),
             })),
+            signal_keys: WatchedKeys::for_run(
+                &self.services.config.signals,
+                &labels,
+                &thread,
+                run_id,
+            ),
+            labels,
             services: self.services.clone(),
         });
         let args = RunArgs {
@@ -560,6 +620,7 @@ pub(crate) struct Launch {
     pub(crate) restore: Option<Restore>,
     /// Answers to interactions, by the path of their node.
     pub(crate) answers: HashMap<NodePath, Value>,
+    pub(crate) labels: RunLabels,
 }
 
 /// Stops a run of this process, or reports its recorded end.

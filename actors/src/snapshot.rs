@@ -177,6 +177,8 @@ pub struct Snapshot {
     pub interactions: Vec<Interaction>,
     /// Messages the history store has not confirmed; a resume persists them first.
     pub pending_messages: Vec<Message>,
+    /// The ids the run's stop and cancel flags are named by; a resume keeps them.
+    pub labels: crate::watcher::RunLabels,
 }
 
 /// A snapshot that cannot be encoded or decoded.
@@ -336,6 +338,7 @@ mod tests {
             },
             interactions: Vec::new(),
             pending_messages: vec![Message::assistant("partial")],
+            labels: crate::watcher::RunLabels::app_chat("a", "c"),
         }
     }
 

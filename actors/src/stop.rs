@@ -116,7 +116,9 @@ pub struct StopResult {
     pub reason: StopReason,
     /// The nodes running at the stop, now interrupted; a resume runs them again from the start.
     pub interrupted: Vec<Interrupted>,
-    /// Every node that finished in the run (before or during the stop), in completion order.
+    /// Every node finished as of the stop, in completion order: nodes restored from the
+    /// checkpoint this run resumed come first, then those that finished in this run (before or
+    /// during the stop).
     pub finished: Vec<NodeId>,
     /// The nodes whose handlers were aborted.
     pub forced: Vec<NodeId>,

@@ -152,6 +152,9 @@ pub struct RunRecord {
     pub stop_reason: Option<String>,
     /// Messages that could not be persisted when it ended, with the error.
     pub unpersisted: Option<String>,
+    /// The ids other processes name its stop and cancel flags by.
+    #[serde(default)]
+    pub labels: crate::watcher::RunLabels,
 }
 
 /// Keeps run metadata.
@@ -181,7 +184,8 @@ pub trait HistoryStore: Send + Sync + 'static {
     async fn load(&self, thread: &ThreadId) -> Result<Vec<Message>, StoreError>;
 }
 
-/// A request to end a run, as set by any process.
+/// What a signal flag asks of its run. The key a flag sits under says which one: the
+/// watcher knows each run's stop keys and cancel keys.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum Signal {
@@ -191,16 +195,35 @@ pub enum Signal {
     Cancel,
 }
 
-/// Where stop and cancel requests come from.
+/// A wake-up on the signal channel: a flag was raised, or cleared because its run ended.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Notice {
+    /// The flag's key.
+    pub key: String,
+    /// Raised or cleared.
+    pub raised: bool,
+}
+
+/// Notices, as they arrive. Ends when the subscription breaks; notices sent meanwhile are
+/// lost, so the reader re-subscribes and re-reads every flag.
+pub type NoticeStream = futures::stream::BoxStream<'static, Notice>;
+
+/// Where stop and cancel flags live, shared by every process.
 ///
-/// Contract: `read` looks up many keys in one round trip and answers in key order; a key with
-/// no flag is `None`. An error means "unknown", which callers treat as "not stopping".
+/// Contract: a flag is a key with a non-empty value; its presence is the source of truth.
+/// `read` looks up many keys in one round trip and answers in key order. Notices only wake
+/// readers early; they carry no state. An error means "unknown", which the watcher treats as
+/// "not stopping".
 #[async_trait]
 pub trait SignalSource: Send + Sync + 'static {
-    /// Reads the flags of the given keys.
-    async fn read(&self, keys: &[String]) -> Result<Vec<Option<Signal>>, StoreError>;
-    /// Sets a flag.
-    async fn raise(&self, key: &str, signal: Signal) -> Result<(), StoreError>;
-    /// Removes a flag (when its run ends).
-    async fn clear(&self, key: &str) -> Result<(), StoreError>;
+    /// Whether each key holds a flag, in key order.
+    async fn read(&self, keys: &[String]) -> Result<Vec<bool>, StoreError>;
+    /// Sets a flag that expires after `ttl` (a backstop if nobody clears it).
+    async fn raise(&self, key: &str, ttl: std::time::Duration) -> Result<(), StoreError>;
+    /// Removes flags.
+    async fn clear(&self, keys: &[String]) -> Result<(), StoreError>;
+    /// Publishes a notice on the signal channel.
+    async fn notify(&self, notice: &Notice) -> Result<(), StoreError>;
+    /// Subscribes to the signal channel.
+    async fn subscribe(&self) -> Result<NoticeStream, StoreError>;
 }

@@ -31,8 +31,10 @@ use crate::outcome::{HistoryFlush, RunError, RunOutcome};
 use crate::registry::{ActorTree, LiveRun};
 use crate::snapshot::{GraphState, Snapshot};
 use crate::stop::{StopMode, StopReason, StopResult};
+use crate::store::Notice;
 use crate::store::{RunRecord, RunStatus};
 use crate::value::{Map, Value};
+use crate::watcher::WatchMsg;
 use crate::workflow::Plan;
 
 /// How long aborted nodes get to hand over their reports before they are given up on.
@@ -169,6 +171,17 @@ impl Actor for RunSupervisor {
                 .map_err(|e| format!("the checkpoint does not fit its workflow: {e}"))?,
             None => exec,
         };
+        if !run.signal_keys.stop.is_empty() || !run.signal_keys.cancel.is_empty() {
+            match run.services.watcher().await {
+                Ok(watcher) => {
+                    let _ =
+                        watcher.send_message(WatchMsg::Watch(run.run_id, run.signal_keys.clone()));
+                }
+                Err(e) => {
+                    tracing::warn!(run_id = %run.run_id, error = %e, "stop flags of this run are not watched")
+                }
+            }
+        }
         run.services.registry.insert(
             run.run_id,
             LiveRun {
@@ -423,6 +436,7 @@ impl RunState {
                 graph: self.exec.state(),
                 interactions: self.interactions.clone(),
                 pending_messages,
+                labels: self.run.labels.clone(),
             }),
         }
     }
@@ -518,7 +532,16 @@ impl RunState {
         for timer in self.timers.drain(..) {
             timer.abort();
         }
-        let stopping = self.stopping.take();
+        let mut stopping = self.stopping.take();
+        if matches!(stopping.as_ref().map(|s| &s.cause), Some(Cause::Stop(_)))
+            && self.exec.is_done()
+            && self.exec.interrupted.is_empty()
+        {
+            // The stop came while the last nodes were finishing and they all did: the run
+            // completed; there is nothing to resume. One final state, never both.
+            stopping = None;
+        }
+        self.release_flags().await;
         let history = self.persist_history().await;
         let (status, stop_reason) = match stopping.as_ref().map(|s| &s.cause) {
             None => (RunStatus::Succeeded, None),
@@ -629,6 +652,44 @@ impl RunState {
         }
         self.outcome.send_replace(Some(Arc::new(outcome)));
         self.run.emit(RunEvent::RunFinished { run_id, status });
+    }
+
+    /// Stops watching the run's flags and deletes them (the run ended), then publishes that
+    /// they were cleared, so stop requests waiting for the run learn it at once.
+    async fn release_flags(&self) {
+        let keys = self.run.signal_keys.all();
+        if keys.is_empty() {
+            return;
+        }
+        if let Ok(watcher) = self.run.services.watcher().await {
+            let _ = watcher.send_message(WatchMsg::Unwatch(self.run.run_id));
+        }
+        let signals = &self.run.services.signals;
+        let deadline = self
+            .run
+            .services
+            .config
+            .signals
+            .tick
+            .max(Duration::from_millis(50))
+            * 5;
+        let cleared = tokio::time::timeout(deadline, async {
+            signals.clear(&keys).await?;
+            for key in &self.run.signal_keys.stop {
+                signals
+                    .notify(&Notice {
+                        key: key.clone(),
+                        raised: false,
+                    })
+                    .await?;
+            }
+            Ok::<(), crate::store::StoreError>(())
+        })
+        .await;
+        if !matches!(cleared, Ok(Ok(()))) {
+            // The flags expire by themselves (their TTL); nothing is lost.
+            tracing::warn!(parent: &self.span, "could not clear the run's stop flags");
+        }
     }
 
     async fn persist_history(&mut self) -> HistoryFlush {

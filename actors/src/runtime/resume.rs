@@ -292,6 +292,7 @@ impl Runtime {
                     parent_run_id: snapshot.run_id,
                 }),
                 answers,
+                labels: snapshot.labels,
             })
             .await?;
         Ok(handle)

@@ -12,8 +12,8 @@ use async_trait::async_trait;
 use dashmap::DashMap;
 
 use super::{
-    CheckpointStore, HistoryStore, RunRecord, RunStore, Signal, SignalSource, StoreError,
-    StoredCheckpoint,
+    CheckpointStore, HistoryStore, Notice, NoticeStream, RunRecord, RunStore, SignalSource,
+    StoreError, StoredCheckpoint,
 };
 use crate::ids::{CheckpointId, MessageId, RunId, ThreadId};
 use crate::message::Message;
@@ -176,10 +176,20 @@ impl HistoryStore for MemoryHistoryStore {
     }
 }
 
-/// Stop and cancel flags in memory.
-#[derive(Debug, Default, Clone)]
+/// Stop and cancel flags in memory, with expiry, and a notice channel.
+#[derive(Debug, Clone)]
 pub struct MemorySignalSource {
-    flags: Arc<DashMap<String, Signal>>,
+    flags: Arc<DashMap<String, tokio::time::Instant>>,
+    notices: tokio::sync::broadcast::Sender<Notice>,
+}
+
+impl Default for MemorySignalSource {
+    fn default() -> Self {
+        Self {
+            flags: Arc::default(),
+            notices: tokio::sync::broadcast::channel(1024).0,
+        }
+    }
 }
 
 impl MemorySignalSource {
@@ -191,18 +201,46 @@ impl MemorySignalSource {
 
 #[async_trait]
 impl SignalSource for MemorySignalSource {
-    async fn read(&self, keys: &[String]) -> Result<Vec<Option<Signal>>, StoreError> {
-        Ok(keys.iter().map(|k| self.flags.get(k).map(|s| *s)).collect())
+    async fn read(&self, keys: &[String]) -> Result<Vec<bool>, StoreError> {
+        let now = tokio::time::Instant::now();
+        Ok(keys
+            .iter()
+            .map(|k| self.flags.get(k).is_some_and(|expiry| *expiry > now))
+            .collect())
     }
 
-    async fn raise(&self, key: &str, signal: Signal) -> Result<(), StoreError> {
-        self.flags.insert(key.to_owned(), signal);
+    async fn raise(&self, key: &str, ttl: std::time::Duration) -> Result<(), StoreError> {
+        self.flags
+            .insert(key.to_owned(), tokio::time::Instant::now() + ttl);
         Ok(())
     }
 
-    async fn clear(&self, key: &str) -> Result<(), StoreError> {
-        self.flags.remove(key);
+    async fn clear(&self, keys: &[String]) -> Result<(), StoreError> {
+        for key in keys {
+            self.flags.remove(key);
+        }
         Ok(())
+    }
+
+    async fn notify(&self, notice: &Notice) -> Result<(), StoreError> {
+        // No subscriber is fine.
+        let _ = self.notices.send(notice.clone());
+        Ok(())
+    }
+
+    async fn subscribe(&self) -> Result<NoticeStream, StoreError> {
+        let rx = self.notices.subscribe();
+        let stream = futures::stream::unfold(rx, |mut rx| async move {
+            loop {
+                match rx.recv().await {
+                    Ok(notice) => return Some((notice, rx)),
+                    // Missed notices: the reader re-reads flags anyway on its next tick.
+                    Err(tokio::sync::broadcast::error::RecvError::Lagged(_)) => continue,
+                    Err(tokio::sync::broadcast::error::RecvError::Closed) => return None,
+                }
+            }
+        });
+        Ok(Box::pin(stream))
     }
 }
 
@@ -280,16 +318,33 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn signals_read_in_key_order() {
+    async fn signals_read_in_key_order_and_expire() {
+        use futures::StreamExt;
         let s = MemorySignalSource::new();
-        s.raise("a", Signal::Stop).await.expect("raise");
-        s.raise("c", Signal::Cancel).await.expect("raise");
-        let keys = ["a".to_owned(), "b".to_owned(), "c".to_owned()];
+        let mut notices = s.subscribe().await.expect("subscribe");
+        s.raise("a", std::time::Duration::from_secs(60))
+            .await
+            .expect("raise");
+        s.raise("c", std::time::Duration::from_millis(1))
+            .await
+            .expect("raise");
+        s.notify(&Notice {
+            key: "a".into(),
+            raised: true,
+        })
+        .await
+        .expect("notify");
         assert_eq!(
-            s.read(&keys).await,
-            Ok(vec![Some(Signal::Stop), None, Some(Signal::Cancel)])
+            notices.next().await,
+            Some(Notice {
+                key: "a".into(),
+                raised: true
+            })
         );
-        s.clear("a").await.expect("clear");
-        assert_eq!(s.read(&keys[..1]).await, Ok(vec![None]));
+        tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+        let keys = ["a".to_owned(), "b".to_owned(), "c".to_owned()];
+        assert_eq!(s.read(&keys).await, Ok(vec![true, false, false]));
+        s.clear(&keys[..1]).await.expect("clear");
+        assert_eq!(s.read(&keys[..1]).await, Ok(vec![false]));
     }
 }

@@ -9,6 +9,7 @@ mod history;
 mod ops;
 mod references;
 mod resume;
+mod signals;
 mod stop;
 mod stopkit;
 mod switch;

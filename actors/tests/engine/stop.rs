@@ -459,10 +459,11 @@ async fn ten_concurrent_stops_get_equal_results() {
     assert_eq!(finish(&run).await.stop_result(), Some(&first));
     let p = persisted(&k.rt, &t).await;
     assert_eq!(p.checkpoint.as_ref().map(|c| c.0), first.checkpoint_id);
+    // Progress snapshots may precede it (async durability); the stop's is the newest.
     assert_eq!(
-        k.rt.checkpoint_store().list(&t).await.expect("list").len(),
-        1,
-        "one stop, one checkpoint"
+        k.rt.checkpoint_store().list(&t).await.expect("list").last(),
+        first.checkpoint_id.as_ref(),
+        "the stop's checkpoint is the thread's newest"
     );
 }
 

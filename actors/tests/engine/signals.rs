@@ -1,0 +1,185 @@
+//! Stop from anywhere: flags in the signal source (FastGPT and RAGFlow key formats, native
+//! keys) stop runs through the watcher; stop requests wait for the run to end; a failing
+//! source never stops a run.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+use runvisor_actors::store::memory::MemorySignalSource;
+use runvisor_actors::store::{Notice, NoticeStream, SignalSource};
+use runvisor_actors::testkit::Streamer;
+use runvisor_actors::{RunLabels, RunStatus, Runtime, StopReason, StoreError, async_trait};
+use serde_json::json;
+
+use super::support::*;
+
+fn streaming_runtime(source: Arc<dyn SignalSource>) -> Runtime {
+    Runtime::builder()
+        .handler(
+            "llm",
+            Streamer::new(&"word ".repeat(400), Duration::from_millis(5)),
+        )
+        .signal_source(source)
+        .build()
+}
+
+fn workflow(rt: &Runtime) -> runvisor_actors::Workflow {
+    load(
+        rt,
+        json!({"id": "w", "nodes": [
+            {"id": "start", "kind": "begin"},
+            {"id": "llm", "kind": "llm"}
+        ], "edges": [{"from": "start", "to": "llm"}]}),
+    )
+}
+
+#[tokio::test]
+async fn a_fastgpt_stop_flag_stops_the_run_and_the_request_waits_for_its_end() {
+    let source = Arc::new(MemorySignalSource::new());
+    let rt = streaming_runtime(source.clone());
+    let wf = workflow(&rt);
+    let run = rt
+        .start_with(
+            &wf,
+            inputs([]),
+            thread("chat9"),
+            RunLabels::app_chat("app1", "chat9"),
+        )
+        .await
+        .expect("start");
+    // Let it stream a little, then ask from "another process" (the shared source).
+    tokio::time::sleep(Duration::from_millis(30)).await;
+    let request = within("stop request", rt.request_stop("app1", "chat9")).await;
+    assert_eq!(request.key, "agent_runtime_stopping:app1:chat9");
+    assert!(request.ended, "{request:?}");
+    assert_eq!(request.error, None);
+    let outcome = finish(&run).await;
+    let stop = outcome.stop_result().expect("stopped");
+    assert_eq!(stop.reason, StopReason::UserInterrupted);
+    assert!(
+        stop.partial_response
+            .as_deref()
+            .is_some_and(|p| p.starts_with("word"))
+    );
+    // The run deleted its flag when it ended.
+    let flags = source.read(&[request.key.clone()]).await.expect("read");
+    assert_eq!(flags, [false]);
+}
+
+#[tokio::test]
+async fn a_ragflow_cancel_flag_cancels_the_run() {
+    let source = Arc::new(MemorySignalSource::new());
+    let rt = streaming_runtime(source.clone());
+    let wf = workflow(&rt);
+    let run = rt
+        .start_with(&wf, inputs([]), thread("task"), RunLabels::task("T42"))
+        .await
+        .expect("start");
+    // Set by a foreign process with no notice at all: the tick finds it.
+    source
+        .raise("T42-cancel", Duration::from_secs(60))
+        .await
+        .expect("raise");
+    let outcome = finish(&run).await;
+    assert_eq!(outcome.status(), RunStatus::Cancelled);
+    assert_eq!(
+        outcome.stop_result().map(|s| s.reason),
+        Some(StopReason::Cancelled)
+    );
+}
+
+#[tokio::test]
+async fn a_stop_request_for_no_run_answers_after_the_wait() {
+    let rt = Runtime::builder()
+        .config(runvisor_actors::RuntimeConfig {
+            signals: runvisor_actors::SignalConfig {
+                request_wait: Duration::from_millis(200),
+                ..Default::default()
+            },
+            ..Default::default()
+        })
+        .build();
+    let request = within("stop request", rt.request_stop("nobody", "none")).await;
+    assert!(!request.ended);
+    assert!(request.waited >= Duration::from_millis(200));
+    assert_eq!(request.error, None);
+}
+
+/// A signal source whose reads fail while `broken` is set.
+#[derive(Debug)]
+struct Flaky {
+    inner: MemorySignalSource,
+    broken: AtomicBool,
+}
+
+#[async_trait]
+impl SignalSource for Flaky {
+    async fn read(&self, keys: &[String]) -> Result<Vec<bool>, StoreError> {
+        if self.broken.load(Ordering::SeqCst) {
+            return Err(StoreError::Unavailable("signal source down".into()));
+        }
+        self.inner.read(keys).await
+    }
+    async fn raise(&self, key: &str, ttl: Duration) -> Result<(), StoreError> {
+        self.inner.raise(key, ttl).await
+    }
+    async fn clear(&self, keys: &[String]) -> Result<(), StoreError> {
+        self.inner.clear(keys).await
+    }
+    async fn notify(&self, notice: &Notice) -> Result<(), StoreError> {
+        self.inner.notify(notice).await
+    }
+    async fn subscribe(&self) -> Result<NoticeStream, StoreError> {
+        self.inner.subscribe().await
+    }
+}
+
+#[tokio::test]
+async fn a_failing_source_never_stops_a_run_and_a_flag_set_after_recovery_is_honoured() {
+    let flaky = Arc::new(Flaky {
+        inner: MemorySignalSource::new(),
+        broken: AtomicBool::new(true),
+    });
+    let rt = streaming_runtime(flaky.clone());
+    let wf = load(
+        &rt,
+        json!({"id": "w", "nodes": [
+            {"id": "start", "kind": "begin"},
+            {"id": "a", "kind": "message", "params": {"template": "done"}}
+        ], "edges": [{"from": "start", "to": "a"}]}),
+    );
+    let run = rt
+        .start_with(&wf, inputs([]), thread("f"), RunLabels::app_chat("a", "f"))
+        .await
+        .expect("start");
+    assert_eq!(finish(&run).await.status(), RunStatus::Succeeded);
+
+    // A long run while the source is down: it goes on and errors are counted.
+    let long = workflow(&rt);
+    let run = rt
+        .start_with(
+            &long,
+            inputs([]),
+            thread("g"),
+            RunLabels::app_chat("a", "g"),
+        )
+        .await
+        .expect("start");
+    within("errors counted", async {
+        while rt.signal_errors() == 0 {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    })
+    .await;
+    assert!(run.outcome().is_none(), "the run keeps going");
+    // Recovery: a flag set now stops it.
+    flaky.broken.store(false, Ordering::SeqCst);
+    flaky
+        .inner
+        .raise("agent_runtime_stopping:a:g", Duration::from_secs(60))
+        .await
+        .expect("raise");
+    let outcome = finish(&run).await;
+    assert_eq!(outcome.status(), RunStatus::Stopped);
+}
