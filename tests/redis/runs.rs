@@ -126,7 +126,9 @@ async fn fields_written_by_other_tools_survive_a_put() {
     assert_eq!(
         fields,
         [
+            "app_id",
             "cancel_requested",
+            "chat_id",
             "finished_at",
             "started_at",
             "status",
