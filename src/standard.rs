@@ -233,6 +233,7 @@ async fn pause(duration: Duration, stopped: impl Future<Output = ()>) -> Result<
 mod tests {
     use std::sync::Mutex;
 
+    use runvisor_actors::testkit::{Interrupt, Script};
     use runvisor_actors::{Map, Role, RunEvent, RunOutcome, Runtime, ThreadId};
     use tokio::sync::watch;
     use tokio::time::Instant;
@@ -403,7 +404,11 @@ mod tests {
     }
 
     async fn run_one(node: serde_json::Value) -> (RunOutcome, Vec<RunEvent>) {
-        let runtime = runtime();
+        run_on(&runtime(), node).await
+    }
+
+    /// Runs `start -> node` on a runtime.
+    async fn run_on(runtime: &Runtime, node: serde_json::Value) -> (RunOutcome, Vec<RunEvent>) {
         let workflow = runtime
             .load_json(
                 &serde_json::json!({
@@ -498,6 +503,57 @@ mod tests {
             outcome.output("node"),
             Some(&Value::from_iter([("slept_ms", 20)]))
         );
+    }
+
+    /// A runtime whose stop requests come from a script, graceful with a long timeout: a
+    /// handler that ignored the stop would be aborted (`forced`) only after it.
+    fn scripted(interrupt: Interrupt) -> Runtime {
+        let script = Script::new().interrupt(interrupt.graceful(Duration::from_secs(20)));
+        script
+            .install(register_standard_kinds(Runtime::builder()))
+            .build()
+    }
+
+    #[tokio::test]
+    async fn a_stop_cuts_stream_text_in_its_pause_and_keeps_what_it_streamed() {
+        // Stopped after the first chunk, while pausing an hour before the second: only
+        // honouring the stop ends this test in time.
+        let runtime = scripted(Interrupt::after_chunks("node", 1));
+        let (outcome, _) = run_on(
+            &runtime,
+            serde_json::json!({
+                "id": "node", "kind": "stream_text",
+                "params": {"text": "one two three four", "interval": "1h"}
+            }),
+        )
+        .await;
+        let stop = outcome.stop_result().expect("stopped by the script");
+        assert_eq!(stop.partial_response.as_deref(), Some("one"));
+        assert_eq!(stop.interrupted.len(), 1, "{stop:?}");
+        assert!(!stop.interrupted[0].forced, "returned by itself: {stop:?}");
+        assert!(outcome.output("node").is_none());
+        let assistant: Vec<(&str, bool)> = outcome
+            .history()
+            .persisted
+            .iter()
+            .filter(|m| m.role == Role::Assistant)
+            .map(|m| (m.content.as_str(), m.truncated))
+            .collect();
+        assert_eq!(assistant, vec![("one", true)], "only the truncated text");
+    }
+
+    #[tokio::test]
+    async fn a_stop_ends_sleep_at_once() {
+        let runtime = scripted(Interrupt::during("node"));
+        let (outcome, _) = run_on(
+            &runtime,
+            serde_json::json!({"id": "node", "kind": "sleep", "params": {"duration": "1h"}}),
+        )
+        .await;
+        let stop = outcome.stop_result().expect("stopped by the script");
+        assert_eq!(stop.interrupted.len(), 1, "{stop:?}");
+        assert!(!stop.interrupted[0].forced, "returned by itself: {stop:?}");
+        assert!(stop.forced.is_empty(), "{stop:?}");
     }
 
     #[test]
