@@ -134,7 +134,7 @@ fn validate(runtime: &Runtime, file: &Path) -> anyhow::Result<ExitCode> {
 
 /// `query (string, required)`, `tier (integer, default 0)`.
 fn describe_input(decl: &InputDecl) -> String {
-    let ty = format!("{:?}", decl.ty).to_lowercase();
+    let ty = decl.ty.name();
     match (&decl.default, decl.required) {
         (Some(default), _) => format!("{} ({ty}, default {default})", decl.name),
         (None, true) => format!("{} ({ty}, required)", decl.name),

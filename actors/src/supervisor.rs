@@ -367,7 +367,7 @@ impl RunState {
                     queue.extend(more);
                 }
                 ExecEvent::Failed { path, error } => {
-                    tracing::warn!(parent: &self.span, node = %path, %error, "node failed");
+                    tracing::info!(parent: &self.span, node = %path, %error, "node failed");
                     let cause = Cause::Failure(RunError::Node { path, error });
                     self.begin_stop(myself, cause, StopMode::Force);
                 }

@@ -110,10 +110,17 @@ impl WorkflowDef {
 
     /// Parses JSON. Syntax and shape errors carry the line and column.
     pub fn from_json(text: &str) -> Result<Self, WorkflowError> {
-        serde_json::from_str(text).map_err(|e| WorkflowError::Json {
-            line: e.line(),
-            column: e.column(),
-            message: e.to_string(),
+        serde_json::from_str(text).map_err(|e| {
+            // serde_json's text ends with the position, which the error states itself.
+            let message = e.to_string();
+            let suffix = format!(" at line {} column {}", e.line(), e.column());
+            WorkflowError::Json {
+                line: e.line(),
+                column: e.column(),
+                message: message
+                    .strip_suffix(&suffix)
+                    .map_or(message.clone(), str::to_owned),
+            }
         })
     }
 
