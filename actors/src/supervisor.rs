@@ -387,7 +387,15 @@ impl RunState {
             Durability::Sync => true,
             Durability::Async => self.run.services.backlog.bytes() > config.checkpoint_buffer,
         };
-        let write = self.snapshot(RunStatus::Running, None, Vec::new());
+        // Messages are persisted when the run ends; until then they travel in its snapshots,
+        // so a crash loses none of them (a resume persists them, once, by id).
+        let produced: Vec<Message> = self
+            .start_messages
+            .iter()
+            .chain(self.exec.produced.iter())
+            .cloned()
+            .collect();
+        let write = self.snapshot(RunStatus::Running, None, produced);
         let Ok(checkpointer) = services.checkpointer().await else {
             return;
         };
