@@ -115,6 +115,9 @@ pub(crate) struct BodyState {
     forced: bool,
     failure: Option<(Option<NodePath>, NodeError)>,
     interactions: Vec<Interaction>,
+    /// A stop a probe requested inside the body: carried in the report, because the
+    /// parent may see the report before the stop message this body sent to the run.
+    requested_stop: crate::probe::ProbeStop,
     end: Option<NodeEnd>,
     deadline: Option<tokio::task::JoinHandle<()>>,
     span: tracing::Span,
@@ -177,6 +180,7 @@ impl Actor for BodyActor {
             forced: false,
             failure: None,
             interactions: Vec::new(),
+            requested_stop: None,
             end: None,
             deadline: None,
             span,
@@ -255,17 +259,17 @@ impl Actor for BodyActor {
         };
         let mut events = Vec::new();
         let span = state.span.clone();
-        if let Some((item, exec)) = state.exec_of(&id) {
-            if let Some(mut child) = exec.take_child(&id) {
-                let more = match (child.report.try_recv(), failure) {
-                    (Ok(report), _) => exec.on_report(&host, report).instrument(span).await,
-                    (Err(_), why) => {
-                        let why = why.unwrap_or_else(|| "ended without a report".into());
-                        exec.on_lost(&host, child, &why)
-                    }
-                };
-                events.extend(more.into_iter().map(|e| (item, e)));
-            }
+        if let Some((item, exec)) = state.exec_of(&id)
+            && let Some(mut child) = exec.take_child(&id)
+        {
+            let more = match (child.report.try_recv(), failure) {
+                (Ok(report), _) => exec.on_report(&host, report).instrument(span).await,
+                (Err(_), why) => {
+                    let why = why.unwrap_or_else(|| "ended without a report".into());
+                    exec.on_lost(&host, child, &why)
+                }
+            };
+            events.extend(more.into_iter().map(|e| (item, e)));
         }
         for (item, event) in events {
             state.handle_event(&myself, item, event);
@@ -312,7 +316,7 @@ impl Actor for BodyActor {
             partial: String::new(),
             chunks: 0,
             messages,
-            requested_stop: None,
+            requested_stop: state.requested_stop.take(),
             usage,
         };
         if let Some(tx) = state.report.take() {
@@ -404,6 +408,7 @@ impl BodyState {
                     if !name.contains('.') {
                         self.env.insert(name.clone(), value.clone());
                     }
+                    Outer::assign(&mut self.outer, name, value);
                 }
                 self.up = s.assigned;
                 let exec = self
@@ -591,15 +596,15 @@ impl BodyState {
     fn handle_event(&mut self, myself: &ActorRef<BodyMsg>, item: Option<u32>, event: ExecEvent) {
         match event {
             ExecEvent::Failed { path, error } => {
-                if let (Some(index), Work::Parallel(p)) = (item, &mut self.work) {
-                    if !p.spec.fail_fast {
-                        // Collect: this item ends with its error; the others go on.
-                        p.failing.insert(index, format!("{path}: {error}"));
-                        if let Some(exec) = p.in_flight.get_mut(&index) {
-                            exec.halt(true);
-                        }
-                        return;
+                if let (Some(index), Work::Parallel(p)) = (item, &mut self.work)
+                    && !p.spec.fail_fast
+                {
+                    // Collect: this item ends with its error; the others go on.
+                    p.failing.insert(index, format!("{path}: {error}"));
+                    if let Some(exec) = p.in_flight.get_mut(&index) {
+                        exec.halt(true);
                     }
+                    return;
                 }
                 self.fail(Some(path), error);
                 self.stop(myself, true);
@@ -616,6 +621,9 @@ impl BodyState {
             // Body executions launch their ready nodes themselves.
             ExecEvent::Ready(_) => {}
             ExecEvent::Stop(mode, reason) => {
+                if self.requested_stop.is_none() || mode == StopMode::Force {
+                    self.requested_stop = Some((mode, reason));
+                }
                 if let Some(supervisor) = self.run.supervisor.get() {
                     let _ = supervisor.send_message(RunMsg::Stop { mode, reason });
                 }
@@ -716,6 +724,8 @@ impl BodyState {
             if !name.contains('.') {
                 self.env.insert(name.clone(), value.clone());
             }
+            // The next iteration sees what this one assigned to outer loops' variables.
+            Outer::assign(&mut self.outer, &name, &value);
             self.up.push((name, value));
         }
         let Work::Loop(l) = &mut self.work else {

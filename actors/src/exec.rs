@@ -32,12 +32,32 @@ use crate::workflow::{GraphPlan, NodeSpec};
 
 /// What a body sees of the graphs around it: outputs of the nodes upstream of its node,
 /// the frames of the enclosing loops and parallels, and the run's `sys` values.
-#[derive(Debug, Default)]
+#[derive(Debug, Default, Clone)]
 pub(crate) struct Outer {
     pub(crate) nodes: HashMap<NodeId, Arc<Value>>,
     /// Enclosing frames, outermost first: (loop or parallel node, its frame object).
     pub(crate) frames: Vec<(NodeId, Value)>,
     pub(crate) sys: Map,
+}
+
+impl Outer {
+    /// Applies an assignment to a variable of an enclosing loop (`loop_id.NAME`) to that
+    /// loop's frame as seen from here, so later reads in this body see it (its owner gets it
+    /// upward, at the end of the body). Other names are left alone.
+    pub(crate) fn assign(outer: &mut Arc<Outer>, name: &str, value: &Value) {
+        let Some((owner, var)) = name.split_once('.') else {
+            return;
+        };
+        if !outer.frames.iter().any(|(n, _)| n.as_str() == owner) {
+            return;
+        }
+        let frames = &mut Arc::make_mut(outer).frames;
+        if let Some((_, Value::Object(frame))) =
+            frames.iter_mut().rev().find(|(n, _)| n.as_str() == owner)
+        {
+            frame.insert(var.to_owned(), value.clone());
+        }
+    }
 }
 
 /// A child actor of a host, executing one node of a graph.
@@ -181,10 +201,10 @@ impl Scope for GraphExec {
                 None => NodeLookup::DidNotRun,
             };
         }
-        if let Some((owner, frame)) = &self.frame {
-            if owner == node {
-                return NodeLookup::Output(frame);
-            }
+        if let Some((owner, frame)) = &self.frame
+            && owner == node
+        {
+            return NodeLookup::Output(frame);
         }
         if let Some((_, frame)) = self.outer.frames.iter().rev().find(|(n, _)| n == node) {
             return NodeLookup::Output(frame);
@@ -316,10 +336,10 @@ impl GraphExec {
     pub(crate) fn sink_outputs(&self) -> Value {
         let mut out = Map::new();
         for (i, v) in self.outputs.iter().enumerate() {
-            if let Some(v) = v {
-                if self.graph.shape.out_edges(i).is_empty() {
-                    out.insert(self.node_id(i).to_string(), Value::clone(v));
-                }
+            if let Some(v) = v
+                && self.graph.shape.out_edges(i).is_empty()
+            {
+                out.insert(self.node_id(i).to_string(), Value::clone(v));
             }
         }
         Value::Object(out)
@@ -400,12 +420,13 @@ impl GraphExec {
         for (name, value) in assignments {
             match name.split_once('.') {
                 Some((owner, var)) => {
-                    if let Some((frame_node, Value::Object(frame))) = &mut self.frame {
-                        if frame_node.as_str() == owner {
-                            frame.insert(var.to_owned(), value);
-                            continue;
-                        }
+                    if let Some((frame_node, Value::Object(frame))) = &mut self.frame
+                        && frame_node.as_str() == owner
+                    {
+                        frame.insert(var.to_owned(), value);
+                        continue;
                     }
+                    Outer::assign(&mut self.outer, &name, &value);
                     self.up.push((name, value));
                 }
                 None => {
@@ -650,13 +671,12 @@ impl GraphExec {
                 output.usage.clear();
                 match self.complete(host, node, path.clone(), output) {
                     Ok(ready) => {
-                        if !self.halted {
-                            if let Some((mode, reason)) =
+                        if !self.halted
+                            && let Some((mode, reason)) =
                                 probe(host.run, |p| p.node_completed(host.run.run_id, &path))
-                            {
-                                self.halted = true;
-                                events.push(ExecEvent::Stop(mode, reason));
-                            }
+                        {
+                            self.halted = true;
+                            events.push(ExecEvent::Stop(mode, reason));
                         }
                         if self.defer_launch {
                             if !ready.is_empty() {

@@ -459,12 +459,12 @@ impl Runtime {
         let history = self.load_history(&thread).await?;
         let run_id = RunId::new();
         let mut produced = Vec::new();
-        if let Some(Value::String(query)) = inputs.get("query") {
-            if !query.is_empty() {
-                let mut message = Message::user(query.clone());
-                message.run_id = Some(run_id);
-                produced.push(message);
-            }
+        if let Some(Value::String(query)) = inputs.get("query")
+            && !query.is_empty()
+        {
+            let mut message = Message::user(query.clone());
+            message.run_id = Some(run_id);
+            produced.push(message);
         }
         self.launch(Launch {
             run_id,

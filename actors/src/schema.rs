@@ -215,10 +215,10 @@ fn is_single_reference(s: &str) -> bool {
 
 fn check_value(ty: &ParamType, value: &serde_json::Value, at: &str, issues: &mut Vec<ParamIssue>) {
     use serde_json::Value as J;
-    if let J::String(s) = value {
-        if is_single_reference(s) {
-            return;
-        }
+    if let J::String(s) = value
+        && is_single_reference(s)
+    {
+        return;
     }
     let ok = match (ty, value) {
         (ParamType::Any, _) => true,

@@ -240,13 +240,13 @@ impl Runtime {
                 answers.insert(interaction.path.clone(), output);
             }
             _ => {
-                if let Some(interaction) = snapshot.interactions.first() {
-                    if snapshot.status == RunStatus::AwaitingInput {
-                        return Err(ResumeError::AnswerRequired {
-                            checkpoint,
-                            interaction: Box::new(interaction.clone()),
-                        });
-                    }
+                if let Some(interaction) = snapshot.interactions.first()
+                    && snapshot.status == RunStatus::AwaitingInput
+                {
+                    return Err(ResumeError::AnswerRequired {
+                        checkpoint,
+                        interaction: Box::new(interaction.clone()),
+                    });
                 }
             }
         }

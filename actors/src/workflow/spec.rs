@@ -289,13 +289,14 @@ pub(crate) fn interaction(params: &serde_json::Value) -> Result<InteractionKind,
                     .and_then(FieldType::from_name)
                     .unwrap_or(FieldType::String);
                 let default = f.get("default").map(Value::from);
-                if let Some(d) = &default {
-                    if !d.is_null() && !ty.accepts(d) {
-                        issues.push((
-                            format!("fields[{i}].default"),
-                            format!("expected {}, found {}", ty.name(), d.type_name()),
-                        ));
-                    }
+                if let Some(d) = &default
+                    && !d.is_null()
+                    && !ty.accepts(d)
+                {
+                    issues.push((
+                        format!("fields[{i}].default"),
+                        format!("expected {}, found {}", ty.name(), d.type_name()),
+                    ));
                 }
                 fields.push(FormField {
                     label: f.get("label").and_then(|l| l.as_str()).map(str::to_owned),

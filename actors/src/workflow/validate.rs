@@ -266,16 +266,16 @@ pub(super) fn validate(def: WorkflowDef, kinds: &Kinds) -> Result<Plan, Validati
         inputs = begin_inputs(entry);
         check_inputs(entry, &inputs, &mut errors);
     }
-    if errors.is_empty() {
-        if let Some(graph) = &graph {
-            let scope = RefScope {
-                outer: &HashSet::new(),
-                frames: &[],
-                all: &seen,
-                variables: &def.variables,
-            };
-            check_references(graph, &def.nodes, &scope, &mut errors);
-        }
+    if errors.is_empty()
+        && let Some(graph) = &graph
+    {
+        let scope = RefScope {
+            outer: &HashSet::new(),
+            frames: &[],
+            all: &seen,
+            variables: &def.variables,
+        };
+        check_references(graph, &def.nodes, &scope, &mut errors);
     }
     match graph {
         Some(graph) if errors.is_empty() => Ok(Plan {
@@ -668,19 +668,19 @@ fn check_inputs(entry: &NodeDef, inputs: &[InputDecl], errors: &mut Vec<Workflow
                 problem: format!("input `{}` is declared twice", input.name),
             });
         }
-        if let Some(default) = &input.default {
-            if !input.ty.accepts(default) {
-                errors.push(WorkflowError::InvalidParam {
-                    node: entry.id.clone(),
-                    field: format!("inputs[{i}].default"),
-                    problem: format!(
-                        "default of input `{}` is {}, but its type is {}",
-                        input.name,
-                        default.type_name(),
-                        input.ty.name()
-                    ),
-                });
-            }
+        if let Some(default) = &input.default
+            && !input.ty.accepts(default)
+        {
+            errors.push(WorkflowError::InvalidParam {
+                node: entry.id.clone(),
+                field: format!("inputs[{i}].default"),
+                problem: format!(
+                    "default of input `{}` is {}, but its type is {}",
+                    input.name,
+                    default.type_name(),
+                    input.ty.name()
+                ),
+            });
         }
     }
 }

@@ -63,7 +63,10 @@ async fn a_fastgpt_stop_flag_stops_the_run_and_the_request_waits_for_its_end() {
             .is_some_and(|p| p.starts_with("word"))
     );
     // The run deleted its flag when it ended.
-    let flags = source.read(&[request.key.clone()]).await.expect("read");
+    let flags = source
+        .read(std::slice::from_ref(&request.key))
+        .await
+        .expect("read");
     assert_eq!(flags, [false]);
 }
 

@@ -268,10 +268,10 @@ impl NodeHandler for Fail {
         if let Some(text) = param_str(&input, "append") {
             ctx.append_message(Message::assistant(text));
         }
-        if let Some(mark) = param_str(&input, "after") {
-            if !self.0.wait_mark(mark, PATIENCE).await {
-                return Err(NodeError::failed(format!("mark {mark} never came")));
-            }
+        if let Some(mark) = param_str(&input, "after")
+            && !self.0.wait_mark(mark, PATIENCE).await
+        {
+            return Err(NodeError::failed(format!("mark {mark} never came")));
         }
         Err(NodeError::failed(
             param_str(&input, "message").unwrap_or("boom"),
