@@ -2,10 +2,12 @@
 
 mod support;
 
+mod bodykit;
 mod concurrency;
 mod dag;
 mod failures;
 mod history;
+mod loops;
 mod ops;
 mod references;
 mod resume;
