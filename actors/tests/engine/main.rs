@@ -9,6 +9,7 @@ mod failures;
 mod history;
 mod loops;
 mod ops;
+mod parallel;
 mod references;
 mod resume;
 mod signals;
