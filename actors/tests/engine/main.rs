@@ -7,6 +7,7 @@ mod concurrency;
 mod dag;
 mod failures;
 mod history;
+mod interactive;
 mod loops;
 mod ops;
 mod parallel;
