@@ -2,7 +2,8 @@
 //!
 //! ```json
 //! {
-//!   "runtime": {"stop_timeout": "30s", "query_timeout": "1s", "event_buffer": 1024},
+//!   "runtime": {"stop_timeout": "30s", "durability": "sync"},
+//!   "redis": {"url": "redis://127.0.0.1:6379/0", "prefix": "runvisor"},
 //!   "log": "info,runvisor=debug"
 //! }
 //! ```
@@ -19,8 +20,11 @@ use serde::{Deserialize, Serialize};
 #[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct Config {
-    /// Engine settings: stop timeout, ops query timeout, event buffer.
+    /// Engine settings: stop timeout, durability, signal keys, ...
     pub runtime: RuntimeConfig,
+    /// Durable stores on Redis; absent, the embedded in-memory stores are used.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub redis: Option<crate::redis::RedisConfig>,
     /// The log filter used when `RUST_LOG` is not set (`tracing_subscriber::EnvFilter`
     /// syntax, e.g. `"info"` or `"warn,runvisor_actors=debug"`).
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -187,6 +191,7 @@ mod tests {
                 stop_timeout: Duration::from_secs(5),
                 ..RuntimeConfig::default()
             },
+            redis: Some(crate::redis::RedisConfig::new("redis://127.0.0.1:6400/0")),
             log: Some("debug".into()),
         };
         let text = serde_json::to_string(&config).expect("serializes");

@@ -1,9 +1,13 @@
 //! `runvisor`, the command line: `run` executes a workflow file and shows its progress,
-//! `validate` checks one and lists every problem.
+//! `resume` continues a thread from its checkpoint, `stop` and `cancel` stop a run from any
+//! process, `validate` checks a workflow and lists every problem.
 //!
-//! Exit codes: 0 success, 1 the run failed, 2 bad input (unreadable file, invalid workflow,
-//! bad `--input`, ...), 130 the run was stopped (Ctrl-C: graceful, twice: forced). Every bad
-//! input is one `error: ...` line on stderr, never a panic.
+//! Stores: the embedded in-memory default, or Redis (`--redis URL` or the config file), which
+//! `resume`, `stop` and `cancel` need since they act on runs of other processes.
+//!
+//! Exit codes: 0 success (or waiting for input), 1 the run failed, 2 bad input (unreadable
+//! file, invalid workflow, bad `--input`, ...), 130 the run was stopped (Ctrl-C: graceful,
+//! twice: forced). Every bad input is one `error: ...` line on stderr, never a panic.
 
 use std::collections::{BTreeMap, HashMap};
 use std::io::{self, Write};
@@ -13,10 +17,14 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, anyhow, bail};
 use clap::{Parser, Subcommand};
+use runvisor::redis::{RedisConfig, RedisStores};
+use runvisor::snapshot::Snapshot;
 use runvisor::workflow::InputDecl;
 use runvisor::{
-    CheckpointId, Config, Map, Message, NodeId, NodePath, RunEvent, RunId, RunOutcome, RunStatus,
-    Runtime, StopMode, StopReason, StopResult, ThreadId, Value, Workflow, register_standard_kinds,
+    CheckpointId, Config, Durability, Interaction, InteractionId, InteractionKind, Map, Message,
+    NodeId, NodePath, ResumeFrom, ResumeInput, RunEvent, RunHandle, RunId, RunLabels, RunOutcome,
+    RunStatus, Runtime, StopMode, StopReason, StopRequest, StopResult, ThreadId, Value, Workflow,
+    register_standard_kinds,
 };
 use serde::Serialize;
 use tokio::task::JoinHandle;
@@ -35,6 +43,9 @@ struct Cli {
     /// Config file (JSON); every setting has a default.
     #[arg(long, global = true, value_name = "FILE")]
     config: Option<PathBuf>,
+    /// Keep runs, history and checkpoints in this Redis (overrides the config file's URL).
+    #[arg(long, global = true, value_name = "URL", env = "RUNVISOR_REDIS_URL")]
+    redis: Option<String>,
     #[command(subcommand)]
     command: Command,
 }
@@ -43,11 +54,51 @@ struct Cli {
 enum Command {
     /// Run a workflow and print its progress, then its outputs.
     Run(RunArgs),
+    /// Continue a thread from its newest checkpoint (or a named one: a fork).
+    Resume(ResumeArgs),
+    /// Ask the run of a FastGPT app and chat to stop; waits (5 s at most) for it to end.
+    Stop {
+        /// The app id.
+        #[arg(long)]
+        app: String,
+        /// The chat id.
+        #[arg(long)]
+        chat: String,
+    },
+    /// Ask the run of a RAGFlow task to cancel; waits (5 s at most) for it to end.
+    Cancel {
+        /// The task id.
+        #[arg(long)]
+        task: String,
+    },
     /// Check a workflow and print every problem found.
     Validate {
         /// The workflow file (JSON).
         file: PathBuf,
     },
+}
+
+#[derive(Debug, clap::Args)]
+struct ResumeArgs {
+    /// The thread to continue.
+    #[arg(long, value_name = "ID")]
+    thread: String,
+    /// Resume from this checkpoint instead of the newest (a fork).
+    #[arg(long, value_name = "ID")]
+    checkpoint: Option<String>,
+    /// A new instruction from the user: added to history, it becomes `{{sys.query}}`.
+    #[arg(long, value_name = "TEXT", conflicts_with = "answer")]
+    say: Option<String>,
+    /// The answer to the interaction the run waits for: the form's values as a JSON object,
+    /// or the chosen option's value.
+    #[arg(long, value_name = "JSON")]
+    answer: Option<String>,
+    /// The interaction answered; by default the one the checkpoint waits for.
+    #[arg(long, value_name = "ID", requires = "answer")]
+    interaction: Option<String>,
+    /// Print only a JSON document with the outcome.
+    #[arg(long)]
+    json: bool,
 }
 
 #[derive(Debug, clap::Args)]
@@ -64,6 +115,26 @@ struct RunArgs {
     /// Print only a JSON document with the outcome.
     #[arg(long)]
     json: bool,
+    /// The FastGPT app id this run belongs to (names its stop flag).
+    #[arg(long, requires = "chat")]
+    app: Option<String>,
+    /// The FastGPT chat id this run belongs to (names its stop flag).
+    #[arg(long, requires = "app")]
+    chat: Option<String>,
+    /// The RAGFlow task id this run belongs to (names its cancel flag).
+    #[arg(long)]
+    task: Option<String>,
+    /// When progress is saved: after every node and awaited (`sync`), after every node in the
+    /// background (`async`), or only at the end (`exit`).
+    #[arg(long, value_enum)]
+    durability: Option<DurabilityArg>,
+}
+
+#[derive(Debug, Clone, Copy, clap::ValueEnum)]
+enum DurabilityArg {
+    Sync,
+    Async,
+    Exit,
 }
 
 fn main() -> ExitCode {
@@ -85,19 +156,86 @@ fn is_broken_pipe(e: &anyhow::Error) -> bool {
 }
 
 fn dispatch(cli: Cli) -> anyhow::Result<ExitCode> {
-    let config = Config::load_or_default(cli.config.as_deref())?;
+    let mut config = Config::load_or_default(cli.config.as_deref())?;
     if let Err(problem) = runvisor::telemetry::init(config.log.as_deref().unwrap_or("warn")) {
         eprintln!("warning: {problem}");
     }
-    let runtime = register_standard_kinds(Runtime::builder().config(config.runtime)).try_build()?;
-    match cli.command {
-        Command::Validate { file } => validate(&runtime, &file),
-        Command::Run(args) => tokio::runtime::Builder::new_multi_thread()
-            .enable_all()
-            .build()
-            .context("cannot start the async runtime")?
-            .block_on(run(&runtime, args)),
+    if let Some(url) = cli.redis {
+        let mut redis = config.redis.take().unwrap_or_else(|| RedisConfig::new(""));
+        redis.url = url;
+        config.redis = Some(redis);
     }
+    if let Command::Run(RunArgs {
+        durability: Some(d),
+        ..
+    }) = &cli.command
+    {
+        config.runtime.durability = match d {
+            DurabilityArg::Sync => Durability::Sync,
+            DurabilityArg::Async => Durability::Async,
+            DurabilityArg::Exit => Durability::Exit,
+        };
+    }
+    if let Command::Validate { file } = &cli.command {
+        let runtime =
+            register_standard_kinds(Runtime::builder().config(config.runtime)).try_build()?;
+        return validate(&runtime, file);
+    }
+    tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .context("cannot start the async runtime")?
+        .block_on(async move {
+            let durable = config.redis.is_some();
+            let runtime = build_runtime(config).await?;
+            match cli.command {
+                Command::Run(args) => run(&runtime, args).await,
+                Command::Resume(args) if durable => resume(&runtime, args).await,
+                Command::Stop { app, chat } if durable => {
+                    report_request(runtime.request_stop(&app, &chat).await)
+                }
+                Command::Cancel { task } if durable => {
+                    report_request(runtime.request_cancel(&task).await)
+                }
+                Command::Resume(_) | Command::Stop { .. } | Command::Cancel { .. } => bail!(
+                    "this command acts on runs of other processes: pass --redis URL (or set \
+                     `redis` in the config file); the embedded in-memory stores end with the \
+                     process that used them"
+                ),
+                Command::Validate { .. } => Ok(ExitCode::SUCCESS),
+            }
+        })
+}
+
+/// The runtime with the standard kinds, on Redis when configured, else on the embedded
+/// in-memory stores.
+async fn build_runtime(config: Config) -> anyhow::Result<Runtime> {
+    let mut builder = register_standard_kinds(Runtime::builder().config(config.runtime));
+    if let Some(redis) = config.redis {
+        let shown = redis.redacted_url();
+        let stores = RedisStores::connect(redis)
+            .await
+            .with_context(|| format!("cannot use Redis at {shown}"))?;
+        builder = stores.install(builder);
+    }
+    Ok(builder.try_build()?)
+}
+
+/// Prints what a stop or cancel request did, as the seed APIs answer: success either way.
+fn report_request(request: StopRequest) -> anyhow::Result<ExitCode> {
+    let document = serde_json::json!({
+        "success": true,
+        "key": request.key,
+        "ended": request.ended,
+        "waited_ms": u64::try_from(request.waited.as_millis()).unwrap_or(u64::MAX),
+        "error": request.error,
+    });
+    writeln!(
+        io::stdout().lock(),
+        "{}",
+        serde_json::to_string_pretty(&document)?
+    )?;
+    Ok(ExitCode::SUCCESS)
 }
 
 /// Reads and validates a workflow file; prints every validation error, one per line.
@@ -192,13 +330,91 @@ async fn run(runtime: &Runtime, args: RunArgs) -> anyhow::Result<ExitCode> {
         Some(id) => ThreadId::new(id).context("bad --thread")?,
         None => ThreadId::generate(),
     };
+    let labels = RunLabels {
+        app_id: args.app,
+        chat_id: args.chat,
+        task_id: args.task,
+    };
     let run = runtime
-        .start(&workflow, inputs, thread)
+        .start_with(&workflow, inputs, thread, labels)
         .await
         .context("the run could not start")?;
-    let signals = signals.stop_run(runtime, run.run_id());
+    follow(runtime, run, signals, workflow.id(), args.json).await
+}
 
-    let mut progress = (!args.json).then(|| Progress::new(io::stdout()));
+/// `resume`: the newest checkpoint of the thread, or a named one; a new instruction or the
+/// answer to the pending interaction.
+async fn resume(runtime: &Runtime, args: ResumeArgs) -> anyhow::Result<ExitCode> {
+    let signals = StopSignals::listen()?;
+    let thread = ThreadId::new(&args.thread).context("bad --thread")?;
+    let from = match &args.checkpoint {
+        Some(id) => ResumeFrom::Checkpoint {
+            thread: thread.clone(),
+            checkpoint: id.parse::<CheckpointId>().context("bad --checkpoint")?,
+        },
+        None => ResumeFrom::Thread(thread.clone()),
+    };
+    let input = match (args.say, args.answer) {
+        (Some(text), _) => ResumeInput::Instruction(text),
+        (None, Some(answer)) => {
+            // A JSON answer, or plain text for a choice.
+            let value = serde_json::from_str::<serde_json::Value>(&answer)
+                .map(Value::from)
+                .unwrap_or_else(|_| Value::from(answer.as_str()));
+            let interaction_id = match &args.interaction {
+                Some(id) => id.parse::<InteractionId>().context("bad --interaction")?,
+                None => pending_interaction(runtime, &from).await?,
+            };
+            ResumeInput::Answer {
+                interaction_id,
+                value,
+            }
+        }
+        (None, None) => ResumeInput::Continue,
+    };
+    let run = runtime.resume(from, input).await?;
+    let workflow_id = runtime
+        .run_store()
+        .get(run.run_id())
+        .await
+        .ok()
+        .flatten()
+        .map(|r| r.workflow_id)
+        .unwrap_or_default();
+    follow(runtime, run, signals, &workflow_id, args.json).await
+}
+
+/// The interaction the checkpoint to resume from waits for.
+async fn pending_interaction(
+    runtime: &Runtime,
+    from: &ResumeFrom,
+) -> anyhow::Result<InteractionId> {
+    let stored = match from {
+        ResumeFrom::Thread(thread) => runtime.checkpoint_store().latest(thread).await?,
+        ResumeFrom::Checkpoint { thread, checkpoint } => {
+            runtime.checkpoint_store().get(thread, *checkpoint).await?
+        }
+    }
+    .context("no checkpoint to resume from")?;
+    let snapshot = Snapshot::decode(&stored.bytes)
+        .with_context(|| format!("checkpoint {} is not readable", stored.id))?;
+    snapshot
+        .interactions
+        .first()
+        .map(|i| i.id)
+        .context("the checkpoint waits for no answer; resume without --answer")
+}
+
+/// Shows a run's progress until it ends (stopping it on Ctrl-C), then its outcome.
+async fn follow(
+    runtime: &Runtime,
+    run: RunHandle,
+    signals: StopSignals,
+    workflow_id: &str,
+    json: bool,
+) -> anyhow::Result<ExitCode> {
+    let signals = signals.stop_run(runtime, run.run_id());
+    let mut progress = (!json).then(|| Progress::new(io::stdout()));
     let mut events = run.events();
     while let Some(event) = events.next().await {
         if let Some(progress) = &mut progress {
@@ -209,23 +425,33 @@ async fn run(runtime: &Runtime, args: RunArgs) -> anyhow::Result<ExitCode> {
     signals.abort();
 
     let mut out = io::stdout().lock();
-    if args.json {
-        let document = OutcomeDocument::new(&workflow, run.thread(), &outcome);
+    if json {
+        let document = OutcomeDocument::new(workflow_id, run.thread(), &outcome);
         writeln!(out, "{}", serde_json::to_string_pretty(&document)?)?;
     } else {
-        if let RunOutcome::Stopped(stop) = &outcome {
-            print_stop(&mut out, stop)?;
+        match &outcome {
+            RunOutcome::Stopped(stop) => print_stop(&mut out, stop)?,
+            RunOutcome::AwaitingInput { interactions, .. } => {
+                print_waiting(&mut out, run.thread(), interactions)?;
+            }
+            _ => {}
         }
         let outputs = serde_json::to_string_pretty(outcome.outputs())?;
         writeln!(out, "outputs:\n{outputs}")?;
     }
     out.flush()?;
-    if let (Some(error), false) = (outcome.error(), args.json) {
+    if let (Some(error), false) = (outcome.error(), json) {
         eprintln!("error: run failed: {error}");
     }
     Ok(match &outcome {
         RunOutcome::Stopped(_) => ExitCode::from(EXIT_STOPPED),
-        _ if outcome.status() == RunStatus::Succeeded => ExitCode::SUCCESS,
+        _ if matches!(
+            outcome.status(),
+            RunStatus::Succeeded | RunStatus::AwaitingInput
+        ) =>
+        {
+            ExitCode::SUCCESS
+        }
         _ => ExitCode::from(EXIT_RUN_FAILED),
     })
 }
@@ -308,6 +534,46 @@ fn print_stop(out: &mut impl Write, stop: &StopResult) -> io::Result<()> {
     }
 }
 
+/// What the run waits for, and how to answer.
+fn print_waiting(
+    out: &mut impl Write,
+    thread: &ThreadId,
+    interactions: &[Interaction],
+) -> io::Result<()> {
+    for interaction in interactions {
+        writeln!(
+            out,
+            "waiting for input at {} (interaction {})",
+            interaction.path, interaction.id
+        )?;
+        if let Some(prompt) = &interaction.prompt {
+            writeln!(out, "  {prompt}")?;
+        }
+        match &interaction.kind {
+            InteractionKind::FormInput { fields } => {
+                for field in fields {
+                    let required = if field.required { ", required" } else { "" };
+                    writeln!(
+                        out,
+                        "  field {} ({}{required})",
+                        field.name,
+                        field.ty.name()
+                    )?;
+                }
+            }
+            InteractionKind::UserSelect { options } => {
+                for option in options {
+                    writeln!(out, "  option {:?}: {}", option.value, option.label)?;
+                }
+            }
+        }
+    }
+    writeln!(
+        out,
+        "answer with: runvisor resume --thread {thread} --answer '<JSON>'"
+    )
+}
+
 /// The `--json` document: the run, its status, outputs, variables, messages and error.
 #[derive(Debug, Serialize)]
 struct OutcomeDocument<'a> {
@@ -326,6 +592,8 @@ struct OutcomeDocument<'a> {
     messages_not_persisted: &'a [Message],
     /// What a stop kept; `null` unless the run was stopped.
     stop: Option<StopDocument<'a>>,
+    /// What the run waits for; empty unless it paused for input.
+    interactions: &'a [Interaction],
 }
 
 /// The `stop` part of the `--json` document.
@@ -362,7 +630,7 @@ impl<'a> StopDocument<'a> {
 }
 
 impl<'a> OutcomeDocument<'a> {
-    fn new(workflow: &'a Workflow, thread: &'a ThreadId, outcome: &'a RunOutcome) -> Self {
+    fn new(workflow: &'a str, thread: &'a ThreadId, outcome: &'a RunOutcome) -> Self {
         let variables = match outcome {
             RunOutcome::Completed { variables, .. } => Some(variables),
             _ => None,
@@ -371,7 +639,7 @@ impl<'a> OutcomeDocument<'a> {
         Self {
             run_id: outcome.run_id(),
             thread,
-            workflow: workflow.id(),
+            workflow,
             status: outcome.status(),
             error: outcome.error().map(ToString::to_string),
             outputs: outcome.outputs(),
@@ -381,6 +649,10 @@ impl<'a> OutcomeDocument<'a> {
             stop: match outcome {
                 RunOutcome::Stopped(stop) => Some(StopDocument::new(stop)),
                 _ => None,
+            },
+            interactions: match outcome {
+                RunOutcome::AwaitingInput { interactions, .. } => interactions,
+                _ => &[],
             },
         }
     }

@@ -139,15 +139,15 @@ impl RedisServer {
         self.child = Some(child);
         let deadline = Instant::now() + PATIENCE;
         while Instant::now() < deadline {
-            if let Some(child) = self.child.as_mut() {
-                if let Ok(Some(status)) = child.try_wait() {
-                    self.child = None;
-                    return Err(format!(
-                        "redis-server exited with {status} on port {}: {}",
-                        self.port,
-                        tail(&log)
-                    ));
-                }
+            if let Some(child) = self.child.as_mut()
+                && let Ok(Some(status)) = child.try_wait()
+            {
+                self.child = None;
+                return Err(format!(
+                    "redis-server exited with {status} on port {}: {}",
+                    self.port,
+                    tail(&log)
+                ));
             }
             if ping(self.port) {
                 return Ok(());
