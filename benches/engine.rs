@@ -3,7 +3,10 @@
 //! supervision, scheduling, reference resolution, events), not handler work.
 //!
 //! Run with `cargo bench --bench engine`. Each benchmark reports time per run; chains and
-//! fan-outs also set `Throughput::Elements(nodes)` so criterion prints nodes per second.
+//! fan-outs also set `Throughput::Elements(nodes)` so criterion prints nodes per second, and
+//! loops and parallels `Throughput::Elements(iterations or items)` (per-iteration cost is the
+//! time per run divided by the iterations). `interactive/pause_resume` is one run paused at a
+//! form plus the resume that answers it and completes.
 //! Every run asserts it completed with the expected outputs, so a broken engine cannot report
 //! fast numbers. The in-memory stores keep every run's record and final checkpoint, so memory
 //! grows over a bench; that is part of what an embedded runtime pays.
@@ -14,9 +17,9 @@ use std::time::Duration;
 use criterion::measurement::WallTime;
 use criterion::{BenchmarkGroup, Criterion, Throughput, criterion_group, criterion_main};
 use runvisor::{
-    Map, NodeContext, NodeError, NodeHandler, NodeOutput, RunOutcome, Runtime, ThreadId, Value,
-    Workflow, async_trait,
-    workflow::{NodeDef, WorkflowDef},
+    Map, NodeContext, NodeError, NodeHandler, NodeOutput, ResumeInput, RunOutcome, Runtime,
+    ThreadId, Value, Workflow, async_trait,
+    workflow::{BodyDef, NodeDef, WorkflowDef},
 };
 use serde_json::json;
 use tokio::runtime::Runtime as Tokio;
@@ -107,6 +110,65 @@ fn switch(runtime: &Runtime) -> Workflow {
     runtime.validate(def).expect("switch workflow is valid")
 }
 
+/// `begin -> l`: a condition loop of `iterations` iterations (`until` its index reaches the
+/// last one), whose body is one trivial node reading the iteration's index.
+fn counted_loop(runtime: &Runtime, iterations: u32) -> Workflow {
+    let def = WorkflowDef::new(format!("loop-{iterations}"))
+        .node(NodeDef::new("begin", "begin"))
+        .node(NodeDef {
+            params: json!({
+                "mode": "condition",
+                "max_iterations": iterations,
+                "until": {"conditions": [
+                    {"left": "{{l.index}}", "op": "gte", "right": iterations - 1}
+                ]},
+                "output": "{{b.value}}"
+            }),
+            body: Some(BodyDef {
+                nodes: vec![NodeDef::new("b", ECHO).param("x", "{{l.index}}")],
+                edges: Vec::new(),
+            }),
+            ..NodeDef::new("l", "loop")
+        })
+        .edge("begin", "l");
+    runtime.validate(def).expect("loop workflow is valid")
+}
+
+/// `begin -> p`: a parallel over `items` numbers, `concurrency` at a time, whose body is one
+/// trivial node reading the item.
+fn wide_parallel(runtime: &Runtime, items: usize, concurrency: usize) -> Workflow {
+    let def = WorkflowDef::new(format!("parallel-{items}"))
+        .node(NodeDef::new("begin", "begin"))
+        .node(NodeDef {
+            params: json!({
+                "items": (0..items).collect::<Vec<_>>(),
+                "max_concurrency": concurrency,
+                "output": "{{b.value}}"
+            }),
+            body: Some(BodyDef {
+                nodes: vec![NodeDef::new("b", ECHO).param("x", "{{p.item}}")],
+                edges: Vec::new(),
+            }),
+            ..NodeDef::new("p", "parallel")
+        })
+        .edge("begin", "p");
+    runtime.validate(def).expect("parallel workflow is valid")
+}
+
+/// `begin -> ask -> after`: `ask` is a one-field form; `after` reads the answer.
+fn form(runtime: &Runtime) -> Workflow {
+    let def = WorkflowDef::new("form")
+        .node(NodeDef::new("begin", "begin"))
+        .node(NodeDef::new("ask", "interactive").params(json!({
+            "mode": "form_input",
+            "fields": [{"name": "n", "type": "integer", "required": true}]
+        })))
+        .node(NodeDef::new("after", ECHO).param("x", "{{ask.n}}"))
+        .edge("begin", "ask")
+        .edge("ask", "after");
+    runtime.validate(def).expect("form workflow is valid")
+}
+
 /// One whole run; panics unless it completed and `check` holds for its outcome, so a broken
 /// engine cannot report fast numbers.
 async fn run_once(
@@ -123,6 +185,35 @@ async fn run_once(
     match &outcome {
         RunOutcome::Completed { .. } if check(&outcome) => {}
         other => panic!("run did not complete as expected: {other:?}"),
+    }
+    black_box(outcome);
+}
+
+/// Starts a run that pauses at a form, resumes it with the answer and waits for the end;
+/// panics unless the answer reached the node after the form.
+async fn pause_and_answer(runtime: &Runtime, workflow: &Workflow, thread: &ThreadId) {
+    let handle = runtime
+        .start(workflow, Map::new(), thread.clone())
+        .await
+        .expect("run starts");
+    let paused = handle.wait().await;
+    let Some(asked) = paused.interaction() else {
+        panic!("run did not pause at the form: {paused:?}");
+    };
+    let resumed = runtime
+        .resume(
+            thread.clone(),
+            ResumeInput::Answer {
+                interaction_id: asked.id,
+                value: Value::from(json!({"n": 7})),
+            },
+        )
+        .await
+        .expect("the answer is taken");
+    let outcome = resumed.wait().await;
+    match &outcome {
+        RunOutcome::Completed { .. } if value_of(&outcome, "after") == Some(Value::from(7)) => {}
+        other => panic!("resumed run did not complete as expected: {other:?}"),
     }
     black_box(outcome);
 }
@@ -189,5 +280,60 @@ fn benches(c: &mut Criterion) {
     group.finish();
 }
 
-criterion_group!(engine, benches);
+/// Loops and parallels: one body node per iteration or item, so what is measured is the body
+/// actor's cost per iteration (a graph execution, an actor spawn, references to the frame).
+fn bodies(c: &mut Criterion) {
+    let rt = tokio();
+    let runtime = runtime();
+    let thread = ThreadId::new("bench").expect("valid thread id");
+
+    let mut group = c.benchmark_group("loop");
+    configure(&mut group);
+    let iterations = 1000;
+    let wf = counted_loop(&runtime, iterations);
+    group.throughput(Throughput::Elements(u64::from(iterations)));
+    group.bench_function(format!("{iterations}_iterations"), |b| {
+        b.to_async(&rt).iter(|| {
+            run_once(&runtime, &wf, &thread, |o| {
+                let l = o.output("l");
+                l.and_then(|l| l.get("iterations")) == Some(&Value::from(iterations))
+                    && l.and_then(|l| l.get("history"))
+                        .and_then(|h| h.as_array())
+                        .and_then(|h| h.last())
+                        == Some(&Value::from(iterations - 1))
+            })
+        });
+    });
+    group.finish();
+
+    let mut group = c.benchmark_group("parallel");
+    configure(&mut group);
+    let (items, concurrency) = (1000, 16);
+    let wf = wide_parallel(&runtime, items, concurrency);
+    group.throughput(Throughput::Elements(items as u64));
+    group.bench_function(format!("{items}_items_c{concurrency}"), |b| {
+        b.to_async(&rt).iter(|| {
+            run_once(&runtime, &wf, &thread, |o| {
+                let p = o.output("p");
+                p.and_then(|p| p.get("count")) == Some(&Value::from(items))
+                    && p.and_then(|p| p.get("results"))
+                        .and_then(|r| r.as_array())
+                        .and_then(|r| r.last())
+                        == Some(&Value::from(items - 1))
+            })
+        });
+    });
+    group.finish();
+
+    let mut group = c.benchmark_group("interactive");
+    configure(&mut group);
+    let wf = form(&runtime);
+    group.bench_function("pause_resume", |b| {
+        b.to_async(&rt)
+            .iter(|| pause_and_answer(&runtime, &wf, &thread));
+    });
+    group.finish();
+}
+
+criterion_group!(engine, benches, bodies);
 criterion_main!(engine);
