@@ -522,6 +522,7 @@ impl Runtime {
             stop_reason: None,
             unpersisted: None,
             labels: labels.clone(),
+            not_resumable: None,
         };
         self.services
             .runs

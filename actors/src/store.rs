@@ -155,6 +155,9 @@ pub struct RunRecord {
     /// The ids other processes name its stop and cancel flags by.
     #[serde(default)]
     pub labels: crate::watcher::RunLabels,
+    /// Why the run cannot be resumed (its checkpoint is unreadable), once a resume found out.
+    #[serde(default)]
+    pub not_resumable: Option<String>,
 }
 
 /// Keeps run metadata.

@@ -90,6 +90,7 @@ fn fields(record: &RunRecord) -> (Vec<(&'static str, String)>, Vec<&'static str>
         ("app_id", record.labels.app_id.clone()),
         ("chat_id", record.labels.chat_id.clone()),
         ("task_id", record.labels.task_id.clone()),
+        ("not_resumable", record.not_resumable.clone()),
     ];
     for (name, value) in optional {
         match value {
@@ -132,6 +133,7 @@ fn record(run_id: RunId, fields: &Fields<'_>, key: &str) -> Result<Option<RunRec
             chat_id: fields.optional_text("chat_id")?.map(str::to_owned),
             task_id: fields.optional_text("task_id")?.map(str::to_owned),
         },
+        not_resumable: fields.optional_text("not_resumable")?.map(str::to_owned),
     }))
 }
 

@@ -265,6 +265,7 @@ pub(crate) fn run_record(run: RunId, thread: &ThreadId) -> RunRecord {
         stop_reason: None,
         unpersisted: None,
         labels: runvisor::RunLabels::app_chat("app", "chat"),
+        not_resumable: None,
     }
 }
 

@@ -183,8 +183,19 @@ impl Runtime {
                 })?,
         };
         let checkpoint = stored.id;
-        let snapshot = Snapshot::decode(&stored.bytes)
-            .map_err(|error| ResumeError::Corrupt { checkpoint, error })?;
+        let snapshot = match Snapshot::decode(&stored.bytes) {
+            Ok(snapshot) => snapshot,
+            Err(error) => {
+                // Record it on the run that wrote the checkpoint, for whoever looks next.
+                if let Ok(Some(mut record)) = self.run_store().get(stored.run).await {
+                    record.not_resumable = Some(format!("checkpoint {checkpoint}: {error}"));
+                    if let Err(e) = self.run_store().put(&record).await {
+                        tracing::warn!(run = %stored.run, error = %e, "could not record that the run is not resumable");
+                    }
+                }
+                return Err(ResumeError::Corrupt { checkpoint, error });
+            }
+        };
         let inconsistent = |reason: String| ResumeError::Inconsistent { checkpoint, reason };
         if snapshot.thread != thread {
             return Err(inconsistent(format!(
