@@ -81,8 +81,15 @@ pub(crate) struct CheckpointerArgs {
 
 struct Pending {
     write: Write,
-    bytes: Vec<u8>,
+    /// Set once encoded (a failed write keeps its bytes, counted in the backlog).
+    bytes: Option<Vec<u8>>,
     id: CheckpointId,
+}
+
+impl Pending {
+    fn held(&self) -> usize {
+        self.bytes.as_ref().map_or(0, Vec::len)
+    }
 }
 
 pub(crate) struct CheckpointerState {
@@ -140,29 +147,23 @@ impl Actor for Checkpointer {
                     let _ = reply.send(result);
                 });
             }
-            CheckpointMsg::Background(write) => match write.snapshot.encode() {
-                Ok(bytes) => {
-                    state.drop_pending(&write.run);
-                    state
-                        .backlog
-                        .bytes
-                        .fetch_add(bytes.len(), Ordering::Relaxed);
-                    let run = write.run;
-                    state.pending.insert(
-                        run,
-                        Pending {
-                            write,
-                            bytes,
-                            id: CheckpointId::new(),
-                        },
-                    );
-                    if !state.flush_scheduled {
-                        state.flush_scheduled = true;
-                        let _ = myself.send_message(CheckpointMsg::Flush);
-                    }
+            CheckpointMsg::Background(write) => {
+                // Encoded when flushed: a newer snapshot of the run replaces this one unencoded.
+                state.drop_pending(&write.run);
+                let run = write.run;
+                state.pending.insert(
+                    run,
+                    Pending {
+                        write,
+                        bytes: None,
+                        id: CheckpointId::new(),
+                    },
+                );
+                if !state.flush_scheduled {
+                    state.flush_scheduled = true;
+                    let _ = myself.send_message(CheckpointMsg::Flush);
                 }
-                Err(e) => tracing::error!(run = %write.run, error = %e, "snapshot does not encode"),
-            },
+            }
             CheckpointMsg::Flush => {
                 state.flush_scheduled = false;
                 state.flush().await;
@@ -186,55 +187,61 @@ impl Actor for Checkpointer {
 impl CheckpointerState {
     fn drop_pending(&mut self, run: &RunId) {
         if let Some(old) = self.pending.remove(run) {
-            self.backlog
-                .bytes
-                .fetch_sub(old.bytes.len(), Ordering::Relaxed);
+            self.backlog.bytes.fetch_sub(old.held(), Ordering::Relaxed);
         }
     }
 
-    /// Writes every pending snapshot once; failed ones stay pending.
+    /// Writes every pending snapshot once; failed ones stay pending (encoded, counted in the
+    /// backlog) unless a newer snapshot of their run arrived meanwhile.
     async fn flush(&mut self) {
         let batch: Vec<Pending> = self.pending.drain().map(|(_, p)| p).collect();
         let store = self.store.clone();
-        let results = futures::future::join_all(batch.into_iter().map(|p| {
+        let results = futures::future::join_all(batch.into_iter().map(|mut p| {
             let store = store.clone();
             async move {
+                let held = p.held();
+                let bytes = match p.bytes.take() {
+                    Some(bytes) => bytes,
+                    None => match p.write.snapshot.encode() {
+                        Ok(bytes) => bytes,
+                        Err(e) => {
+                            tracing::error!(run = %p.write.run, error = %e, "snapshot does not encode");
+                            return (p, held, None);
+                        }
+                    },
+                };
                 let stored = StoredCheckpoint {
                     id: p.id,
                     run: p.write.run,
                     sequence: p.write.sequence,
-                    bytes: p.bytes.clone(),
+                    bytes,
                 };
-                let result = store.put(&p.write.thread, stored).await;
-                (p, result)
+                let result = store.put(&p.write.thread, stored.clone()).await;
+                p.bytes = Some(stored.bytes);
+                (p, held, Some(result))
             }
         }))
         .await;
-        for (p, result) in results {
+        for (p, held, result) in results {
             match result {
-                Ok(()) | Err(StoreError::StaleSequence { .. }) => {
-                    // Stored, or something newer already is.
-                    self.backlog
-                        .bytes
-                        .fetch_sub(p.bytes.len(), Ordering::Relaxed);
+                None | Some(Ok(())) | Some(Err(StoreError::StaleSequence { .. })) => {
+                    // Stored, superseded, or unencodable (logged): nothing left to hold.
+                    self.backlog.bytes.fetch_sub(held, Ordering::Relaxed);
                     self.retry_delay = FIRST_RETRY;
                 }
-                Err(e) => {
+                Some(Err(e)) => {
                     self.failures += 1;
                     if self.failures.is_power_of_two() {
                         tracing::warn!(error = %e, failures = self.failures, "checkpoint write failed; will retry");
                     }
-                    // Keep it unless a newer snapshot of the run arrived meanwhile.
                     let run = p.write.run;
-                    match self.pending.get(&run) {
-                        Some(_) => {
-                            self.backlog
-                                .bytes
-                                .fetch_sub(p.bytes.len(), Ordering::Relaxed);
-                        }
-                        None => {
-                            self.pending.insert(run, p);
-                        }
+                    if self.pending.contains_key(&run) {
+                        self.backlog.bytes.fetch_sub(held, Ordering::Relaxed);
+                    } else {
+                        self.backlog
+                            .bytes
+                            .fetch_add(p.held().saturating_sub(held), Ordering::Relaxed);
+                        self.pending.insert(run, p);
                     }
                 }
             }

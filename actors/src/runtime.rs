@@ -80,6 +80,9 @@ pub struct RuntimeConfig {
     /// Bytes of background snapshots allowed to wait for the store (during an outage); past
     /// that, runs wait for their snapshot to be stored before going on.
     pub checkpoint_buffer: usize,
+    /// In `async` mode, the window over which a run's completions share one snapshot.
+    #[serde(with = "humantime_serde")]
+    pub checkpoint_coalesce: Duration,
     /// How long an awaited snapshot write keeps retrying a failing store before the run
     /// reports it as not written.
     #[serde(with = "humantime_serde")]
@@ -96,6 +99,7 @@ impl Default for RuntimeConfig {
             event_buffer: 1024,
             durability: Durability::Async,
             checkpoint_buffer: 64 * 1024 * 1024,
+            checkpoint_coalesce: Duration::from_millis(20),
             checkpoint_flush_timeout: Duration::from_secs(10),
             signals: SignalConfig::default(),
         }

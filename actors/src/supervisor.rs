@@ -58,6 +58,8 @@ pub(crate) enum RunMsg {
     Escalate,
     /// Aborted nodes did not all report in time: give up on the rest.
     Deadline,
+    /// Save the run's progress now (async durability: at most once per coalescing window).
+    SaveProgress,
 }
 
 pub(crate) struct RunSupervisor;
@@ -109,6 +111,8 @@ pub(crate) struct RunState {
     interactions: Vec<Interaction>,
     /// Stop timers (escalation, deadline), cancelled when the run ends.
     timers: Vec<tokio::task::JoinHandle<()>>,
+    /// A progress snapshot is due at the end of the current coalescing window.
+    progress_armed: bool,
     sequence: u64,
     span: tracing::Span,
     ended: bool,
@@ -205,6 +209,7 @@ impl Actor for RunSupervisor {
             stopping: None,
             interactions: Vec::new(),
             timers: Vec::new(),
+            progress_armed: false,
             sequence: 0,
             span,
             ended: false,
@@ -249,6 +254,12 @@ impl Actor for RunSupervisor {
             RunMsg::Stop { mode, reason } => state.begin_stop(&myself, Cause::Stop(reason), mode),
             RunMsg::Pause(interaction) => state.pause(&myself, interaction),
             RunMsg::Escalate => state.escalate(&myself),
+            RunMsg::SaveProgress => {
+                state.progress_armed = false;
+                if !state.ended && state.stopping.is_none() {
+                    state.save_progress().await;
+                }
+            }
             RunMsg::Deadline => {
                 let cell = myself.get_cell();
                 let run = state.run.clone();
@@ -351,7 +362,7 @@ impl RunState {
             match event {
                 ExecEvent::Ready(ready) => {
                     if self.stopping.is_none() {
-                        self.save_progress().await;
+                        self.progress(myself).await;
                     }
                     let cell = myself.get_cell();
                     let run = self.run.clone();
@@ -377,8 +388,29 @@ impl RunState {
         }
     }
 
-    /// Saves the run's progress between nodes: awaited in `sync` mode (and in `async` mode when
-    /// too many snapshots wait for the store), in the background in `async` mode.
+    /// After a node completed: in `sync` mode, saves the run's progress before its dependents
+    /// start; in `async` mode, arms one save at the end of the coalescing window (so a burst of
+    /// completions costs one snapshot), or saves at once, awaited, when too many snapshots
+    /// already wait for the store.
+    async fn progress(&mut self, myself: &ActorRef<RunMsg>) {
+        let config = &self.run.services.config;
+        match config.durability {
+            Durability::Exit => {}
+            Durability::Sync => self.save_progress().await,
+            Durability::Async if self.run.services.backlog.bytes() > config.checkpoint_buffer => {
+                self.save_progress().await;
+            }
+            Durability::Async if !self.progress_armed => {
+                self.progress_armed = true;
+                let window = config.checkpoint_coalesce;
+                self.timer(myself, window, || RunMsg::SaveProgress);
+            }
+            Durability::Async => {}
+        }
+    }
+
+    /// Saves the run's progress: awaited in `sync` mode (and in `async` mode when too many
+    /// snapshots wait for the store), in the background in `async` mode.
     async fn save_progress(&mut self) {
         let services = self.run.services.clone();
         let config = &services.config;
@@ -507,6 +539,7 @@ impl RunState {
     /// Sends a message to this run after a delay, unless the run has ended by then.
     fn timer(&mut self, myself: &ActorRef<RunMsg>, after: Duration, msg: fn() -> RunMsg) {
         let me = myself.clone();
+        self.timers.retain(|t| !t.is_finished());
         self.timers.push(tokio::spawn(async move {
             tokio::time::sleep(after).await;
             let _ = me.send_message(msg());
