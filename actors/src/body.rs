@@ -428,15 +428,10 @@ impl BodyState {
                 p.results = s.results;
                 p.done = s.done;
                 p.errors = s.errors;
+                // As in a live run, items see the variables as they were when the parallel
+                // started; each item's own assignments are given back to it when it continues.
                 let mut assigned = s.assigned;
                 assigned.sort_by_key(|(i, _)| *i);
-                for (_, list) in &assigned {
-                    for (name, value) in list {
-                        if !name.contains('.') {
-                            self.env.insert(name.clone(), value.clone());
-                        }
-                    }
-                }
                 p.assigned = assigned;
                 p.resume = s
                     .in_progress
@@ -515,7 +510,15 @@ impl BodyState {
                 };
                 for (index, body) in resume {
                     match self.new_item_exec(index).map(|e| e.restore(body)) {
-                        Some(Ok(exec)) => {
+                        Some(Ok(mut exec)) => {
+                            if let Work::Parallel(p) = &self.work {
+                                let own = p.assigned.iter().filter(|(i, _)| *i == index);
+                                for (name, value) in own.flat_map(|(_, list)| list) {
+                                    if !name.contains('.') {
+                                        exec.env.insert(name.clone(), value.clone());
+                                    }
+                                }
+                            }
                             events.extend(self.launch_item(cell, index, exec, true).await)
                         }
                         None => {}
@@ -984,10 +987,19 @@ impl BodyState {
                 })
             }
         };
+        let inner = match &self.work {
+            Work::Loop(l) => l.exec.iter().flat_map(|e| e.interrupted.clone()).collect(),
+            Work::Parallel(p) => p
+                .in_flight
+                .values()
+                .flat_map(|e| e.interrupted.clone())
+                .collect(),
+        };
         NodeEnd::Interrupted {
             forced,
             frame: Some(frame),
             interactions: self.interactions.clone(),
+            inner,
         }
     }
 

@@ -269,6 +269,14 @@ async fn write_until(
         };
         match store.put(&write.thread, stored).await {
             Ok(()) => return Ok(id),
+            // An earlier attempt timed out on our side yet reached the store (a frozen or slow
+            // server answers late): sequences are unique per write, so the stored one is this
+            // very checkpoint, same id and bytes.
+            Err(StoreError::StaleSequence { stored, .. })
+                if attempts > 0 && stored == write.sequence =>
+            {
+                return Ok(id);
+            }
             Err(e @ StoreError::StaleSequence { .. }) => return Err(e.to_string()),
             Err(e) => {
                 attempts += 1;

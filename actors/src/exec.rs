@@ -716,6 +716,7 @@ impl GraphExec {
                 forced,
                 frame,
                 interactions,
+                inner,
             } => {
                 add_usage(&mut self.usage, &report.usage);
                 let partial = self.keep_partial(host.run, node, &report.partial);
@@ -738,13 +739,18 @@ impl GraphExec {
                         error: NodeError::Failed("interrupted without a stop request".into()),
                     });
                 }
-                self.interrupted.push(Interrupted {
-                    path,
-                    forced,
-                    partial,
-                    chunks: report.chunks,
-                    error: None,
-                });
+                if inner.is_empty() {
+                    self.interrupted.push(Interrupted {
+                        path,
+                        forced,
+                        partial,
+                        chunks: report.chunks,
+                        error: None,
+                    });
+                } else {
+                    // A loop or parallel: where it stopped is inside it.
+                    self.interrupted.extend(inner);
+                }
             }
         }
         events

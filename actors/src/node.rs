@@ -49,6 +49,8 @@ pub(crate) enum NodeEnd {
         forced: bool,
         frame: Option<FrameState>,
         interactions: Vec<Interaction>,
+        /// The body nodes cut short inside it, by full path.
+        inner: Vec<crate::stop::Interrupted>,
     },
 }
 
@@ -58,6 +60,7 @@ impl NodeEnd {
             forced,
             frame: None,
             interactions: Vec::new(),
+            inner: Vec::new(),
         }
     }
 

@@ -526,8 +526,10 @@ async fn a_stop_inside_an_iteration_resumes_without_rerunning_finished_iteration
             .await
             .expect("the run is live"),
     );
+    // Where it stopped is named inside the loop: node `b` of iteration 2.
     assert_eq!(stop.interrupted.len(), 1, "{stop:#?}");
-    assert_eq!(stop.interrupted[0].path, at("l"));
+    assert_eq!(stop.interrupted[0].path, at("l/#2/b"));
+    assert_eq!(stop.stopped_at(), [at("l/#2/b")]);
     let first = finish(&run).await;
     assert_eq!(first.status(), RunStatus::Stopped);
     assert_eq!(tokens(&first), 5.0 * TOKENS);
