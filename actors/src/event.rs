@@ -180,6 +180,14 @@ pub enum RunEvent {
         /// Why.
         reason: crate::stop::StopReason,
     },
+    /// The checkpoint store failed to take the run's progress (`waiting`), or took it again:
+    /// while waiting, no node starts unsaved.
+    StorageWait {
+        /// Whether the run waits for the store.
+        waiting: bool,
+        /// The store's error, when it started waiting.
+        error: Option<String>,
+    },
     /// A subscriber fell behind the event buffer and missed this many events.
     EventsMissed {
         /// How many.

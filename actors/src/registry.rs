@@ -29,6 +29,8 @@ pub struct RunSummary {
     pub started_at_ms: u64,
     /// The nodes running now, by path (a node inside a loop shows its iteration).
     pub running_nodes: Vec<NodePath>,
+    /// Whether the run waits for the checkpoint store (it failed; nothing goes on unsaved).
+    pub waiting_for_storage: bool,
 }
 
 /// One node of a run's actor tree, as the actor itself reported it.
@@ -52,6 +54,7 @@ pub struct ActorTree {
 pub(crate) struct LiveState {
     pub(crate) status: RunStatus,
     pub(crate) running: BTreeSet<NodePath>,
+    pub(crate) waiting_for_storage: bool,
 }
 
 /// A live run's registry entry.
@@ -112,6 +115,11 @@ impl RunRegistry {
         self.runs.get(run_id).map(|r| r.clone())
     }
 
+    /// Whether a run is listed (live, or waiting for input).
+    pub fn contains(&self, run_id: &RunId) -> bool {
+        self.runs.contains_key(run_id)
+    }
+
     /// How many runs are live.
     pub fn len(&self) -> usize {
         self.runs.len()
@@ -153,5 +161,6 @@ fn summary(run_id: RunId, run: &LiveRun) -> RunSummary {
         status: state.status,
         started_at_ms: run.started_at_ms,
         running_nodes: state.running.iter().cloned().collect(),
+        waiting_for_storage: state.waiting_for_storage,
     }
 }

@@ -546,6 +546,7 @@ impl Runtime {
             live: Arc::new(std::sync::Mutex::new(LiveState {
                 status: RunStatus::Running,
                 running: Default::default(),
+                waiting_for_storage: false,
             })),
             signal_keys: WatchedKeys::for_run(
                 &self.services.config.signals,

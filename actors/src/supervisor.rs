@@ -60,6 +60,10 @@ pub(crate) enum RunMsg {
     Deadline,
     /// Save the run's progress now (async durability: at most once per coalescing window).
     SaveProgress,
+    /// An awaited progress snapshot was stored (or failed after the store's retries).
+    Saved(Result<CheckpointId, String>),
+    /// Try the awaited progress snapshot again.
+    RetrySave,
 }
 
 pub(crate) struct RunSupervisor;
@@ -113,6 +117,12 @@ pub(crate) struct RunState {
     timers: Vec<tokio::task::JoinHandle<()>>,
     /// A progress snapshot is due at the end of the current coalescing window.
     progress_armed: bool,
+    /// Ready nodes waiting for the next awaited progress snapshot.
+    held: Vec<crate::scheduler::NodeIndex>,
+    /// Ready nodes waiting for the awaited progress snapshot in flight.
+    saving: Option<Vec<crate::scheduler::NodeIndex>>,
+    /// Awaited progress snapshots keep failing: the run waits for the store.
+    storage_waiting: bool,
     sequence: u64,
     span: tracing::Span,
     ended: bool,
@@ -210,6 +220,9 @@ impl Actor for RunSupervisor {
             interactions: Vec::new(),
             timers: Vec::new(),
             progress_armed: false,
+            held: Vec::new(),
+            saving: None,
+            storage_waiting: false,
             sequence: 0,
             span,
             ended: false,
@@ -257,7 +270,13 @@ impl Actor for RunSupervisor {
             RunMsg::SaveProgress => {
                 state.progress_armed = false;
                 if !state.ended && state.stopping.is_none() {
-                    state.save_progress().await;
+                    state.save_in_background().await;
+                }
+            }
+            RunMsg::Saved(result) => state.saved(&myself, result).await,
+            RunMsg::RetrySave => {
+                if !state.ended && state.saving.is_none() && !state.held.is_empty() {
+                    state.start_save(&myself);
                 }
             }
             RunMsg::Deadline => {
@@ -361,8 +380,16 @@ impl RunState {
         while let Some(event) = queue.pop_front() {
             match event {
                 ExecEvent::Ready(ready) => {
+                    if self.stopping.is_none() && self.must_save_first() {
+                        // Dependents start once the progress that made them ready is stored.
+                        self.held.extend(ready);
+                        if self.saving.is_none() {
+                            self.start_save(myself);
+                        }
+                        continue;
+                    }
                     if self.stopping.is_none() {
-                        self.progress(myself).await;
+                        self.progress(myself);
                     }
                     let cell = myself.get_cell();
                     let run = self.run.clone();
@@ -388,64 +415,126 @@ impl RunState {
         }
     }
 
-    /// After a node completed: in `sync` mode, saves the run's progress before its dependents
-    /// start; in `async` mode, arms one save at the end of the coalescing window (so a burst of
-    /// completions costs one snapshot), or saves at once, awaited, when too many snapshots
-    /// already wait for the store.
-    async fn progress(&mut self, myself: &ActorRef<RunMsg>) {
+    /// Whether dependents must wait until the run's progress is stored: always in `sync` mode;
+    /// in `async` mode when too many snapshots already wait for the store.
+    fn must_save_first(&self) -> bool {
         let config = &self.run.services.config;
         match config.durability {
-            Durability::Exit => {}
-            Durability::Sync => self.save_progress().await,
-            Durability::Async if self.run.services.backlog.bytes() > config.checkpoint_buffer => {
-                self.save_progress().await;
-            }
-            Durability::Async if !self.progress_armed => {
-                self.progress_armed = true;
-                let window = config.checkpoint_coalesce;
-                self.timer(myself, window, || RunMsg::SaveProgress);
-            }
-            Durability::Async => {}
+            Durability::Sync => true,
+            Durability::Async => self.run.services.backlog.bytes() > config.checkpoint_buffer,
+            Durability::Exit => false,
         }
     }
 
-    /// Saves the run's progress: awaited in `sync` mode (and in `async` mode when too many
-    /// snapshots wait for the store), in the background in `async` mode.
-    async fn save_progress(&mut self) {
-        let services = self.run.services.clone();
-        let config = &services.config;
-        let awaited = match config.durability {
-            Durability::Exit => return,
-            Durability::Sync => true,
-            Durability::Async => self.run.services.backlog.bytes() > config.checkpoint_buffer,
-        };
-        // Messages are persisted when the run ends; until then they travel in its snapshots,
-        // so a crash loses none of them (a resume persists them, once, by id).
+    /// In `async` mode, arms one background save at the end of the coalescing window, so a
+    /// burst of completions costs one snapshot.
+    fn progress(&mut self, myself: &ActorRef<RunMsg>) {
+        if self.run.services.config.durability == Durability::Async && !self.progress_armed {
+            self.progress_armed = true;
+            let window = self.run.services.config.checkpoint_coalesce;
+            self.timer(myself, window, || RunMsg::SaveProgress);
+        }
+    }
+
+    /// The run's progress as a snapshot: messages are persisted when the run ends; until then
+    /// they travel in its snapshots, so a crash loses none of them (a resume persists them,
+    /// once, by id).
+    fn progress_snapshot(&mut self) -> Write {
         let produced: Vec<Message> = self
             .start_messages
             .iter()
             .chain(self.exec.produced.iter())
             .cloned()
             .collect();
-        let write = self.snapshot(RunStatus::Running, None, produced);
-        let Ok(checkpointer) = services.checkpointer().await else {
-            return;
-        };
-        if awaited {
-            let timeout = config.checkpoint_flush_timeout + Duration::from_secs(1);
-            match checkpointer
-                .call(|reply| CheckpointMsg::Awaited(write, reply), Some(timeout))
-                .await
-            {
-                Ok(ractor::rpc::CallResult::Success(Ok(id))) => {
-                    self.record.checkpoint_id = Some(id);
+        self.snapshot(RunStatus::Running, None, produced)
+    }
+
+    /// Hands the run's progress to the checkpointer, to write in the background.
+    async fn save_in_background(&mut self) {
+        let write = self.progress_snapshot();
+        if let Ok(checkpointer) = self.run.services.clone().checkpointer().await {
+            let _ = checkpointer.send_message(CheckpointMsg::Background(write));
+        }
+    }
+
+    /// Starts an awaited save of the run's progress for the held ready nodes; the answer comes
+    /// back as `RunMsg::Saved`, so the run keeps answering stops and queries meanwhile.
+    fn start_save(&mut self, myself: &ActorRef<RunMsg>) {
+        self.saving = Some(std::mem::take(&mut self.held));
+        let write = self.progress_snapshot();
+        let services = self.run.services.clone();
+        let me = myself.clone();
+        tokio::spawn(async move {
+            let result = match services.checkpointer().await {
+                Ok(checkpointer) => {
+                    let timeout = services.config.checkpoint_flush_timeout + Duration::from_secs(1);
+                    match checkpointer
+                        .call(|reply| CheckpointMsg::Awaited(write, reply), Some(timeout))
+                        .await
+                    {
+                        Ok(ractor::rpc::CallResult::Success(result)) => result,
+                        Ok(other) => Err(format!("checkpointer did not answer: {other:?}")),
+                        Err(e) => Err(format!("checkpointer unreachable: {e}")),
+                    }
                 }
-                other => {
-                    tracing::warn!(parent: &self.span, result = ?other.map(|_| ()), "progress snapshot not stored");
+                Err(e) => Err(e),
+            };
+            let _ = me.send_message(RunMsg::Saved(result));
+        });
+    }
+
+    /// An awaited progress snapshot came back: start the nodes it was holding, or, if the store
+    /// kept failing, wait for it (the run pauses rather than going on unsaved) and try again.
+    async fn saved(&mut self, myself: &ActorRef<RunMsg>, result: Result<CheckpointId, String>) {
+        let covered = self.saving.take().unwrap_or_default();
+        match result {
+            Ok(id) => {
+                self.record.checkpoint_id = Some(id);
+                if self.storage_waiting {
+                    self.storage_waiting = false;
+                    self.run.live().waiting_for_storage = false;
+                    tracing::info!(parent: &self.span, "checkpoint store is back; the run goes on");
+                    self.run.emit(RunEvent::StorageWait {
+                        waiting: false,
+                        error: None,
+                    });
+                }
+                if self.stopping.is_none() && !self.ended {
+                    let cell = myself.get_cell();
+                    let run = self.run.clone();
+                    let host = Host {
+                        cell: &cell,
+                        run: &run,
+                    };
+                    let events = self
+                        .exec
+                        .launch(&host, covered)
+                        .instrument(self.span.clone())
+                        .await;
+                    Box::pin(self.process(myself, events)).await;
+                }
+                if !self.held.is_empty() && self.saving.is_none() && !self.ended {
+                    self.start_save(myself);
                 }
             }
-        } else {
-            let _ = checkpointer.send_message(CheckpointMsg::Background(write));
+            Err(error) => {
+                // Nothing is launched unsaved: the nodes wait for the next attempt.
+                let mut held = covered;
+                held.append(&mut self.held);
+                self.held = held;
+                if !self.storage_waiting {
+                    self.storage_waiting = true;
+                    self.run.live().waiting_for_storage = true;
+                    tracing::warn!(parent: &self.span, %error, "checkpoint store failing: the run waits for it");
+                    self.run.emit(RunEvent::StorageWait {
+                        waiting: true,
+                        error: Some(error),
+                    });
+                }
+                if self.stopping.is_none() && !self.ended {
+                    self.timer(myself, Duration::from_millis(500), || RunMsg::RetrySave);
+                }
+            }
         }
     }
 
@@ -549,6 +638,10 @@ impl RunState {
     /// Ends the run when there is nothing left to wait for.
     async fn settle(&mut self, myself: &ActorRef<RunMsg>) {
         if self.ended || !self.exec.is_idle() {
+            return;
+        }
+        if self.stopping.is_none() && (self.saving.is_some() || !self.held.is_empty()) {
+            // Ready nodes wait for their progress to be stored.
             return;
         }
         if self.stopping.is_none() && !self.exec.is_done() {

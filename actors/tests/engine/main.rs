@@ -5,6 +5,7 @@ mod support;
 mod bodykit;
 mod concurrency;
 mod dag;
+mod durability;
 mod failures;
 mod history;
 mod interactive;

@@ -1,0 +1,193 @@
+//! Durability modes on the embedded stores: `sync` stores a node's result before its
+//! dependents start; `async` coalesces; `exit` writes only at the end; a failing checkpoint
+//! store makes a `sync` run wait (nothing goes on unsaved) and go on when the store is back.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+use runvisor_actors::snapshot::Snapshot;
+use runvisor_actors::store::memory::MemoryCheckpointStore;
+use runvisor_actors::store::{CheckpointStore, StoredCheckpoint};
+use runvisor_actors::{
+    CheckpointId, Durability, NodeContext, NodeError, NodeHandler, NodeOutput, RunEvent, RunStatus,
+    Runtime, RuntimeConfig, StoreError, ThreadId, Value, async_trait,
+};
+use serde_json::json;
+
+use super::support::*;
+
+/// A checkpoint store whose writes fail while `broken` is set.
+#[derive(Debug, Default)]
+struct Flaky {
+    inner: MemoryCheckpointStore,
+    broken: AtomicBool,
+}
+
+#[async_trait]
+impl CheckpointStore for Flaky {
+    async fn put(&self, thread: &ThreadId, checkpoint: StoredCheckpoint) -> Result<(), StoreError> {
+        if self.broken.load(Ordering::SeqCst) {
+            return Err(StoreError::Unavailable("checkpoint store down".into()));
+        }
+        self.inner.put(thread, checkpoint).await
+    }
+    async fn get(
+        &self,
+        thread: &ThreadId,
+        id: CheckpointId,
+    ) -> Result<Option<StoredCheckpoint>, StoreError> {
+        self.inner.get(thread, id).await
+    }
+    async fn latest(&self, thread: &ThreadId) -> Result<Option<StoredCheckpoint>, StoreError> {
+        self.inner.latest(thread).await
+    }
+    async fn list(&self, thread: &ThreadId) -> Result<Vec<CheckpointId>, StoreError> {
+        self.inner.list(thread).await
+    }
+    async fn prune(&self, thread: &ThreadId, keep: usize) -> Result<usize, StoreError> {
+        self.inner.prune(thread, keep).await
+    }
+}
+
+/// Records, when it runs, which nodes the thread's newest checkpoint holds as completed.
+struct SeesCheckpoint(Arc<dyn CheckpointStore>);
+
+#[async_trait]
+impl NodeHandler for SeesCheckpoint {
+    async fn run(&self, _input: Value, ctx: NodeContext) -> Result<NodeOutput, NodeError> {
+        let stored = self
+            .0
+            .latest(ctx.thread())
+            .await
+            .map_err(NodeError::failed)?
+            .ok_or_else(|| NodeError::failed("no checkpoint yet"))?;
+        let snapshot = Snapshot::decode(&stored.bytes).map_err(NodeError::failed)?;
+        let done: Vec<Value> = snapshot
+            .graph
+            .completed
+            .iter()
+            .map(|c| Value::from(c.node.as_str()))
+            .collect();
+        Ok(NodeOutput::new(Value::from_iter([(
+            "saw",
+            Value::Array(done),
+        )])))
+    }
+}
+
+fn runtime(store: Arc<dyn CheckpointStore>, durability: Durability) -> Runtime {
+    Runtime::builder()
+        .checkpoint_store(store.clone())
+        .handler("sees", SeesCheckpoint(store))
+        .config(RuntimeConfig {
+            durability,
+            checkpoint_flush_timeout: Duration::from_millis(200),
+            ..RuntimeConfig::default()
+        })
+        .build()
+}
+
+fn chain(rt: &Runtime) -> runvisor_actors::Workflow {
+    load(
+        rt,
+        json!({"id": "w", "nodes": [
+            {"id": "start", "kind": "begin"},
+            {"id": "a", "kind": "message", "params": {"template": "a"}},
+            {"id": "b", "kind": "sees"},
+            {"id": "c", "kind": "sees"}
+        ], "edges": [
+            {"from": "start", "to": "a"}, {"from": "a", "to": "b"}, {"from": "b", "to": "c"}
+        ]}),
+    )
+}
+
+#[tokio::test]
+async fn sync_stores_each_result_before_its_dependents_start() {
+    let store: Arc<dyn CheckpointStore> = Arc::new(MemoryCheckpointStore::new());
+    let rt = runtime(store, Durability::Sync);
+    let run = rt
+        .start(&chain(&rt), inputs([]), thread("sync"))
+        .await
+        .expect("start");
+    let outcome = finish(&run).await;
+    assert_eq!(outcome.status(), RunStatus::Succeeded, "{outcome:#?}");
+    assert_eq!(
+        outcome.output("b"),
+        Some(&val(json!({"saw": ["start", "a"]})))
+    );
+    assert_eq!(
+        outcome.output("c"),
+        Some(&val(json!({"saw": ["start", "a", "b"]})))
+    );
+}
+
+#[tokio::test]
+async fn exit_writes_only_the_final_checkpoint() {
+    let store: Arc<dyn CheckpointStore> = Arc::new(MemoryCheckpointStore::new());
+    let rt = Runtime::builder()
+        .checkpoint_store(store.clone())
+        .config(RuntimeConfig {
+            durability: Durability::Exit,
+            ..RuntimeConfig::default()
+        })
+        .build();
+    let wf = load(
+        &rt,
+        json!({"id": "w", "nodes": [
+            {"id": "start", "kind": "begin"},
+            {"id": "a", "kind": "message", "params": {"template": "a"}},
+            {"id": "b", "kind": "message", "params": {"template": "b"}}
+        ], "edges": [{"from": "start", "to": "a"}, {"from": "a", "to": "b"}]}),
+    );
+    let t = thread("exit");
+    let run = rt.start(&wf, inputs([]), t.clone()).await.expect("start");
+    assert_eq!(finish(&run).await.status(), RunStatus::Succeeded);
+    assert_eq!(store.list(&t).await.expect("list").len(), 1);
+}
+
+#[tokio::test]
+async fn a_failing_store_makes_a_sync_run_wait_and_go_on_when_it_is_back() {
+    let flaky = Arc::new(Flaky::default());
+    flaky.broken.store(true, Ordering::SeqCst);
+    let store: Arc<dyn CheckpointStore> = flaky.clone();
+    let rt = runtime(store, Durability::Sync);
+    let t = thread("outage");
+    let run = rt
+        .start(&chain(&rt), inputs([]), t.clone())
+        .await
+        .expect("start");
+    let mut events = run.events();
+    // The run waits: `b` does not start while `a`'s result cannot be stored.
+    within("the run to wait for storage", async {
+        loop {
+            match events.next().await {
+                Some(RunEvent::StorageWait {
+                    waiting: true,
+                    error,
+                }) => {
+                    assert!(error.is_some_and(|e| e.contains("checkpoint store down")));
+                    break;
+                }
+                Some(RunEvent::NodeStarted { path, .. }) => {
+                    assert_ne!(path.to_string(), "b", "b started unsaved");
+                }
+                Some(_) => {}
+                None => panic!("the run ended instead of waiting"),
+            }
+        }
+    })
+    .await;
+    let summary = rt.registry().summary(&run.run_id()).expect("live");
+    assert!(summary.waiting_for_storage);
+    assert_eq!(summary.status, RunStatus::Running);
+    // The store comes back: the run goes on and completes, every step stored.
+    flaky.broken.store(false, Ordering::SeqCst);
+    let outcome = finish(&run).await;
+    assert_eq!(outcome.status(), RunStatus::Succeeded, "{outcome:#?}");
+    assert_eq!(
+        outcome.output("b"),
+        Some(&val(json!({"saw": ["start", "a"]})))
+    );
+    assert!(!rt.registry().contains(&run.run_id()));
+}
