@@ -17,7 +17,7 @@ use tokio::sync::oneshot;
 use tracing::Instrument;
 
 use crate::event::{Frame, NodePath};
-use crate::exec::{ChildRef, ExecEvent, GraphExec, Host, Outer};
+use crate::exec::{ChildRef, Ended, ExecEvent, GraphExec, Host, Outer};
 use crate::handler::{NodeError, NodeOutput, RunInfo, Usage, add_usage};
 use crate::ids::NodeId;
 use crate::interaction::Interaction;
@@ -245,30 +245,20 @@ impl Actor for BodyActor {
         event: SupervisionEvent,
         state: &mut Self::State,
     ) -> Result<(), ActorProcessingErr> {
-        let (cell, failure) = match event {
-            SupervisionEvent::ActorTerminated(cell, _, _) => (cell, None),
-            SupervisionEvent::ActorFailed(cell, e) => (cell, Some(e.to_string())),
-            _ => return Ok(()),
+        let Some(ended) = Ended::from_event(event) else {
+            return Ok(());
         };
-        let id = cell.get_id();
         let me = myself.get_cell();
         let run = state.run.clone();
         let host = Host {
             cell: &me,
             run: &run,
         };
-        let mut events = Vec::new();
         let span = state.span.clone();
-        if let Some((item, exec)) = state.exec_of(&id)
-            && let Some(mut child) = exec.take_child(&id)
+        let mut events = Vec::new();
+        if let Some((item, exec)) = state.exec_of(&ended.id)
+            && let Some(more) = exec.child_ended(&host, &ended).instrument(span).await
         {
-            let more = match (child.report.try_recv(), failure) {
-                (Ok(report), _) => exec.on_report(&host, report).instrument(span).await,
-                (Err(_), why) => {
-                    let why = why.unwrap_or_else(|| "ended without a report".into());
-                    exec.on_lost(&host, child, &why)
-                }
-            };
             events.extend(more.into_iter().map(|e| (item, e)));
         }
         for (item, event) in events {

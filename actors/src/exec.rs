@@ -138,6 +138,31 @@ pub(crate) struct Child {
     pub(crate) report: oneshot::Receiver<NodeReport>,
 }
 
+/// A child actor that ended, as a supervision event tells it.
+#[derive(Debug)]
+pub(crate) struct Ended {
+    pub(crate) id: ActorId,
+    /// Why it failed, if it did not end normally.
+    pub(crate) failure: Option<String>,
+}
+
+impl Ended {
+    /// The ending a supervision event reports, if it reports one.
+    pub(crate) fn from_event(event: ractor::SupervisionEvent) -> Option<Self> {
+        match event {
+            ractor::SupervisionEvent::ActorTerminated(cell, _, _) => Some(Self {
+                id: cell.get_id(),
+                failure: None,
+            }),
+            ractor::SupervisionEvent::ActorFailed(cell, e) => Some(Self {
+                id: cell.get_id(),
+                failure: Some(format!("node actor failed: {e}")),
+            }),
+            _ => None,
+        }
+    }
+}
+
 /// What a host learns from its graph.
 #[derive(Debug)]
 pub(crate) enum ExecEvent {
@@ -637,9 +662,21 @@ impl GraphExec {
         Ok(step.ready)
     }
 
-    /// Removes and returns the child with this actor id, if it is one of this execution's.
-    pub(crate) fn take_child(&mut self, id: &ActorId) -> Option<Child> {
-        self.children.remove(id)
+    /// A child of this execution ended (per a supervision event): applies its report, or
+    /// records it as lost when it ended without one. `None` if it is not this execution's.
+    pub(crate) async fn child_ended(
+        &mut self,
+        host: &Host<'_>,
+        ended: &Ended,
+    ) -> Option<Vec<ExecEvent>> {
+        let mut child = self.children.remove(&ended.id)?;
+        Some(match (child.report.try_recv(), &ended.failure) {
+            (Ok(report), _) => self.on_report(host, report).await,
+            (Err(_), why) => {
+                let why = why.as_deref().unwrap_or("ended without a report");
+                self.on_lost(host, child, why)
+            }
+        })
     }
 
     /// Whether a child with this actor id is one of this execution's.

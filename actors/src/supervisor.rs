@@ -22,7 +22,7 @@ use tracing::Instrument;
 
 use crate::checkpointer::{CheckpointMsg, Durability, Write};
 use crate::event::{NodePath, RunEvent};
-use crate::exec::{ExecEvent, GraphExec, Host, Outer};
+use crate::exec::{Ended, ExecEvent, GraphExec, Host, Outer};
 use crate::handler::RunInfo;
 use crate::ids::{CheckpointId, NodeId, RunId};
 use crate::interaction::Interaction;
@@ -240,17 +240,7 @@ impl Actor for RunSupervisor {
             thread: state.run.thread.clone(),
         });
         let ready = state.exec.first_ready(state.restored);
-        let cell = myself.get_cell();
-        let run = state.run.clone();
-        let host = Host {
-            cell: &cell,
-            run: &run,
-        };
-        let events = state
-            .exec
-            .launch(&host, ready)
-            .instrument(state.span.clone())
-            .await;
+        let events = state.launch(&myself, ready).await;
         state.process(&myself, events).await;
         state.settle(&myself).await;
         Ok(())
@@ -303,14 +293,7 @@ impl Actor for RunSupervisor {
         event: SupervisionEvent,
         state: &mut Self::State,
     ) -> Result<(), ActorProcessingErr> {
-        let (cell, failure) = match event {
-            SupervisionEvent::ActorTerminated(cell, _, _) => (cell, None),
-            SupervisionEvent::ActorFailed(cell, e) => {
-                (cell, Some(format!("node actor failed: {e}")))
-            }
-            _ => return Ok(()),
-        };
-        let Some(mut child) = state.exec.take_child(&cell.get_id()) else {
+        let Some(ended) = Ended::from_event(event) else {
             return Ok(());
         };
         let me = myself.get_cell();
@@ -319,18 +302,9 @@ impl Actor for RunSupervisor {
             cell: &me,
             run: &run,
         };
-        let events = match (child.report.try_recv(), failure) {
-            (Ok(report), _) => {
-                state
-                    .exec
-                    .on_report(&host, report)
-                    .instrument(state.span.clone())
-                    .await
-            }
-            (Err(_), why) => {
-                let why = why.unwrap_or_else(|| "ended without a report".into());
-                state.exec.on_lost(&host, child, &why)
-            }
+        let span = state.span.clone();
+        let Some(events) = state.exec.child_ended(&host, &ended).instrument(span).await else {
+            return Ok(());
         };
         state.process(&myself, events).await;
         state.settle(&myself).await;
@@ -373,6 +347,24 @@ impl Actor for RunSupervisor {
 }
 
 impl RunState {
+    /// Starts ready nodes of the workflow's graph.
+    async fn launch(
+        &mut self,
+        myself: &ActorRef<RunMsg>,
+        ready: Vec<crate::scheduler::NodeIndex>,
+    ) -> Vec<ExecEvent> {
+        let cell = myself.get_cell();
+        let run = self.run.clone();
+        let host = Host {
+            cell: &cell,
+            run: &run,
+        };
+        self.exec
+            .launch(&host, ready)
+            .instrument(self.span.clone())
+            .await
+    }
+
     /// Acts on what the graph reported: failures, pauses and stops end the run; ready nodes
     /// start after the run's progress is saved (per the durability mode).
     async fn process(&mut self, myself: &ActorRef<RunMsg>, events: Vec<ExecEvent>) {
@@ -391,18 +383,7 @@ impl RunState {
                     if self.stopping.is_none() {
                         self.progress(myself);
                     }
-                    let cell = myself.get_cell();
-                    let run = self.run.clone();
-                    let host = Host {
-                        cell: &cell,
-                        run: &run,
-                    };
-                    let more = self
-                        .exec
-                        .launch(&host, ready)
-                        .instrument(self.span.clone())
-                        .await;
-                    queue.extend(more);
+                    queue.extend(self.launch(myself, ready).await);
                 }
                 ExecEvent::Failed { path, error } => {
                     tracing::info!(parent: &self.span, node = %path, %error, "node failed");
@@ -500,17 +481,7 @@ impl RunState {
                     });
                 }
                 if self.stopping.is_none() && !self.ended {
-                    let cell = myself.get_cell();
-                    let run = self.run.clone();
-                    let host = Host {
-                        cell: &cell,
-                        run: &run,
-                    };
-                    let events = self
-                        .exec
-                        .launch(&host, covered)
-                        .instrument(self.span.clone())
-                        .await;
+                    let events = self.launch(myself, covered).await;
                     Box::pin(self.process(myself, events)).await;
                 }
                 if !self.held.is_empty() && self.saving.is_none() && !self.ended {
