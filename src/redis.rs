@@ -1,5 +1,6 @@
 //! Redis adapters for the engine's ports: checkpoints, run records and thread histories kept in
-//! one Redis server, so a run stopped in one process resumes in another.
+//! one Redis server, so a run stopped in one process resumes in another; and the stop and
+//! cancel flags every process shares, so any of them can stop a run ([`RedisSignalSource`]).
 //!
 //! ```no_run
 //! # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
@@ -26,6 +27,8 @@
 //! | `<p>:runs:{<thread>}` | ZSET | the thread's run ids, all with score 0 |
 //! | `<p>:hist:{<thread>}` | LIST | the thread's history, one JSON message per entry, oldest first |
 //! | `<p>:histids:{<thread>}` | SET | the ids of the messages in that list |
+//! | stop and cancel flags, named by the runtime's [`SignalConfig`](crate::SignalConfig) templates | STRING | a flag: any non-empty value, with a TTL |
+//! | `<p>:signals` (pub/sub channel) | | notices `{"key": ..., "raised": ...}` (see [`signal`]) |
 //!
 //! Ordering: checkpoint, run and message ids are UUIDv7, whose text order is their time order
 //! (and the order of the ids themselves). The two ZSETs give every member the score 0, so
@@ -73,19 +76,21 @@ mod history;
 mod keys;
 mod reply;
 mod run;
+pub mod signal;
 
 use std::fmt;
 use std::sync::Arc;
 use std::time::Duration;
 
 use runvisor_actors::RuntimeBuilder;
-use runvisor_actors::store::{CheckpointStore, HistoryStore, RunStore};
+use runvisor_actors::store::{CheckpointStore, HistoryStore, RunStore, SignalSource};
 use serde::{Deserialize, Serialize};
 
 pub use checkpoint::RedisCheckpointStore;
 pub use history::RedisHistoryStore;
 pub use keys::Keys;
 pub use run::RedisRunStore;
+pub use signal::RedisSignalSource;
 
 use conn::Conn;
 
@@ -228,7 +233,8 @@ pub enum ConnectError {
     },
 }
 
-/// The three Redis-backed stores, sharing one connection. Cheap to clone.
+/// The Redis-backed stores and signal source, sharing one connection (the signal source adds
+/// a pub/sub connection of its own). Cheap to clone.
 #[derive(Clone)]
 pub struct RedisStores {
     /// Checkpoints.
@@ -237,6 +243,8 @@ pub struct RedisStores {
     pub runs: Arc<dyn RunStore>,
     /// Thread histories.
     pub history: Arc<dyn HistoryStore>,
+    /// Stop and cancel flags, and their notices.
+    pub signals: Arc<dyn SignalSource>,
     keys: Keys,
     config: RedisConfig,
 }
@@ -263,18 +271,20 @@ impl RedisStores {
         Ok(Self {
             checkpoints: Arc::new(RedisCheckpointStore::new(conn.clone(), keys.clone(), ttl)),
             runs: Arc::new(RedisRunStore::new(conn.clone(), keys.clone(), ttl)),
-            history: Arc::new(RedisHistoryStore::new(conn, keys.clone(), ttl)),
+            history: Arc::new(RedisHistoryStore::new(conn.clone(), keys.clone(), ttl)),
+            signals: Arc::new(RedisSignalSource::new(conn, &config)?),
             keys,
             config,
         })
     }
 
-    /// Makes a runtime builder use these stores.
+    /// Makes a runtime builder use these stores and signal source.
     pub fn install(&self, builder: RuntimeBuilder) -> RuntimeBuilder {
         builder
             .checkpoint_store(self.checkpoints.clone())
             .run_store(self.runs.clone())
             .history_store(self.history.clone())
+            .signal_source(self.signals.clone())
     }
 
     /// The key names in use.

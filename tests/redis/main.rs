@@ -1,7 +1,8 @@
 //! Integration tests of the Redis adapters against real `redis-server` processes (see
 //! [`support`]): the store contracts checked against the in-memory stores, connecting, the
-//! key layout and TTLs, corrupt data, faults (a frozen, killed and restarted server) and a
-//! whole workflow stopped in one runtime and resumed in another.
+//! key layout and TTLs, corrupt data, faults (a frozen, killed and restarted server), a
+//! whole workflow stopped in one runtime and resumed in another, and stop and cancel flags
+//! set from anywhere.
 
 mod checkpoints;
 mod connect;
@@ -11,4 +12,5 @@ mod history;
 mod layout;
 mod resume;
 mod runs;
+mod signals;
 mod support;

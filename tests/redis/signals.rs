@@ -1,0 +1,847 @@
+//! Stop from anywhere, on real Redis: the signal source's contract (FastGPT's stop flag with
+//! its 60 s TTL, absent and deleted flags, notices on `<p>:signals`, broken subscriptions,
+//! errors instead of panics), stop requests that wait for the run's end or time out, flags
+//! set by another process (a raw connection, no notice) or published, RAGFlow cancel flags,
+//! an outage while runs are live, 10,000 live runs read in one round trip per tick, and two
+//! runtimes sharing one Redis.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::{Duration, Instant};
+
+use futures::StreamExt;
+use runvisor::redis::RedisStores;
+use runvisor::redis::signal::READ_BATCH;
+use runvisor::store::{Notice, NoticeStream};
+use runvisor::{
+    Map, NodeContext, NodeError, NodeHandler, NodeOutput, RunHandle, RunLabels, RunOutcome,
+    RunStatus, Runtime, RuntimeConfig, SignalConfig, StopReason, StoreError, Value, Workflow,
+    async_trait, render_key,
+};
+
+use super::support::{PATIENCE, RedisServer, cmd, raw, stores, thread, within};
+
+const FASTGPT_KEY: &str = "agent_runtime_stopping:app:chat";
+const MINUTE: Duration = Duration::from_secs(60);
+
+/// The host kind: streams `words` words, one every `interval`, and returns `Stopped` as soon
+/// as the run is asked to stop. Counts the runs that reached it.
+#[derive(Debug, Clone)]
+struct Talk {
+    words: usize,
+    interval: Duration,
+    started: Arc<AtomicUsize>,
+}
+
+impl Talk {
+    /// Talks for about `words × interval`.
+    fn new(words: usize, interval: Duration) -> Self {
+        Self {
+            words,
+            interval,
+            started: Arc::default(),
+        }
+    }
+
+    /// Talks until stopped (about an hour).
+    fn endless() -> Self {
+        Self::new(36_000, Duration::from_millis(100))
+    }
+
+    fn started(&self) -> usize {
+        self.started.load(Ordering::SeqCst)
+    }
+
+    /// Waits until `n` runs have reached the node.
+    async fn wait_started(&self, n: usize) {
+        within("runs to reach the node", async {
+            while self.started() < n {
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            }
+        })
+        .await;
+    }
+}
+
+#[async_trait]
+impl NodeHandler for Talk {
+    async fn run(&self, _input: Value, ctx: NodeContext) -> Result<NodeOutput, NodeError> {
+        self.started.fetch_add(1, Ordering::SeqCst);
+        let mut text = String::new();
+        for i in 0..self.words {
+            if i > 0 {
+                tokio::select! {
+                    () = tokio::time::sleep(self.interval) => {}
+                    () = ctx.stopped() => return Err(NodeError::Stopped),
+                }
+            }
+            let chunk = if i == 0 { "word" } else { " word" };
+            ctx.emit(chunk).map_err(|_| NodeError::Stopped)?;
+            text.push_str(chunk);
+        }
+        Ok(NodeOutput::new(Value::from(text)))
+    }
+}
+
+/// Waits for the stop and returns `Stopped`: a live run that costs nothing while it waits.
+#[derive(Debug, Clone, Default)]
+struct Idle {
+    started: Arc<AtomicUsize>,
+}
+
+#[async_trait]
+impl NodeHandler for Idle {
+    async fn run(&self, _input: Value, ctx: NodeContext) -> Result<NodeOutput, NodeError> {
+        self.started.fetch_add(1, Ordering::SeqCst);
+        ctx.stopped().await;
+        Err(NodeError::Stopped)
+    }
+}
+
+fn config(signals: SignalConfig) -> RuntimeConfig {
+    RuntimeConfig {
+        signals,
+        ..RuntimeConfig::default()
+    }
+}
+
+/// A runtime on every Redis store and the Redis signal source, with `kind` as the host node.
+fn redis_runtime(stores: &RedisStores, kind: impl NodeHandler, signals: SignalConfig) -> Runtime {
+    stores
+        .install(Runtime::builder())
+        .handler("host", kind)
+        .config(config(signals))
+        .build()
+}
+
+/// A runtime on the in-memory stores and the Redis signal source only.
+fn signals_only_runtime(
+    stores: &RedisStores,
+    kind: impl NodeHandler,
+    signals: SignalConfig,
+) -> Runtime {
+    Runtime::builder()
+        .signal_source(stores.signals.clone())
+        .handler("host", kind)
+        .config(config(signals))
+        .build()
+}
+
+/// `begin -> host`.
+fn workflow(runtime: &Runtime) -> Workflow {
+    runtime
+        .load_json(
+            r#"{"id": "signals", "nodes": [
+                {"id": "start", "kind": "begin"},
+                {"id": "host", "kind": "host"}
+            ], "edges": [{"from": "start", "to": "host"}]}"#,
+        )
+        .expect("valid workflow")
+}
+
+async fn start(runtime: &Runtime, workflow: &Workflow, labels: RunLabels) -> RunHandle {
+    runtime
+        .start_with(workflow, Map::new(), thread("chat"), labels)
+        .await
+        .expect("start")
+}
+
+async fn ended(run: &RunHandle, patience: Duration) -> RunOutcome {
+    match tokio::time::timeout(patience, run.wait()).await {
+        Ok(outcome) => outcome,
+        Err(_) => panic!("the run did not end within {patience:?}"),
+    }
+}
+
+fn stop_reason(outcome: &RunOutcome) -> Option<StopReason> {
+    outcome.stop_result().map(|s| s.reason)
+}
+
+/// Waits until the runtime's watcher (or anyone) listens on the signal channel.
+async fn wait_subscribed(con: &mut ::redis::aio::MultiplexedConnection, channel: &str) {
+    within("a subscriber on the signal channel", async {
+        loop {
+            let reply: Vec<::redis::Value> = cmd(con, &["PUBSUB", "NUMSUB", channel]).await;
+            if matches!(reply.get(1), Some(::redis::Value::Int(n)) if *n > 0) {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    })
+    .await;
+}
+
+/// The next notice, failing the test if none comes in time.
+async fn next_notice(notices: &mut NoticeStream) -> Notice {
+    within("a notice", notices.next())
+        .await
+        .expect("the subscription is open")
+}
+
+/// `calls` of one command in `INFO commandstats`.
+async fn command_calls(con: &mut ::redis::aio::MultiplexedConnection, command: &str) -> u64 {
+    let info: String = cmd(con, &["INFO", "commandstats"]).await;
+    let prefix = format!("cmdstat_{command}:calls=");
+    info.lines()
+        .find_map(|line| line.strip_prefix(&prefix))
+        .and_then(|rest| rest.split(',').next())
+        .map_or(0, |n| n.parse().expect("a call count"))
+}
+
+// ---- The signal source's contract (the seed's Redis function tests) ----
+
+#[tokio::test]
+async fn a_raised_flag_reads_true_and_lives_sixty_seconds() {
+    let server = RedisServer::start();
+    let stores = stores(&server).await;
+    let mut con = raw(&server).await;
+    let key = FASTGPT_KEY.to_owned();
+    stores.signals.raise(&key, MINUTE).await.expect("raise");
+    assert_eq!(
+        stores
+            .signals
+            .read(std::slice::from_ref(&key))
+            .await
+            .expect("read"),
+        [true]
+    );
+    // As FastGPT's `SETEX key 60 1` leaves it.
+    let value: String = cmd(&mut con, &["GET", &key]).await;
+    assert_eq!(value, "1");
+    let pttl: i64 = cmd(&mut con, &["PTTL", &key]).await;
+    assert!((55_000..=60_000).contains(&pttl), "PTTL {pttl}");
+    // Raising again is idempotent: one key, TTL renewed.
+    stores.signals.raise(&key, MINUTE).await.expect("raise");
+    let keys: Vec<String> = cmd(&mut con, &["KEYS", "agent_runtime_stopping:*"]).await;
+    assert_eq!(keys, [FASTGPT_KEY]);
+    // A flag set by FastGPT itself reads the same.
+    let _: String = cmd(
+        &mut con,
+        &["SETEX", "agent_runtime_stopping:a2:c2", "60", "1"],
+    )
+    .await;
+    assert_eq!(
+        stores
+            .signals
+            .read(&["agent_runtime_stopping:a2:c2".to_owned()])
+            .await
+            .expect("read"),
+        [true]
+    );
+}
+
+#[tokio::test]
+async fn absent_empty_and_foreign_keys_are_no_flags_and_reads_keep_key_order() {
+    let server = RedisServer::start();
+    let stores = stores(&server).await;
+    let mut con = raw(&server).await;
+    assert_eq!(
+        stores
+            .signals
+            .read(&[FASTGPT_KEY.to_owned()])
+            .await
+            .expect("read"),
+        [false]
+    );
+    assert!(stores.signals.read(&[]).await.expect("read").is_empty());
+    let _: String = cmd(&mut con, &["SET", "T42-cancel", "x"]).await;
+    let _: String = cmd(&mut con, &["SET", "empty", ""]).await;
+    let _: i64 = cmd(&mut con, &["HSET", "a-hash", "f", "v"]).await;
+    let keys = ["T42-cancel", "missing", "empty", "a-hash", "T42-cancel"].map(str::to_owned);
+    assert_eq!(
+        stores.signals.read(&keys).await.expect("read"),
+        [true, false, false, false, true]
+    );
+    // Thousands of keys, across several MGET batches, answer in key order.
+    let keys: Vec<String> = (0..READ_BATCH * 3 + 17)
+        .map(|i| format!("flag:{i}"))
+        .collect();
+    for key in keys.iter().step_by(7) {
+        stores.signals.raise(key, MINUTE).await.expect("raise");
+    }
+    let flags = stores.signals.read(&keys).await.expect("read");
+    let expected: Vec<bool> = (0..keys.len()).map(|i| i % 7 == 0).collect();
+    assert_eq!(flags, expected);
+}
+
+#[tokio::test]
+async fn a_cleared_flag_reads_false() {
+    let server = RedisServer::start();
+    let stores = stores(&server).await;
+    let mut con = raw(&server).await;
+    let keys = [FASTGPT_KEY.to_owned(), "T42-cancel".to_owned()];
+    for key in &keys {
+        stores.signals.raise(key, MINUTE).await.expect("raise");
+    }
+    stores.signals.clear(&keys).await.expect("clear");
+    assert_eq!(
+        stores.signals.read(&keys).await.expect("read"),
+        [false, false]
+    );
+    let exists: i64 = cmd(&mut con, &["EXISTS", FASTGPT_KEY, "T42-cancel"]).await;
+    assert_eq!(exists, 0);
+    // Clearing what is not there (or nothing) is fine.
+    stores.signals.clear(&keys).await.expect("clear again");
+    stores.signals.clear(&[]).await.expect("clear nothing");
+}
+
+#[tokio::test]
+async fn notices_reach_every_subscriber_of_every_process() {
+    let server = RedisServer::start();
+    let here = stores(&server).await;
+    let there = stores(&server).await;
+    let mut con = raw(&server).await;
+    let mut first = here.signals.subscribe().await.expect("subscribe");
+    let mut second = here.signals.subscribe().await.expect("subscribe");
+    let mut remote = there.signals.subscribe().await.expect("subscribe");
+    // One pub/sub connection per source, however many subscribers.
+    let reply: Vec<::redis::Value> = cmd(&mut con, &["PUBSUB", "NUMSUB", "runvisor:signals"]).await;
+    assert_eq!(reply.get(1), Some(&::redis::Value::Int(2)));
+
+    let raised = Notice {
+        key: FASTGPT_KEY.to_owned(),
+        raised: true,
+    };
+    there.signals.notify(&raised).await.expect("notify");
+    for notices in [&mut first, &mut second, &mut remote] {
+        assert_eq!(next_notice(notices).await, raised);
+    }
+    // What another tool publishes: a notice in the same JSON, or garbage (skipped).
+    let _: i64 = cmd(&mut con, &["PUBLISH", "runvisor:signals", "not json"]).await;
+    let _: i64 = cmd(
+        &mut con,
+        &[
+            "PUBLISH",
+            "runvisor:signals",
+            r#"{"key": "T42-cancel", "raised": false}"#,
+        ],
+    )
+    .await;
+    let cleared = Notice {
+        key: "T42-cancel".to_owned(),
+        raised: false,
+    };
+    assert_eq!(next_notice(&mut first).await, cleared);
+    assert_eq!(next_notice(&mut remote).await, cleared);
+}
+
+#[tokio::test]
+async fn a_subscription_ends_when_redis_dies_or_stops_answering() {
+    let mut server = RedisServer::start();
+    let stores = stores(&server).await;
+    let mut notices = stores.signals.subscribe().await.expect("subscribe");
+    server.kill9();
+    assert_eq!(within("the stream to end", notices.next()).await, None);
+    assert!(stores.signals.subscribe().await.is_err());
+
+    server.restart();
+    let mut notices = within("subscribe", stores.signals.subscribe())
+        .await
+        .expect("subscribe after the restart");
+    // A frozen server keeps its sockets open: the health ping finds it out.
+    server.freeze();
+    let ended = tokio::time::timeout(PATIENCE, notices.next()).await;
+    server.thaw();
+    assert_eq!(ended, Ok(None), "the stream ends when pings go unanswered");
+    let mut notices = within("subscribe", stores.signals.subscribe())
+        .await
+        .expect("subscribe after the thaw");
+    // The command connection, broken by the kill, reconnects on its first failed call.
+    within("the command connection to recover", async {
+        while stores.signals.read(&[]).await.is_err()
+            || stores.signals.read(&["k".to_owned()]).await.is_err()
+        {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    })
+    .await;
+    let raised = Notice {
+        key: "k".to_owned(),
+        raised: true,
+    };
+    stores.signals.notify(&raised).await.expect("notify");
+    assert_eq!(next_notice(&mut notices).await, raised);
+}
+
+#[tokio::test]
+async fn every_call_fails_with_a_store_error_while_redis_is_down() {
+    let mut server = RedisServer::start();
+    let stores = stores(&server).await;
+    let keys = [FASTGPT_KEY.to_owned()];
+    let notice = Notice {
+        key: FASTGPT_KEY.to_owned(),
+        raised: true,
+    };
+    let s = &stores.signals;
+
+    server.freeze();
+    let started = Instant::now();
+    assert!(matches!(
+        s.read(&keys).await,
+        Err(StoreError::Timeout(_) | StoreError::Unavailable(_))
+    ));
+    assert!(s.raise(FASTGPT_KEY, MINUTE).await.is_err());
+    assert!(s.clear(&keys).await.is_err());
+    assert!(s.notify(&notice).await.is_err());
+    assert!(s.subscribe().await.is_err());
+    // Five calls, each bounded by the call timeout (1 s in the test config).
+    assert!(
+        started.elapsed() < Duration::from_secs(6),
+        "calls are bounded"
+    );
+    server.thaw();
+
+    server.kill9();
+    assert!(matches!(
+        s.read(&keys).await,
+        Err(StoreError::Unavailable(_) | StoreError::Timeout(_))
+    ));
+    assert!(s.raise(FASTGPT_KEY, MINUTE).await.is_err());
+    assert!(s.clear(&keys).await.is_err());
+    assert!(s.notify(&notice).await.is_err());
+    assert!(s.subscribe().await.is_err());
+
+    server.restart();
+    within("recovery", async {
+        while s.read(&keys).await.is_err() {
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    })
+    .await;
+    s.raise(FASTGPT_KEY, MINUTE)
+        .await
+        .expect("raise after restart");
+    assert_eq!(s.read(&keys).await.expect("read"), [true]);
+}
+
+// ---- Stop requests (the seed's stop API: set, publish, wait up to the limit) ----
+
+#[tokio::test]
+async fn a_stop_request_returns_once_the_flag_is_deleted() {
+    let server = RedisServer::start();
+    let stores = stores(&server).await;
+    let runtime = redis_runtime(&stores, Idle::default(), SignalConfig::default());
+    let mut con = raw(&server).await;
+    // The run's end, as another process would do it: a plain DEL after 500 ms, no notice.
+    let deleter = tokio::spawn(async move {
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        let _: i64 = cmd(&mut con, &["DEL", FASTGPT_KEY]).await;
+    });
+    let request = within("stop request", runtime.request_stop("app", "chat")).await;
+    deleter.await.expect("deleter");
+    assert_eq!(request.key, FASTGPT_KEY);
+    assert!(request.ended, "{request:?}");
+    assert_eq!(request.error, None);
+    assert!(request.waited >= Duration::from_millis(500), "{request:?}");
+    assert_eq!(
+        stores
+            .signals
+            .read(&[FASTGPT_KEY.to_owned()])
+            .await
+            .expect("read"),
+        [false]
+    );
+}
+
+#[tokio::test]
+async fn a_stop_request_for_no_run_answers_after_the_configured_wait() {
+    let server = RedisServer::start();
+    let stores = stores(&server).await;
+    let wait = Duration::from_millis(300);
+    let runtime = redis_runtime(
+        &stores,
+        Idle::default(),
+        SignalConfig {
+            request_wait: wait,
+            ..SignalConfig::default()
+        },
+    );
+    let request = within("stop request", runtime.request_stop("app", "chat")).await;
+    assert!(!request.ended, "{request:?}");
+    assert_eq!(request.error, None);
+    assert!(request.waited >= wait, "{request:?}");
+    // The flag stays for the run, whenever it looks (and expires by itself).
+    let mut con = raw(&server).await;
+    let pttl: i64 = cmd(&mut con, &["PTTL", FASTGPT_KEY]).await;
+    assert!((55_000..=60_000).contains(&pttl), "PTTL {pttl}");
+}
+
+#[tokio::test]
+async fn concurrent_stop_requests_set_one_flag_and_all_return() {
+    let server = RedisServer::start();
+    let stores = stores(&server).await;
+    let mut con = raw(&server).await;
+
+    // Nobody runs: ten requests at once all answer after the wait; one flag is set.
+    let wait = Duration::from_millis(300);
+    let runtime = redis_runtime(
+        &stores,
+        Talk::endless(),
+        SignalConfig {
+            request_wait: wait,
+            ..SignalConfig::default()
+        },
+    );
+    let requests = within(
+        "ten stop requests",
+        futures::future::join_all((0..10).map(|_| runtime.request_stop("app", "nobody"))),
+    )
+    .await;
+    assert_eq!(requests.len(), 10);
+    for request in &requests {
+        assert!(!request.ended && request.error.is_none(), "{request:?}");
+        assert_eq!(request.key, "agent_runtime_stopping:app:nobody");
+    }
+    let keys: Vec<String> = cmd(&mut con, &["KEYS", "agent_runtime_stopping:*"]).await;
+    assert_eq!(keys, ["agent_runtime_stopping:app:nobody"]);
+
+    // A live run: ten requests from ten tasks, all answered once the run has ended.
+    let talk = Talk::endless();
+    let runtime = redis_runtime(&stores, talk.clone(), SignalConfig::default());
+    let run = start(
+        &runtime,
+        &workflow(&runtime),
+        RunLabels::app_chat("app", "chat"),
+    )
+    .await;
+    talk.wait_started(1).await;
+    let tasks: Vec<_> = (0..10)
+        .map(|_| {
+            let runtime = runtime.clone();
+            tokio::spawn(async move { runtime.request_stop("app", "chat").await })
+        })
+        .collect();
+    for task in tasks {
+        let request = within("a stop request", task).await.expect("task");
+        assert!(request.ended, "{request:?}");
+        assert_eq!(request.error, None);
+    }
+    let outcome = ended(&run, PATIENCE).await;
+    assert_eq!(stop_reason(&outcome), Some(StopReason::UserInterrupted));
+    let exists: i64 = cmd(&mut con, &["EXISTS", FASTGPT_KEY]).await;
+    assert_eq!(exists, 0, "the run deleted its flag");
+}
+
+// ---- Real runs stopped by flags ----
+
+#[tokio::test]
+async fn a_flag_set_by_another_process_without_a_notice_stops_the_run() {
+    let server = RedisServer::start();
+    let stores = stores(&server).await;
+    let talk = Talk::endless();
+    let runtime = redis_runtime(&stores, talk.clone(), SignalConfig::default());
+    let run = start(
+        &runtime,
+        &workflow(&runtime),
+        RunLabels::app_chat("app", "chat"),
+    )
+    .await;
+    talk.wait_started(1).await;
+    // FastGPT's setAgentRuntimeStop: SETEX, nothing published. The tick (100 ms) finds it.
+    let mut con = raw(&server).await;
+    let set = Instant::now();
+    let _: String = cmd(&mut con, &["SETEX", FASTGPT_KEY, "60", "1"]).await;
+    let outcome = ended(&run, PATIENCE).await;
+    let took = set.elapsed();
+    assert_eq!(outcome.status(), RunStatus::Stopped);
+    assert_eq!(stop_reason(&outcome), Some(StopReason::UserInterrupted));
+    let stop = outcome.stop_result().expect("stopped");
+    assert!(
+        stop.partial_response
+            .as_deref()
+            .is_some_and(|p| p.starts_with("word")),
+        "{stop:?}"
+    );
+    // The run deleted its flag when it ended (FastGPT's delAgentRuntimeStopSign).
+    let exists: i64 = cmd(&mut con, &["EXISTS", FASTGPT_KEY]).await;
+    assert_eq!(exists, 0);
+    eprintln!("unpublished flag -> run ended in {took:?} (tick 100ms)");
+}
+
+#[tokio::test]
+async fn a_published_flag_stops_the_run_between_ticks() {
+    let server = RedisServer::start();
+    let stores = stores(&server).await;
+    let talk = Talk::endless();
+    // Ticks an hour apart: only the notice can make the watcher look.
+    let runtime = redis_runtime(
+        &stores,
+        talk.clone(),
+        SignalConfig {
+            tick: Duration::from_secs(3600),
+            ..SignalConfig::default()
+        },
+    );
+    let run = start(
+        &runtime,
+        &workflow(&runtime),
+        RunLabels::app_chat("app", "chat"),
+    )
+    .await;
+    talk.wait_started(1).await;
+    let mut con = raw(&server).await;
+    wait_subscribed(&mut con, "runvisor:signals").await;
+    // Another process stops it by hand, the way `request_stop` does: SETEX, then PUBLISH.
+    let mut notices = stores.signals.subscribe().await.expect("subscribe");
+    let set = Instant::now();
+    let _: String = cmd(&mut con, &["SETEX", FASTGPT_KEY, "60", "1"]).await;
+    let _: i64 = cmd(
+        &mut con,
+        &[
+            "PUBLISH",
+            "runvisor:signals",
+            &format!(r#"{{"key":"{FASTGPT_KEY}","raised":true}}"#),
+        ],
+    )
+    .await;
+    let outcome = ended(&run, PATIENCE).await;
+    let took = set.elapsed();
+    assert_eq!(stop_reason(&outcome), Some(StopReason::UserInterrupted));
+    // The run cleared its flag and said so on the channel.
+    let exists: i64 = cmd(&mut con, &["EXISTS", FASTGPT_KEY]).await;
+    assert_eq!(exists, 0);
+    let cleared = Notice {
+        key: FASTGPT_KEY.to_owned(),
+        raised: false,
+    };
+    within("the cleared notice", async {
+        while next_notice(&mut notices).await != cleared {}
+    })
+    .await;
+    eprintln!("published flag -> run ended in {took:?} (tick 1h)");
+}
+
+#[tokio::test]
+async fn a_ragflow_cancel_flag_cancels_the_run() {
+    let server = RedisServer::start();
+    let stores = stores(&server).await;
+    let talk = Talk::endless();
+    let runtime = redis_runtime(&stores, talk.clone(), SignalConfig::default());
+    let run = start(&runtime, &workflow(&runtime), RunLabels::task("T42")).await;
+    talk.wait_started(1).await;
+    // RAGFlow's `REDIS_CONN.set(f"{task_id}-cancel", "x")`: no TTL, no notice.
+    let mut con = raw(&server).await;
+    let _: String = cmd(&mut con, &["SET", "T42-cancel", "x"]).await;
+    let outcome = ended(&run, PATIENCE).await;
+    assert_eq!(outcome.status(), RunStatus::Cancelled);
+    assert_eq!(stop_reason(&outcome), Some(StopReason::Cancelled));
+    let exists: i64 = cmd(&mut con, &["EXISTS", "T42-cancel"]).await;
+    assert_eq!(exists, 0, "the run deleted its cancel flag");
+    let record = stores
+        .runs
+        .get(run.run_id())
+        .await
+        .expect("run record")
+        .expect("recorded");
+    assert_eq!(record.status, RunStatus::Cancelled);
+
+    // `request_cancel` does the same from any runtime and waits for the end.
+    let talk = Talk::endless();
+    let runtime = redis_runtime(&stores, talk.clone(), SignalConfig::default());
+    let run = start(&runtime, &workflow(&runtime), RunLabels::task("T43")).await;
+    talk.wait_started(1).await;
+    let request = within("cancel request", runtime.request_cancel("T43")).await;
+    assert_eq!(request.key, "T43-cancel");
+    assert!(request.ended, "{request:?}");
+    assert_eq!(ended(&run, PATIENCE).await.status(), RunStatus::Cancelled);
+}
+
+#[tokio::test]
+async fn runs_go_on_while_redis_is_down_and_a_flag_set_after_the_restart_is_honoured() {
+    let mut server = RedisServer::start();
+    let stores = stores(&server).await;
+    // Signals on Redis, the other stores in memory: the outage is the signal source's alone.
+    // `host` talks for about 1.5 s, `long` until stopped.
+    let short = Talk::new(30, Duration::from_millis(50));
+    let long = Talk::endless();
+    let runtime = Runtime::builder()
+        .signal_source(stores.signals.clone())
+        .handler("host", short.clone())
+        .handler("long", long.clone())
+        .build();
+    let wf = workflow(&runtime);
+    let mut runs = Vec::new();
+    for i in 0..3 {
+        let labels = RunLabels::app_chat("app", format!("chat{i}"));
+        runs.push(
+            runtime
+                .start_with(&wf, Map::new(), thread(&format!("t{i}")), labels)
+                .await
+                .expect("start"),
+        );
+    }
+    short.wait_started(3).await;
+    server.kill9();
+    // They run to their end, errors counted but never taken for a stop.
+    for run in &runs {
+        let outcome = ended(run, PATIENCE).await;
+        assert_eq!(outcome.status(), RunStatus::Succeeded, "{outcome:?}");
+    }
+    let errors = runtime.signal_errors();
+    assert!(errors > 0, "the outage was noticed");
+
+    // Back up (empty: nothing persisted): a flag set now stops a new run of the same runtime.
+    server.restart();
+    let wf = runtime
+        .load_json(
+            r#"{"id": "long", "nodes": [
+                {"id": "start", "kind": "begin"},
+                {"id": "host", "kind": "long"}
+            ], "edges": [{"from": "start", "to": "host"}]}"#,
+        )
+        .expect("valid workflow");
+    let run = runtime
+        .start_with(
+            &wf,
+            Map::new(),
+            thread("after"),
+            RunLabels::app_chat("app", "after"),
+        )
+        .await
+        .expect("start");
+    long.wait_started(1).await;
+    let mut con = raw(&server).await;
+    let set = Instant::now();
+    let _: String = cmd(
+        &mut con,
+        &["SETEX", "agent_runtime_stopping:app:after", "60", "1"],
+    )
+    .await;
+    let outcome = ended(&run, Duration::from_secs(15)).await;
+    assert_eq!(stop_reason(&outcome), Some(StopReason::UserInterrupted));
+    eprintln!(
+        "{errors} signal errors during the outage; flag after the restart -> run ended in {:?}",
+        set.elapsed()
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ten_thousand_live_runs_are_read_in_one_round_trip_per_tick() {
+    const RUNS: usize = 10_000;
+    let server = RedisServer::start();
+    let stores = stores(&server).await;
+    let idle = Idle::default();
+    // Memory stores: what is measured is the watcher's reads. No labels: each run has its
+    // two native flags (stop and cancel), so a tick reads 20,000 keys.
+    let runtime = signals_only_runtime(&stores, idle.clone(), SignalConfig::default());
+    let wf = workflow(&runtime);
+    let started = Instant::now();
+    let mut runs = Vec::with_capacity(RUNS);
+    for i in 0..RUNS {
+        runs.push(
+            runtime
+                .start(&wf, Map::new(), thread(&format!("t{i}")))
+                .await
+                .expect("start"),
+        );
+    }
+    tokio::time::timeout(Duration::from_secs(60), async {
+        while idle.started.load(Ordering::SeqCst) < RUNS {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    })
+    .await
+    .expect("10,000 runs reach their node within a minute");
+    let start_time = started.elapsed();
+
+    // One tick's read of every flag, timed as the watcher does it.
+    let config = SignalConfig::default();
+    let keys: Vec<String> = runs
+        .iter()
+        .enumerate()
+        .flat_map(|(i, run)| {
+            let t = thread(&format!("t{i}"));
+            let labels = RunLabels::default();
+            config
+                .stop_keys
+                .iter()
+                .chain(&config.cancel_keys)
+                .filter_map(|template| {
+                    render_key(template, "runvisor", &labels, Some(&t), Some(run.run_id()))
+                })
+                .collect::<Vec<_>>()
+        })
+        .collect();
+    assert_eq!(keys.len(), 2 * RUNS);
+    let read = Instant::now();
+    let flags = stores.signals.read(&keys).await.expect("read");
+    let read = read.elapsed();
+    assert!(flags.iter().all(|f| !f));
+    let mut con = raw(&server).await;
+    let batches_per_tick = (2 * RUNS).div_ceil(READ_BATCH) as u64;
+    let before = command_calls(&mut con, "mget").await;
+    let window = Instant::now();
+    tokio::time::sleep(Duration::from_millis(1000)).await;
+    let after = command_calls(&mut con, "mget").await;
+    let window = window.elapsed();
+    let reads = after - before;
+    // A tick every 100 ms after the previous read; the watcher also reads everything when
+    // its subscription (re)starts and re-arms its timer then, so allow twice the rate. (INFO
+    // may land inside a tick's pipeline, so `reads` need not be a whole number of ticks.)
+    let max_ticks = 2 * (window.as_millis() / 100) as u64 + 2;
+    let ticks = reads as f64 / batches_per_tick as f64;
+    eprintln!(
+        "{RUNS} live runs started in {start_time:?}; {reads} MGETs in {window:?} \
+         ({ticks:.1} ticks of {batches_per_tick} batched MGETs, one pipeline each); \
+         one read of {} keys: {read:?}",
+        keys.len()
+    );
+    // Read per run, it would be at least 10,000 commands per tick.
+    assert!(
+        (batches_per_tick / 2..=(max_ticks + 1) * batches_per_tick).contains(&reads),
+        "{reads} MGETs in {window:?}: not one batched read per tick"
+    );
+    // (A read slower than the watcher's deadline, on an overloaded machine, counts as an
+    // error: not asserted.)
+    eprintln!("signal errors: {}", runtime.signal_errors());
+
+    let stopping = Instant::now();
+    let stops = tokio::time::timeout(Duration::from_secs(60), runtime.shutdown())
+        .await
+        .expect("10,000 runs shut down within a minute");
+    assert_eq!(stops.len(), RUNS);
+    for run in &runs {
+        assert_eq!(
+            stop_reason(&ended(run, PATIENCE).await),
+            Some(StopReason::Shutdown)
+        );
+    }
+    eprintln!("{RUNS} runs shut down in {:?}", stopping.elapsed());
+}
+
+#[tokio::test]
+async fn a_runtime_stops_a_run_of_another_runtime_sharing_redis() {
+    let server = RedisServer::start();
+    // Two processes: separate connections, separate runtimes, one Redis.
+    let worker_stores = stores(&server).await;
+    let talk = Talk::endless();
+    let worker = redis_runtime(&worker_stores, talk.clone(), SignalConfig::default());
+    let run = start(
+        &worker,
+        &workflow(&worker),
+        RunLabels::app_chat("app", "chat"),
+    )
+    .await;
+    talk.wait_started(1).await;
+
+    let api_stores = stores(&server).await;
+    let api = redis_runtime(&api_stores, Idle::default(), SignalConfig::default());
+    let request = within("stop request", api.request_stop("app", "chat")).await;
+    assert!(request.ended, "{request:?}");
+    assert_eq!(request.error, None);
+    // It answered once the run had let go of its flag: its nodes are done, and its outcome
+    // follows (the run clears its flags before its final flush).
+    let outcome = ended(&run, PATIENCE).await;
+    assert_eq!(stop_reason(&outcome), Some(StopReason::UserInterrupted));
+    let record = api_stores
+        .runs
+        .get(run.run_id())
+        .await
+        .expect("read")
+        .expect("recorded by the worker");
+    assert_eq!(record.status, RunStatus::Stopped);
+    eprintln!(
+        "cross-runtime stop request answered in {:?}",
+        request.waited
+    );
+}
