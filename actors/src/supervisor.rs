@@ -646,7 +646,6 @@ impl RunState {
             // completed; there is nothing to resume. One final state, never both.
             stopping = None;
         }
-        self.release_flags().await;
         let history = self.persist_history().await;
         let (status, stop_reason) = match stopping.as_ref().map(|s| &s.cause) {
             None => (RunStatus::Succeeded, None),
@@ -743,6 +742,9 @@ impl RunState {
         if let Err(e) = self.run.services.runs.put(&self.record).await {
             tracing::error!(parent: &self.span, error = %e, "could not record the run's end");
         }
+        // Last of the persisted state: a stop request that sees the flag cleared finds the
+        // run's record and final checkpoint in place.
+        self.release_flags().await;
         {
             let mut live = self.run.live();
             live.status = status;
@@ -780,7 +782,7 @@ impl RunState {
             * 5;
         let cleared = tokio::time::timeout(deadline, async {
             signals.clear(&keys).await?;
-            for key in &self.run.signal_keys.stop {
+            for key in &keys {
                 signals
                     .notify(&Notice {
                         key: key.clone(),

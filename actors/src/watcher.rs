@@ -183,8 +183,13 @@ impl WatchedKeys {
 pub(crate) enum WatchMsg {
     Watch(RunId, WatchedKeys),
     Unwatch(RunId),
+    /// The tick timer fired: read every flag, then re-arm.
     Tick,
+    /// Read every flag now (after a (re)subscription), without touching the timer.
+    Reread,
     Notice(Notice),
+    /// A read came back: the keys read and their flags (or the source's error).
+    Read(Vec<String>, Result<Vec<bool>, String>, bool),
 }
 
 pub(crate) struct StopWatcher;
@@ -210,6 +215,8 @@ pub(crate) struct WatcherState {
     tick: Duration,
     subscription: Option<tokio::task::JoinHandle<()>>,
     ticker: Option<tokio::task::JoinHandle<()>>,
+    /// A full read is in flight (ticks do not pile up behind a slow source).
+    reading: bool,
 }
 
 impl Actor for StopWatcher {
@@ -236,6 +243,7 @@ impl Actor for StopWatcher {
             tick,
             subscription: None,
             ticker: None,
+            reading: false,
         })
     }
 
@@ -284,14 +292,34 @@ impl Actor for StopWatcher {
                     }
                 }
             }
-            WatchMsg::Tick => {
-                let keys: Vec<String> = state.index.keys().cloned().collect();
-                state.check(keys).await;
-                state.arm(&myself);
+            WatchMsg::Tick | WatchMsg::Reread => {
+                // A full read runs in its own task, so notices are handled while it is out;
+                // the next tick is armed when it comes back.
+                if !state.reading {
+                    let keys: Vec<String> = state.index.keys().cloned().collect();
+                    if keys.is_empty() {
+                        if matches!(message, WatchMsg::Tick) {
+                            state.arm(&myself);
+                        }
+                    } else {
+                        state.reading = true;
+                        state.read(&myself, keys, true);
+                    }
+                }
             }
             WatchMsg::Notice(notice) => {
                 if notice.raised && state.index.contains_key(&notice.key) {
-                    state.check(vec![notice.key]).await;
+                    state.read(&myself, vec![notice.key], false);
+                }
+            }
+            WatchMsg::Read(keys, flags, full) => {
+                if full {
+                    state.reading = false;
+                    state.arm(&myself);
+                }
+                match flags {
+                    Ok(flags) => state.fire(&keys, flags),
+                    Err(e) => state.error(&e),
                 }
             }
         }
@@ -314,8 +342,12 @@ impl Actor for StopWatcher {
 }
 
 impl WatcherState {
-    /// Schedules the next tick (re-armed after each one, so a slow read never queues ticks).
+    /// Schedules the next tick (re-armed after each full read, so a slow read never queues
+    /// ticks; one timer at a time).
     fn arm(&mut self, myself: &ActorRef<WatchMsg>) {
+        if let Some(old) = self.ticker.take() {
+            old.abort();
+        }
         let me = myself.clone();
         let tick = self.tick;
         self.ticker = Some(tokio::spawn(async move {
@@ -324,18 +356,24 @@ impl WatcherState {
         }));
     }
 
-    /// Reads the given flags in one round trip and stops the runs whose flags are set.
-    async fn check(&mut self, keys: Vec<String>) {
-        if keys.is_empty() {
-            return;
-        }
-        // A read is bounded by the tick: a hung source must not hold the watcher.
+    /// Reads the given flags in one round trip, in a task; the answer comes back as
+    /// `WatchMsg::Read`. A read is bounded: a hung source must not hold the watcher.
+    fn read(&self, myself: &ActorRef<WatchMsg>, keys: Vec<String>, full: bool) {
+        let source = self.source.clone();
         let deadline = self.tick.max(Duration::from_millis(50)) * 5;
-        let flags = match tokio::time::timeout(deadline, self.source.read(&keys)).await {
-            Ok(Ok(flags)) => flags,
-            Ok(Err(e)) => return self.error(&e.to_string()),
-            Err(_) => return self.error(&format!("signal read timed out after {deadline:?}")),
-        };
+        let me = myself.clone();
+        tokio::spawn(async move {
+            let flags = match tokio::time::timeout(deadline, source.read(&keys)).await {
+                Ok(Ok(flags)) => Ok(flags),
+                Ok(Err(e)) => Err(e.to_string()),
+                Err(_) => Err(format!("signal read timed out after {deadline:?}")),
+            };
+            let _ = me.send_message(WatchMsg::Read(keys, flags, full));
+        });
+    }
+
+    /// Stops the runs whose flags are set (each signal fires once per run).
+    fn fire(&mut self, keys: &[String], flags: Vec<bool>) {
         for (key, set) in keys.iter().zip(flags) {
             if !set {
                 continue;
@@ -404,7 +442,7 @@ async fn subscribe_forever(
         match source.subscribe().await {
             Ok(mut notices) => {
                 backoff = Duration::from_millis(100);
-                if watcher.send_message(WatchMsg::Tick).is_err() {
+                if watcher.send_message(WatchMsg::Reread).is_err() {
                     return;
                 }
                 while let Some(notice) = notices.next().await {
