@@ -7,6 +7,7 @@
 mod checkpoints;
 mod connect;
 mod corrupt;
+mod cross_process;
 mod faults;
 mod history;
 mod layout;
