@@ -292,6 +292,10 @@ impl Actor for StopWatcher {
                     }
                 }
             }
+            WatchMsg::Tick | WatchMsg::Reread if state.services.strong_count() == 0 => {
+                // The runtime is gone: nothing left to watch for.
+                myself.stop(None);
+            }
             WatchMsg::Tick | WatchMsg::Reread => {
                 // A full read runs in its own task, so notices are handled while it is out;
                 // the next tick is armed when it comes back.
