@@ -156,6 +156,19 @@ impl Services {
     }
 }
 
+impl Drop for Services {
+    /// The runtime is gone: its checkpointer writes what is still queued, then ends; its
+    /// watcher ends.
+    fn drop(&mut self) {
+        if let Some(checkpointer) = self.checkpointer.get() {
+            let _ = checkpointer.drain();
+        }
+        if let Some(watcher) = self.watcher.get() {
+            watcher.stop(None);
+        }
+    }
+}
+
 impl std::fmt::Debug for Services {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Services")
