@@ -7,7 +7,9 @@
 mod checkpoints;
 mod connect;
 mod corrupt;
+mod crash;
 mod cross_process;
+mod durability;
 mod faults;
 mod history;
 mod layout;

@@ -15,6 +15,7 @@ mod parallel;
 mod references;
 mod resume;
 mod signals;
+mod snapshot_format;
 mod stop;
 mod stopkit;
 mod switch;

@@ -1,0 +1,448 @@
+//! Checkpointing costs: the snapshot codec, and whole checkpointed runs against a real Redis.
+//!
+//! - `snapshot/encode/<size>`, `snapshot/decode/<size>`: the envelope codec on snapshots whose
+//!   node outputs total ~1 KiB, 64 KiB and 1 MiB (throughput in bytes);
+//! - `redis/ping`: one PING round trip on a multiplexed connection, the unit the durable runs
+//!   are compared with; `redis/checkpoint_put`: one checkpoint store `put` (the Lua script)
+//!   of a real mid-chain progress snapshot, as `sync` pays it per node;
+//! - `chain_100/<store>_<durability>`: a whole 100-node chain run (start -> wait) on the
+//!   private Redis with `sync`, `async` and `exit` durability, and on the in-memory stores (the
+//!   baseline) with the same modes. Throughput is 100 elements, so criterion's time per run
+//!   divided by 100 is the cost per node (per-run costs included: the run record at the start;
+//!   flags, history, final checkpoint and record at the end);
+//! - `chain_1000/...`: the same with 1000 nodes; `(t1000 - t100) / 900` is the marginal cost
+//!   of a node, with the per-run costs taken out.
+//!
+//! A private `redis-server` (no persistence, a free loopback port, never 6379) is started for
+//! the bench and killed when it ends; `redis-server` must be on the PATH. Redis is flushed
+//! between runs, outside the timing, so memory stays flat. Before the groups, the sizes of the
+//! chain's snapshots are printed to stderr.
+//!
+//! Run with `cargo bench --bench checkpoint`.
+
+use std::hint::black_box;
+use std::io::{Read, Write};
+use std::net::{Ipv4Addr, SocketAddrV4, TcpListener, TcpStream};
+use std::process::{Child, Command, Stdio};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use ::redis::aio::MultiplexedConnection;
+use criterion::measurement::WallTime;
+use criterion::{BenchmarkGroup, Criterion, Throughput, criterion_group, criterion_main};
+use runvisor::redis::{RedisConfig, RedisStores};
+use runvisor::snapshot::{CompletedNode, GraphState, Snapshot};
+use runvisor::store::{RunStatus, StoredCheckpoint};
+use runvisor::{
+    CheckpointId, Durability, Map, NodeContext, NodeError, NodeHandler, NodeOutput, Route, RunId,
+    RunLabels, RunOutcome, Runtime, RuntimeConfig, ThreadId, Value, Workflow, async_trait,
+    workflow::{NodeDef, WorkflowDef},
+};
+use serde_json::json;
+use tokio::runtime::Runtime as Tokio;
+
+/// Nodes in the checkpointed chain.
+const CHAIN: usize = 100;
+/// Nodes in the long chain, which separates per-run costs from per-node ones.
+const LONG_CHAIN: usize = 1000;
+/// The durability modes, by name.
+const MODES: [(&str, Durability); 3] = [
+    ("sync", Durability::Sync),
+    ("async", Durability::Async),
+    ("exit", Durability::Exit),
+];
+/// The host kind every chain node uses.
+const ECHO: &str = "echo";
+
+/// A `redis-server` owned by the bench: killed (and reaped) on drop.
+struct PrivateRedis {
+    child: Child,
+    port: u16,
+    _dir: tempfile::TempDir,
+}
+
+impl PrivateRedis {
+    fn start() -> Self {
+        let dir = tempfile::tempdir().expect("temporary directory");
+        let port = loop {
+            let probe = TcpListener::bind(SocketAddrV4::new(Ipv4Addr::LOCALHOST, 0))
+                .expect("bind a probe socket");
+            let port = probe.local_addr().expect("probe address").port();
+            if port != 6379 {
+                break port;
+            }
+        };
+        let child = Command::new("redis-server")
+            .args(["--port", &port.to_string(), "--bind", "127.0.0.1"])
+            .args(["--save", "", "--appendonly", "no", "--daemonize", "no"])
+            .arg("--dir")
+            .arg(dir.path())
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("redis-server on the PATH");
+        let server = Self {
+            child,
+            port,
+            _dir: dir,
+        };
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while !server.answers() {
+            assert!(Instant::now() < deadline, "redis-server did not start");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        server
+    }
+
+    fn url(&self) -> String {
+        format!("redis://127.0.0.1:{}/", self.port)
+    }
+
+    fn answers(&self) -> bool {
+        let addr = SocketAddrV4::new(Ipv4Addr::LOCALHOST, self.port);
+        let Ok(mut stream) = TcpStream::connect_timeout(&addr.into(), Duration::from_millis(200))
+        else {
+            return false;
+        };
+        let _ = stream.set_read_timeout(Some(Duration::from_millis(200)));
+        let mut reply = [0u8; 7];
+        stream.write_all(b"PING\r\n").is_ok()
+            && stream.read_exact(&mut reply).is_ok()
+            && &reply == b"+PONG\r\n"
+    }
+}
+
+impl Drop for PrivateRedis {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// Outputs `{"value": <its resolved "x" param>}`.
+#[derive(Debug)]
+struct Echo;
+
+#[async_trait]
+impl NodeHandler for Echo {
+    async fn run(&self, input: Value, _ctx: NodeContext) -> Result<NodeOutput, NodeError> {
+        let mut out = Map::new();
+        out.insert(
+            "value".to_owned(),
+            input.get("x").cloned().unwrap_or_default(),
+        );
+        Ok(NodeOutput::new(Value::Object(out)))
+    }
+}
+
+/// `begin -> n1 -> ... -> n{len}`, each node reading its predecessor's output.
+fn chain(runtime: &Runtime, len: usize) -> Workflow {
+    let mut def = WorkflowDef::new(format!("chain-{len}")).node(NodeDef::new("begin", "begin"));
+    let mut prev = "begin".to_owned();
+    for i in 1..=len {
+        let id = format!("n{i}");
+        let x = if i == 1 {
+            json!(1)
+        } else {
+            json!(format!("{{{{{prev}.value}}}}"))
+        };
+        def = def
+            .node(NodeDef::new(&id, ECHO).param("x", x))
+            .edge(&prev, &id);
+        prev = id;
+    }
+    runtime.validate(def).expect("chain workflow is valid")
+}
+
+fn config(durability: Durability) -> RuntimeConfig {
+    RuntimeConfig {
+        durability,
+        ..RuntimeConfig::default()
+    }
+}
+
+fn tokio() -> Tokio {
+    tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .expect("tokio runtime")
+}
+
+async fn raw(url: &str) -> MultiplexedConnection {
+    ::redis::Client::open(url)
+        .expect("url")
+        .get_multiplexed_async_connection()
+        .await
+        .expect("raw connection")
+}
+
+async fn flush(con: &mut MultiplexedConnection) {
+    let _: () = ::redis::cmd("FLUSHDB")
+        .query_async(con)
+        .await
+        .expect("FLUSHDB");
+}
+
+/// One run of the chain; panics unless it completed with the expected last output.
+async fn run_chain(runtime: &Runtime, workflow: &Workflow, thread: &ThreadId, len: usize) {
+    let run = runtime
+        .start(workflow, Map::new(), thread.clone())
+        .await
+        .expect("start");
+    let outcome = run.wait().await;
+    let last = format!("n{len}");
+    match &outcome {
+        RunOutcome::Completed { .. }
+            if outcome.output(&last).and_then(|o| o.get("value")) == Some(&Value::Int(1)) => {}
+        other => panic!("the chain did not complete: {other:?}"),
+    }
+    black_box(outcome);
+}
+
+/// A snapshot whose node outputs total about `bytes`, over eight nodes.
+fn snapshot_of(bytes: usize) -> Snapshot {
+    let per_node = bytes / 8;
+    let completed = (0..8)
+        .map(|i| {
+            let text: String = (0..per_node)
+                .map(|j| char::from(b'a' + ((i + j) % 26) as u8))
+                .collect();
+            let mut output = Map::new();
+            output.insert("text".to_owned(), Value::from(text));
+            output.insert("index".to_owned(), Value::Int(i as i64));
+            CompletedNode {
+                node: runvisor::NodeId::new(format!("n{i}")).expect("id"),
+                route: Route::All,
+                output: Arc::new(Value::Object(output)),
+            }
+        })
+        .collect();
+    Snapshot {
+        run_id: RunId::new(),
+        parent_run_id: None,
+        thread: ThreadId::new("bench").expect("id"),
+        sequence: 9,
+        created_at_ms: 1,
+        status: RunStatus::Running,
+        stop_reason: None,
+        workflow: Arc::from(r#"{"id":"codec"}"#),
+        inputs: Map::new(),
+        query: None,
+        variables: Map::new(),
+        graph: GraphState {
+            completed,
+            frontier: vec![runvisor::NodeId::new("n8").expect("id")],
+            frames: Vec::new(),
+        },
+        interactions: Vec::new(),
+        pending_messages: Vec::new(),
+        labels: RunLabels::default(),
+    }
+}
+
+fn configure(group: &mut BenchmarkGroup<'_, WallTime>) {
+    group
+        .sample_size(20)
+        .warm_up_time(Duration::from_secs(1))
+        .measurement_time(Duration::from_secs(5));
+}
+
+fn codec(c: &mut Criterion) {
+    let mut group = c.benchmark_group("snapshot");
+    configure(&mut group);
+    for (name, size) in [("1KiB", 1 << 10), ("64KiB", 64 << 10), ("1MiB", 1 << 20)] {
+        let snapshot = snapshot_of(size);
+        let bytes = snapshot.encode().expect("encodes");
+        group.throughput(Throughput::Bytes(bytes.len() as u64));
+        group.bench_function(format!("encode/{name}"), |b| {
+            b.iter(|| black_box(snapshot.encode().expect("encodes")));
+        });
+        group.bench_function(format!("decode/{name}"), |b| {
+            b.iter(|| black_box(Snapshot::decode(&bytes).expect("decodes")));
+        });
+    }
+    group.finish();
+}
+
+fn durable(c: &mut Criterion) {
+    let server = PrivateRedis::start();
+    let url = server.url();
+    let rt = tokio();
+    let stores = rt
+        .block_on(RedisStores::connect(RedisConfig::new(url.clone())))
+        .expect("connect to the private redis-server");
+    let mut con = rt.block_on(raw(&url));
+    let thread = ThreadId::new("bench").expect("id");
+
+    // What `sync` writes per node: the progress snapshots of one chain run, by size.
+    let probe = stores
+        .install(
+            Runtime::builder()
+                .handler(ECHO, Echo)
+                .config(config(Durability::Sync)),
+        )
+        .build();
+    let workflow = chain(&probe, CHAIN);
+    rt.block_on(run_chain(&probe, &workflow, &thread, CHAIN));
+    let ids = rt.block_on(stores.checkpoints.list(&thread)).expect("list");
+    let sizes: Vec<usize> = ids
+        .iter()
+        .map(|id| {
+            rt.block_on(stores.checkpoints.get(&thread, *id))
+                .expect("get")
+                .expect("listed")
+                .bytes
+                .len()
+        })
+        .collect();
+    let middle = rt
+        .block_on(stores.checkpoints.get(&thread, ids[ids.len() / 2]))
+        .expect("get")
+        .expect("listed");
+    let workflow_json = Snapshot::decode(&middle.bytes)
+        .expect("decodes")
+        .workflow
+        .len();
+    eprintln!(
+        "chain_100 sync: {} snapshots per run, {} to {} bytes (median {}), {} bytes of it the \
+         workflow definition; {} bytes written per run",
+        sizes.len(),
+        sizes.iter().min().copied().unwrap_or(0),
+        sizes.iter().max().copied().unwrap_or(0),
+        middle.bytes.len(),
+        workflow_json,
+        sizes.iter().sum::<usize>()
+    );
+    drop(probe);
+    // Redis's own time per checkpoint put (the Lua script), from its command statistics.
+    let stats: String = rt
+        .block_on(
+            ::redis::cmd("INFO")
+                .arg("commandstats")
+                .query_async(&mut con.clone()),
+        )
+        .expect("INFO");
+    if let Some(line) = stats.lines().find(|l| l.starts_with("cmdstat_evalsha:")) {
+        eprintln!("chain_100 sync, server side: {line}");
+    }
+    rt.block_on(flush(&mut con));
+
+    let mut group = c.benchmark_group("redis");
+    configure(&mut group);
+    group.bench_function("ping", |b| {
+        b.to_async(&rt).iter(|| {
+            let mut con = con.clone();
+            async move {
+                let _: String = ::redis::cmd("PING")
+                    .query_async(&mut con)
+                    .await
+                    .expect("PONG");
+            }
+        });
+    });
+    group.bench_function("checkpoint_put", |b| {
+        let store = stores.checkpoints.clone();
+        let bytes = middle.bytes.clone();
+        let con = con.clone();
+        b.to_async(&rt).iter_custom(|iters| {
+            let store = store.clone();
+            let bytes = bytes.clone();
+            let mut con = con.clone();
+            async move {
+                let run = RunId::new();
+                let thread = ThreadId::new("put").expect("id");
+                let mut spent = Duration::ZERO;
+                for i in 0..iters {
+                    if i % 1000 == 0 {
+                        // Keep Redis small, untimed.
+                        flush(&mut con).await;
+                    }
+                    let checkpoint = StoredCheckpoint {
+                        id: CheckpointId::new(),
+                        run,
+                        sequence: i + 1,
+                        bytes: bytes.clone(),
+                    };
+                    let started = Instant::now();
+                    store.put(&thread, checkpoint).await.expect("put");
+                    spent += started.elapsed();
+                }
+                spent
+            }
+        });
+    });
+    group.finish();
+
+    for len in [CHAIN, LONG_CHAIN] {
+        let mut group = c.benchmark_group(format!("chain_{len}"));
+        configure(&mut group);
+        if len == LONG_CHAIN {
+            // A sync run of 1000 nodes writes ~100 MB: fewer samples.
+            group
+                .sample_size(10)
+                .measurement_time(Duration::from_secs(10));
+        }
+        group.throughput(Throughput::Elements(len as u64));
+        for (name, durability) in MODES {
+            let runtime = stores
+                .install(
+                    Runtime::builder()
+                        .handler(ECHO, Echo)
+                        .config(config(durability)),
+                )
+                .build();
+            let workflow = chain(&runtime, len);
+            let con = con.clone();
+            group.bench_function(format!("redis_{name}"), |b| {
+                b.to_async(&rt).iter_custom(|iters| {
+                    let runtime = runtime.clone();
+                    let workflow = workflow.clone();
+                    let thread = thread.clone();
+                    let mut con = con.clone();
+                    async move {
+                        let mut spent = Duration::ZERO;
+                        for _ in 0..iters {
+                            flush(&mut con).await;
+                            let started = Instant::now();
+                            run_chain(&runtime, &workflow, &thread, len).await;
+                            spent += started.elapsed();
+                        }
+                        spent
+                    }
+                });
+            });
+        }
+        for (name, durability) in MODES {
+            let runtime = Runtime::builder()
+                .handler(ECHO, Echo)
+                .config(config(durability))
+                .build();
+            let workflow = chain(&runtime, len);
+            group.bench_function(format!("memory_{name}"), |b| {
+                b.to_async(&rt).iter_custom(|iters| {
+                    let runtime = runtime.clone();
+                    let workflow = workflow.clone();
+                    let thread = thread.clone();
+                    async move {
+                        let mut spent = Duration::ZERO;
+                        for _ in 0..iters {
+                            // The in-memory store keeps every checkpoint: drop them, untimed.
+                            let _ = runtime.checkpoint_store().prune(&thread, 0).await;
+                            let started = Instant::now();
+                            run_chain(&runtime, &workflow, &thread, len).await;
+                            spent += started.elapsed();
+                        }
+                        spent
+                    }
+                });
+            });
+        }
+        group.finish();
+    }
+    drop(stores);
+    drop(server);
+}
+
+criterion_group!(checkpoint, codec, durable);
+criterion_main!(checkpoint);
