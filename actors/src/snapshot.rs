@@ -38,7 +38,9 @@ pub const CODEC_POSTCARD: u8 = 1;
 pub const MAX_SNAPSHOT_BYTES: usize = 64 * 1024 * 1024;
 
 const HEADER_LEN: usize = 4 + 2 + 2 + 1 + 4 + 4;
-const CRC32C: crc::Crc<u32> = crc::Crc::<u32>::new(&crc::CRC_32_ISCSI);
+// Slice-by-16 tables: the same checksum as byte-at-a-time, several times faster.
+const CRC32C: crc::Crc<u32, crc::Table<16>> =
+    crc::Crc::<u32, crc::Table<16>>::new(&crc::CRC_32_ISCSI);
 
 /// A node that completed, as a snapshot records it.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]

@@ -805,13 +805,18 @@ impl RunState {
         if messages.is_empty() {
             return HistoryFlush::default();
         }
-        match self
-            .run
-            .services
-            .history
-            .append(&self.run.thread, &messages)
-            .await
-        {
+        // A passing failure (a reconnect, a timeout) should not cost the messages: retry a
+        // few times, briefly, before reporting them as not persisted.
+        let history = &self.run.services.history;
+        let mut result = history.append(&self.run.thread, &messages).await;
+        for delay in [50, 150, 400] {
+            if result.is_ok() {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(delay)).await;
+            result = history.append(&self.run.thread, &messages).await;
+        }
+        match result {
             Ok(()) => HistoryFlush {
                 persisted: messages,
                 ..HistoryFlush::default()

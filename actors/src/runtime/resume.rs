@@ -204,6 +204,14 @@ impl Runtime {
             )));
         }
         if snapshot.status == RunStatus::Succeeded {
+            // Nothing to run, but messages the history store refused when the run ended are
+            // persisted now (idempotent), so none is lost.
+            if !snapshot.pending_messages.is_empty() {
+                self.history_store()
+                    .append(&thread, &snapshot.pending_messages)
+                    .await
+                    .map_err(ResumeError::Store)?;
+            }
             return Err(ResumeError::NothingToResume {
                 checkpoint,
                 run: snapshot.run_id,

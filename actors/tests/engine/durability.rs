@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use runvisor_actors::snapshot::Snapshot;
 use runvisor_actors::store::memory::MemoryCheckpointStore;
-use runvisor_actors::store::{CheckpointStore, StoredCheckpoint};
+use runvisor_actors::store::{CheckpointStore, HistoryStore, StoredCheckpoint};
 use runvisor_actors::{
     CheckpointId, Durability, NodeContext, NodeError, NodeHandler, NodeOutput, RunEvent, RunStatus,
     Runtime, RuntimeConfig, StoreError, ThreadId, Value, async_trait,
@@ -190,4 +190,43 @@ async fn a_failing_store_makes_a_sync_run_wait_and_go_on_when_it_is_back() {
         Some(&val(json!({"saw": ["start", "a"]})))
     );
     assert!(!rt.registry().contains(&run.run_id()));
+}
+
+#[tokio::test]
+async fn messages_refused_at_a_successful_end_are_persisted_by_the_next_resume() {
+    use runvisor_actors::store::memory::MemoryHistoryStore;
+    use runvisor_actors::{ResumeError, ResumeInput};
+    let history = Arc::new(MemoryHistoryStore::new());
+    let rt = Runtime::builder().history_store(history.clone()).build();
+    let wf = load(
+        &rt,
+        json!({"id": "w", "nodes": [
+            {"id": "start", "kind": "begin"},
+            {"id": "a", "kind": "message", "params": {"template": "kept"}}
+        ], "edges": [{"from": "start", "to": "a"}]}),
+    );
+    let t = thread("refused");
+    history.fail_appends(true);
+    let run = rt
+        .start(&wf, inputs([("query", "hi".into())]), t.clone())
+        .await
+        .expect("start");
+    let outcome = finish(&run).await;
+    assert_eq!(outcome.status(), RunStatus::Succeeded);
+    assert_eq!(outcome.history().not_persisted.len(), 2);
+    history.fail_appends(false);
+    // Nothing is left to run, but the refused messages land now, once.
+    let refused = rt.resume(t.clone(), ResumeInput::Continue).await;
+    assert!(matches!(refused, Err(ResumeError::NothingToResume { .. })), "{refused:?}");
+    let texts: Vec<String> = history
+        .load(&t)
+        .await
+        .expect("load")
+        .into_iter()
+        .map(|m| m.content)
+        .collect();
+    assert_eq!(texts, ["hi", "kept"]);
+    let again = rt.resume(t.clone(), ResumeInput::Continue).await;
+    assert!(again.is_err());
+    assert_eq!(history.load(&t).await.expect("load").len(), 2);
 }
