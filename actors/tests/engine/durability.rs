@@ -217,7 +217,10 @@ async fn messages_refused_at_a_successful_end_are_persisted_by_the_next_resume()
     history.fail_appends(false);
     // Nothing is left to run, but the refused messages land now, once.
     let refused = rt.resume(t.clone(), ResumeInput::Continue).await;
-    assert!(matches!(refused, Err(ResumeError::NothingToResume { .. })), "{refused:?}");
+    assert!(
+        matches!(refused, Err(ResumeError::NothingToResume { .. })),
+        "{refused:?}"
+    );
     let texts: Vec<String> = history
         .load(&t)
         .await
