@@ -2,7 +2,7 @@
 //!
 //! Built-ins: `begin` (the entry; exposes the run inputs), `template` (renders text),
 //! `message` (renders text and appends it to history as an assistant message), `switch`
-//! (routes by conditions, see [`switch`](self::switch)) and `set_variable` (assigns workflow
+//! (routes by conditions, see [`Switch`]) and `set_variable` (assigns workflow
 //! variables). Hosts add their own kinds with [`Kinds::register`].
 
 mod engine;

@@ -1,6 +1,6 @@
 //! Probes: points inside a run where a test (or a host's policy) may request a stop at an
 //! exact moment. The supervisor and the node context consult the runtime's probe, if one is
-//! installed; the [`testkit`](crate::testkit) builds scripted interrupts on top of this.
+//! installed; the `testkit` module (cargo feature) builds scripted interrupts on top of this.
 
 use crate::event::NodePath;
 use crate::ids::RunId;

@@ -242,7 +242,7 @@ impl RuntimeBuilder {
     }
 
     /// Installs a probe: points where a test (or a policy) may request a stop at an exact
-    /// moment. See [`testkit`](crate::testkit) for scripted interrupts built on it.
+    /// moment. The `testkit` module (cargo feature `testkit`) builds scripted interrupts on it.
     pub fn probe(mut self, probe: Arc<dyn Probe>) -> Self {
         self.probe = Some(probe);
         self
