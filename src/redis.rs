@@ -21,6 +21,7 @@
 //! | key | type | holds |
 //! |---|---|---|
 //! | `<p>:cp:{<thread>}:<checkpoint_id>` | HASH | one checkpoint: `bytes` (the snapshot envelope, raw), `run` (run id), `sequence` (decimal) |
+//! | `<p>:wf:{<thread>}:<hash>` | STRING | a workflow definition (JSON) the thread's snapshots name by content hash (xxh3-128) |
 //! | `<p>:cpidx:{<thread>}` | ZSET | the thread's checkpoint ids, all with score 0 |
 //! | `<p>:cpseq:{<thread>}:<run_id>` | STRING | the newest checkpoint sequence stored for a run (decimal) |
 //! | `<p>:run:<run_id>` | HASH | a run record, field by field (see below) |

@@ -546,6 +546,21 @@ impl Runtime {
             .put(&record)
             .await
             .map_err(StartError::RunStore)?;
+        // The definition is stored once per thread; snapshots name it by hash. If it cannot be
+        // stored, each snapshot carries it instead.
+        let workflow_hash = plan.def_hash();
+        let workflow_stored = match self
+            .services
+            .checkpoints
+            .put_workflow(&thread, &workflow_hash, &plan.def_json())
+            .await
+        {
+            Ok(()) => true,
+            Err(e) => {
+                tracing::warn!(%thread, error = %e, "workflow definition not stored apart; snapshots will carry it");
+                false
+            }
+        };
         let (events, first_rx) = broadcast::channel(self.services.config.event_buffer.max(1));
         let (outcome_tx, outcome_rx) = watch::channel(None);
         let run = Arc::new(RunInfo {
@@ -578,6 +593,8 @@ impl Runtime {
             record,
             outcome: outcome_tx,
             restore,
+            workflow_hash,
+            workflow_stored,
         };
         Actor::spawn(None, RunSupervisor, args)
             .await

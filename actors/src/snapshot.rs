@@ -165,8 +165,12 @@ pub struct Snapshot {
     pub status: RunStatus,
     /// Why it stopped, if it did.
     pub stop_reason: Option<StopReason>,
-    /// The workflow definition, as JSON, so any process can resume it.
-    pub workflow: std::sync::Arc<str>,
+    /// The content hash of the workflow definition (xxh3-128, hex), stored once per thread in
+    /// the checkpoint store, so any process can resume the run.
+    pub workflow_hash: String,
+    /// The definition itself, as JSON, when it could not be stored apart (then the snapshot
+    /// is self-contained).
+    pub workflow: Option<std::sync::Arc<str>>,
     /// The run inputs.
     pub inputs: Map,
     /// The current `{{sys.query}}` (a resume may have replaced the original).
@@ -311,7 +315,8 @@ mod tests {
             created_at_ms: 1,
             status: RunStatus::Stopped,
             stop_reason: Some(StopReason::UserInterrupted),
-            workflow: std::sync::Arc::from("{}"),
+            workflow_hash: "00".into(),
+            workflow: Some(std::sync::Arc::from("{}")),
             inputs,
             query: Some(Value::from("hi")),
             variables: Map::new(),

@@ -82,6 +82,20 @@ pub trait CheckpointStore: Send + Sync + 'static {
     async fn list(&self, thread: &ThreadId) -> Result<Vec<CheckpointId>, StoreError>;
     /// Deletes all but the newest `keep` checkpoints of a thread; returns how many went.
     async fn prune(&self, thread: &ThreadId, keep: usize) -> Result<usize, StoreError>;
+    /// Stores a workflow definition under its content hash, once for all the snapshots of a
+    /// thread that refer to it. Idempotent; refreshes its expiry.
+    async fn put_workflow(
+        &self,
+        thread: &ThreadId,
+        hash: &str,
+        definition: &str,
+    ) -> Result<(), StoreError>;
+    /// Reads a workflow definition by its content hash.
+    async fn get_workflow(
+        &self,
+        thread: &ThreadId,
+        hash: &str,
+    ) -> Result<Option<String>, StoreError>;
 }
 
 /// The status of a run, as recorded in the run store.

@@ -85,6 +85,10 @@ pub(crate) struct RunArgs {
     pub(crate) record: RunRecord,
     pub(crate) outcome: watch::Sender<Option<Arc<RunOutcome>>>,
     pub(crate) restore: Option<Restore>,
+    /// The workflow definition's content hash, and whether the checkpoint store holds it
+    /// (otherwise every snapshot carries the definition).
+    pub(crate) workflow_hash: String,
+    pub(crate) workflow_stored: bool,
 }
 
 /// Why the run is ending early.
@@ -124,6 +128,8 @@ pub(crate) struct RunState {
     /// Awaited progress snapshots keep failing: the run waits for the store.
     storage_waiting: bool,
     sequence: u64,
+    workflow_hash: String,
+    workflow_stored: bool,
     span: tracing::Span,
     ended: bool,
 }
@@ -224,6 +230,8 @@ impl Actor for RunSupervisor {
             saving: None,
             storage_waiting: false,
             sequence: 0,
+            workflow_hash: args.workflow_hash,
+            workflow_stored: args.workflow_stored,
             span,
             ended: false,
         })
@@ -529,7 +537,8 @@ impl RunState {
                 created_at_ms: now_ms(),
                 status,
                 stop_reason,
-                workflow: self.plan.def_json(),
+                workflow_hash: self.workflow_hash.clone(),
+                workflow: (!self.workflow_stored).then(|| self.plan.def_json()),
                 inputs: Map::clone(&self.run.inputs),
                 query: self.query.clone(),
                 variables: self.exec.env.clone(),

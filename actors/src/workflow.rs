@@ -332,6 +332,14 @@ impl Plan {
             .get_or_init(|| Arc::from(serde_json::to_string(&self.def).unwrap_or_default()))
             .clone()
     }
+
+    /// The content hash of the definition's JSON: 128-bit xxh3, as hex.
+    pub(crate) fn def_hash(&self) -> String {
+        format!(
+            "{:032x}",
+            xxhash_rust::xxh3::xxh3_128(self.def_json().as_bytes())
+        )
+    }
 }
 
 /// A validated graph (the workflow's, or a body's).

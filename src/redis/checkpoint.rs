@@ -257,4 +257,33 @@ impl CheckpointStore for RedisCheckpointStore {
         }
         Ok(removed)
     }
+
+    async fn put_workflow(
+        &self,
+        thread: &ThreadId,
+        hash: &str,
+        definition: &str,
+    ) -> Result<(), StoreError> {
+        // Same hash, same content: overwriting only refreshes the expiry.
+        let key = self.keys.workflow(thread, hash);
+        let mut cmd = ::redis::cmd("SET");
+        cmd.arg(&key).arg(definition).arg("PX").arg(self.ttl_ms);
+        let reply = self.conn.query(&key, &cmd).await?;
+        reply::server_error(&reply, &key)
+    }
+
+    async fn get_workflow(
+        &self,
+        thread: &ThreadId,
+        hash: &str,
+    ) -> Result<Option<String>, StoreError> {
+        let key = self.keys.workflow(thread, hash);
+        let mut cmd = ::redis::cmd("GET");
+        cmd.arg(&key);
+        let reply = self.conn.query(&key, &cmd).await?;
+        if matches!(reply, ::redis::Value::Nil) {
+            return Ok(None);
+        }
+        Ok(Some(reply::text(&reply, &key)?.to_owned()))
+    }
 }

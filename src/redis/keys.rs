@@ -45,6 +45,12 @@ impl Keys {
         format!("{}:cp:{{{thread}}}:{member}", self.prefix)
     }
 
+    /// `<p>:wf:{<thread>}:<hash>`: a workflow definition the thread's snapshots refer to by
+    /// content hash (STRING, JSON).
+    pub fn workflow(&self, thread: &ThreadId, hash: &str) -> String {
+        format!("{}:wf:{{{thread}}}:{hash}", self.prefix)
+    }
+
     /// `<p>:cpidx:{<thread>}`: the thread's checkpoint ids (ZSET, score 0, id order).
     pub fn checkpoint_index(&self, thread: &ThreadId) -> String {
         format!("{}:cpidx:{{{thread}}}", self.prefix)

@@ -218,8 +218,22 @@ impl Runtime {
                 status: snapshot.status,
             });
         }
+        let definition = match &snapshot.workflow {
+            Some(inline) => inline.to_string(),
+            None => self
+                .checkpoint_store()
+                .get_workflow(&thread, &snapshot.workflow_hash)
+                .await
+                .map_err(ResumeError::Store)?
+                .ok_or_else(|| {
+                    inconsistent(format!(
+                        "its workflow definition {} is no longer stored",
+                        snapshot.workflow_hash
+                    ))
+                })?,
+        };
         let workflow = self
-            .load_json(&snapshot.workflow)
+            .load_json(&definition)
             .map_err(|errors| ResumeError::Workflow { checkpoint, errors })?;
         let plan = workflow.plan().clone();
         let mut completions = Vec::with_capacity(snapshot.graph.completed.len());

@@ -23,6 +23,7 @@ use crate::message::Message;
 pub struct MemoryCheckpointStore {
     threads: DashMap<ThreadId, BTreeMap<CheckpointId, StoredCheckpoint>>,
     sequences: DashMap<RunId, u64>,
+    workflows: DashMap<(ThreadId, String), Arc<str>>,
 }
 
 impl MemoryCheckpointStore {
@@ -90,6 +91,29 @@ impl CheckpointStore for MemoryCheckpointStore {
             t.remove(id);
         }
         Ok(doomed.len())
+    }
+
+    async fn put_workflow(
+        &self,
+        thread: &ThreadId,
+        hash: &str,
+        definition: &str,
+    ) -> Result<(), StoreError> {
+        self.workflows
+            .entry((thread.clone(), hash.to_owned()))
+            .or_insert_with(|| Arc::from(definition));
+        Ok(())
+    }
+
+    async fn get_workflow(
+        &self,
+        thread: &ThreadId,
+        hash: &str,
+    ) -> Result<Option<String>, StoreError> {
+        Ok(self
+            .workflows
+            .get(&(thread.clone(), hash.to_owned()))
+            .map(|d| d.to_string()))
     }
 }
 

@@ -48,6 +48,21 @@ impl CheckpointStore for Flaky {
     async fn prune(&self, thread: &ThreadId, keep: usize) -> Result<usize, StoreError> {
         self.inner.prune(thread, keep).await
     }
+    async fn put_workflow(
+        &self,
+        thread: &ThreadId,
+        hash: &str,
+        definition: &str,
+    ) -> Result<(), StoreError> {
+        self.inner.put_workflow(thread, hash, definition).await
+    }
+    async fn get_workflow(
+        &self,
+        thread: &ThreadId,
+        hash: &str,
+    ) -> Result<Option<String>, StoreError> {
+        self.inner.get_workflow(thread, hash).await
+    }
 }
 
 /// Records, when it runs, which nodes the thread's newest checkpoint holds as completed.
