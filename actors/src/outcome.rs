@@ -58,6 +58,9 @@ pub enum RunOutcome {
         /// What the nodes that ran in this run consumed (nodes restored from a checkpoint
         /// are not counted again).
         usage: Usage,
+        /// How long the run waited for the checkpoint store (it was failing and nothing went
+        /// on unsaved); zero when it never did.
+        storage_wait: std::time::Duration,
     },
     /// A node failed; nodes still running were stopped.
     Failed {
@@ -71,6 +74,9 @@ pub enum RunOutcome {
         history: HistoryFlush,
         /// What the nodes that ran in this run consumed.
         usage: Usage,
+        /// How long the run waited for the checkpoint store (it was failing and nothing went
+        /// on unsaved); zero when it never did.
+        storage_wait: std::time::Duration,
     },
     /// The run reached an interactive node: it is checkpointed with the pending interaction
     /// and holds no actors until `resume` brings the answer.
@@ -89,6 +95,9 @@ pub enum RunOutcome {
         checkpoint_error: Option<String>,
         /// What the nodes that ran in this run consumed.
         usage: Usage,
+        /// How long the run waited for the checkpoint store (it was failing and nothing went
+        /// on unsaved); zero when it never did.
+        storage_wait: std::time::Duration,
     },
     /// The run was stopped; it can be resumed from its checkpoint.
     Stopped(StopResult),
@@ -155,6 +164,16 @@ impl RunOutcome {
             | RunOutcome::Failed { usage, .. }
             | RunOutcome::AwaitingInput { usage, .. } => usage,
             RunOutcome::Stopped(stop) => &stop.usage,
+        }
+    }
+
+    /// How long the run waited for a failing checkpoint store (nothing went on unsaved).
+    pub fn storage_wait(&self) -> std::time::Duration {
+        match self {
+            RunOutcome::Completed { storage_wait, .. }
+            | RunOutcome::Failed { storage_wait, .. }
+            | RunOutcome::AwaitingInput { storage_wait, .. } => *storage_wait,
+            RunOutcome::Stopped(stop) => stop.storage_wait,
         }
     }
 

@@ -137,6 +137,8 @@ pub struct StopResult {
     pub checkpoint_error: Option<String>,
     /// What the nodes that ran in this run consumed.
     pub usage: crate::handler::Usage,
+    /// How long the run waited for a failing checkpoint store; zero when it never did.
+    pub storage_wait: std::time::Duration,
 }
 
 impl StopResult {

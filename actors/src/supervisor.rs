@@ -127,6 +127,9 @@ pub(crate) struct RunState {
     saving: Option<Vec<crate::scheduler::NodeIndex>>,
     /// Awaited progress snapshots keep failing: the run waits for the store.
     storage_waiting: bool,
+    /// Since when the current wait for the store lasts, and how long earlier waits lasted.
+    storage_since: Option<tokio::time::Instant>,
+    storage_waited: Duration,
     sequence: u64,
     workflow_hash: String,
     workflow_stored: bool,
@@ -229,6 +232,8 @@ impl Actor for RunSupervisor {
             held: Vec::new(),
             saving: None,
             storage_waiting: false,
+            storage_since: None,
+            storage_waited: Duration::ZERO,
             sequence: 0,
             workflow_hash: args.workflow_hash,
             workflow_stored: args.workflow_stored,
@@ -481,6 +486,9 @@ impl RunState {
                 self.record.checkpoint_id = Some(id);
                 if self.storage_waiting {
                     self.storage_waiting = false;
+                    if let Some(since) = self.storage_since.take() {
+                        self.storage_waited += since.elapsed();
+                    }
                     self.run.live().waiting_for_storage = false;
                     tracing::info!(parent: &self.span, "checkpoint store is back; the run goes on");
                     self.run.emit(RunEvent::StorageWait {
@@ -503,6 +511,7 @@ impl RunState {
                 self.held = held;
                 if !self.storage_waiting {
                     self.storage_waiting = true;
+                    self.storage_since = Some(tokio::time::Instant::now());
                     self.run.live().waiting_for_storage = true;
                     tracing::warn!(parent: &self.span, %error, "checkpoint store failing: the run waits for it");
                     self.run.emit(RunEvent::StorageWait {
@@ -679,6 +688,10 @@ impl RunState {
             .collect();
         let run_id = self.run.run_id;
         let usage = self.exec.usage.clone();
+        let storage_wait = self.storage_waited
+            + self
+                .storage_since
+                .map_or(Duration::ZERO, |since| since.elapsed());
         let outcome = match stopping.map(|s| s.cause) {
             None => RunOutcome::Completed {
                 run_id,
@@ -686,6 +699,7 @@ impl RunState {
                 variables: self.exec.env.clone(),
                 history,
                 usage,
+                storage_wait,
             },
             Some(Cause::Failure(error)) => RunOutcome::Failed {
                 run_id,
@@ -693,6 +707,7 @@ impl RunState {
                 outputs,
                 history,
                 usage,
+                storage_wait,
             },
             Some(Cause::Pause) => RunOutcome::AwaitingInput {
                 run_id,
@@ -702,6 +717,7 @@ impl RunState {
                 checkpoint_id,
                 checkpoint_error: checkpoint_error.clone(),
                 usage,
+                storage_wait,
             },
             Some(Cause::Stop(reason)) => {
                 let interrupted = std::mem::take(&mut self.exec.interrupted);
@@ -727,6 +743,7 @@ impl RunState {
                     checkpoint_id,
                     checkpoint_error: checkpoint_error.clone(),
                     usage,
+                    storage_wait,
                 })
             }
         };

@@ -128,6 +128,7 @@ impl RunHandle {
             outputs: Default::default(),
             history: Default::default(),
             usage: Default::default(),
+            storage_wait: Default::default(),
         }
     }
 }
