@@ -135,6 +135,7 @@ async fn sync_stores_each_result_before_its_dependents_start() {
         outcome.output("c"),
         Some(&val(json!({"saw": ["start", "a", "b"]})))
     );
+    assert_eq!(outcome.storage_wait(), Duration::ZERO);
 }
 
 #[tokio::test]
@@ -205,6 +206,8 @@ async fn a_failing_store_makes_a_sync_run_wait_and_go_on_when_it_is_back() {
         Some(&val(json!({"saw": ["start", "a"]})))
     );
     assert!(!rt.registry().contains(&run.run_id()));
+    // The result says the run waited for the store.
+    assert!(outcome.storage_wait() > Duration::ZERO);
 }
 
 #[tokio::test]
