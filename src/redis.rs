@@ -273,7 +273,11 @@ impl RedisStores {
             checkpoints: Arc::new(RedisCheckpointStore::new(conn.clone(), keys.clone(), ttl)),
             runs: Arc::new(RedisRunStore::new(conn.clone(), keys.clone(), ttl)),
             history: Arc::new(RedisHistoryStore::new(conn.clone(), keys.clone(), ttl)),
-            signals: Arc::new(RedisSignalSource::new(conn, &config)?),
+            signals: Arc::new(RedisSignalSource::new(
+                conn,
+                Conn::connect(&config).await?,
+                &config,
+            )?),
             keys,
             config,
         })

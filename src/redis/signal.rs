@@ -48,6 +48,9 @@ pub const READ_BATCH: usize = 1000;
 /// How often the shared subscription pings Redis to find a connection that died silently.
 pub const HEALTH_INTERVAL: Duration = Duration::from_secs(1);
 
+/// Reads of more keys than this go on the bulk connection.
+const BULK_READ: usize = 64;
+
 /// Notices buffered per subscriber before a slow one starts skipping.
 const NOTICE_BUFFER: usize = 4096;
 
@@ -57,6 +60,9 @@ const MAX_TTL_MS: u64 = 1 << 45;
 /// [`SignalSource`] on Redis. See the [module docs](self).
 pub struct RedisSignalSource {
     conn: Conn,
+    /// A connection of its own for large reads (the watcher's tick over every live run), so
+    /// a small read (a flag named by a notice) never queues behind one.
+    bulk: Conn,
     client: ::redis::Client,
     channel: Arc<str>,
     response_timeout: Duration,
@@ -85,12 +91,13 @@ impl fmt::Debug for RedisSignalSource {
 
 impl RedisSignalSource {
     /// A source on the stores' connection; its pub/sub connection opens on first `subscribe`.
-    pub(crate) fn new(conn: Conn, config: &RedisConfig) -> Result<Self, ConnectError> {
+    pub(crate) fn new(conn: Conn, bulk: Conn, config: &RedisConfig) -> Result<Self, ConnectError> {
         let client = ::redis::Client::open(config.url.as_str()).map_err(|e| {
             ConnectError::InvalidConfig(format!("url {}: {e}", config.redacted_url()))
         })?;
         Ok(Self {
             conn,
+            bulk,
             client,
             channel: Arc::from(channel(&config.prefix)),
             response_timeout: config.response_timeout,
@@ -153,7 +160,12 @@ impl SignalSource for RedisSignalSource {
         for batch in keys.chunks(READ_BATCH) {
             pipe.cmd("MGET").arg(batch);
         }
-        let replies = self.conn.pipeline(first, &pipe).await?;
+        let conn = if keys.len() > BULK_READ {
+            &self.bulk
+        } else {
+            &self.conn
+        };
+        let replies = conn.pipeline(first, &pipe).await?;
         let mut flags = Vec::with_capacity(keys.len());
         let mut batches = keys.chunks(READ_BATCH);
         for reply in &replies {
