@@ -773,11 +773,49 @@ impl BodyState {
             self.fail(None, error);
             return Step::Wait;
         }
+        self.report_progress();
         let exec = self.new_iteration_exec();
         if let Work::Loop(l) = &mut self.work {
             l.exec = exec;
         }
         Step::Events(self.launch_loop(cell, false).await)
+    }
+
+    /// Hands the run what this top-level body has finished (iterations, items) and the
+    /// messages they produced, so the run's progress snapshots hold them: a crash then reruns
+    /// only the iteration or items in flight. Nested bodies are saved by their parent's stop.
+    fn report_progress(&self) {
+        if self.path.frames().len() != 1
+            || self.run.services.config.durability == crate::checkpointer::Durability::Exit
+        {
+            return;
+        }
+        let frame = match &self.work {
+            Work::Loop(l) => FrameState::Loop(LoopState {
+                iteration: l.iteration,
+                vars: l.vars.clone(),
+                history: l.history.clone(),
+                details: l.details.clone(),
+                items: l.items.clone(),
+                body: GraphState::default(),
+                assigned: self.up.clone(),
+            }),
+            Work::Parallel(p) => FrameState::Parallel(ParallelState {
+                items: p.items.clone(),
+                results: p.results.clone(),
+                done: p.done.clone(),
+                errors: p.errors.clone(),
+                in_progress: Vec::new(),
+                assigned: p.assigned.clone(),
+            }),
+        };
+        if let Some(supervisor) = self.run.supervisor.get() {
+            let _ = supervisor.send_message(RunMsg::Progress {
+                node: self.node,
+                frame: Box::new(frame),
+                messages: self.produced.clone(),
+            });
+        }
     }
 
     fn finish_loop(&mut self) {
@@ -825,6 +863,7 @@ impl BodyState {
             .filter(|(i, e)| e.is_done() || (p.failing.contains_key(i) && e.is_idle()))
             .map(|(i, _)| *i)
             .collect();
+        let mut progressed = false;
         for index in finished {
             let Some(mut exec) = p.in_flight.remove(&index) else {
                 continue;
@@ -854,7 +893,14 @@ impl BodyState {
             }
             p.assigned.push((index, std::mem::take(&mut exec.up)));
             p.done[i] = true;
+            progressed = true;
         }
+        if progressed && !p.done.iter().all(|d| *d) {
+            self.report_progress();
+        }
+        let Work::Parallel(p) = &mut self.work else {
+            return Step::Wait;
+        };
         // Start new items up to the bound.
         let mut starts = Vec::new();
         while p.in_flight.len() + starts.len() < p.spec.max_concurrency

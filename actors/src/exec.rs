@@ -201,6 +201,9 @@ pub(crate) struct GraphExec {
     restore_frames: HashMap<NodeIndex, FrameState>,
     /// Saved progress of loop and parallel nodes cut short in this execution.
     saved_frames: Vec<SavedFrame>,
+    /// What running loop and parallel nodes reported they have finished, for progress
+    /// snapshots (a crash reruns only what was in flight).
+    running_frames: HashMap<NodeIndex, FrameState>,
     /// Assignments to variables this execution does not own, in order (for the host).
     pub(crate) up: Vec<(String, Value)>,
     history_base: Arc<[Message]>,
@@ -270,6 +273,7 @@ impl GraphExec {
             children: HashMap::new(),
             restore_frames: HashMap::new(),
             saved_frames: Vec::new(),
+            running_frames: HashMap::new(),
             up: Vec::new(),
             history_base: history,
             history_view: None,
@@ -679,6 +683,21 @@ impl GraphExec {
         })
     }
 
+    /// Records what a running loop or parallel node has finished; `false` if the node is not
+    /// running any more (its report came first).
+    pub(crate) fn note_progress(&mut self, node: NodeIndex, frame: FrameState) -> bool {
+        if self.schedule.state(node) != crate::scheduler::NodeState::Running {
+            return false;
+        }
+        self.running_frames.insert(node, frame);
+        true
+    }
+
+    /// The nodes running now.
+    pub(crate) fn running_nodes(&self) -> Vec<NodeIndex> {
+        self.schedule.running().collect()
+    }
+
     /// Whether a child with this actor id is one of this execution's.
     pub(crate) fn has_child(&self, id: &ActorId) -> bool {
         self.children.contains_key(id)
@@ -693,6 +712,7 @@ impl GraphExec {
         let node = report.node;
         let path = self.path(node);
         host.run.live().running.remove(&path);
+        self.running_frames.remove(&node);
         self.keep_messages(report.messages);
         let mut events = Vec::new();
         if let Some((mode, reason)) = report.requested_stop {
@@ -798,6 +818,13 @@ impl GraphExec {
         let path = self.path(child.node);
         host.run.live().running.remove(&path);
         let _ = self.schedule.requeue(child.node);
+        if let Some(state) = self.running_frames.remove(&child.node) {
+            // What it reported finished before it was lost still counts.
+            self.saved_frames.push(SavedFrame {
+                node: self.node_id(child.node).clone(),
+                state,
+            });
+        }
         host.run.emit(RunEvent::NodeInterrupted {
             path: path.clone(),
             forced: true,
@@ -872,6 +899,14 @@ impl GraphExec {
     /// Saves this execution's progress.
     pub(crate) fn state(&self) -> GraphState {
         let mut frames = self.saved_frames.clone();
+        for (&node, state) in &self.running_frames {
+            // Progress of a loop or parallel still running: a resume continues after what it
+            // has finished.
+            frames.push(SavedFrame {
+                node: self.node_id(node).clone(),
+                state: state.clone(),
+            });
+        }
         for (&node, state) in &self.restore_frames {
             // Restored progress of a node that did not start again before the stop.
             frames.push(SavedFrame {

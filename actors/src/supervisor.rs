@@ -64,6 +64,13 @@ pub(crate) enum RunMsg {
     Saved(Result<CheckpointId, String>),
     /// Try the awaited progress snapshot again.
     RetrySave,
+    /// A top-level loop or parallel finished iterations or items: what it has finished, and
+    /// the messages they produced, for the run's progress snapshots.
+    Progress {
+        node: crate::scheduler::NodeIndex,
+        frame: Box<crate::snapshot::FrameState>,
+        messages: Vec<Message>,
+    },
 }
 
 pub(crate) struct RunSupervisor;
@@ -130,6 +137,9 @@ pub(crate) struct RunState {
     /// Since when the current wait for the store lasts, and how long earlier waits lasted.
     storage_since: Option<tokio::time::Instant>,
     storage_waited: Duration,
+    /// Messages of finished iterations and items of running top-level loops and parallels
+    /// (they reach the run with the node's report; until then snapshots carry them).
+    body_messages: std::collections::HashMap<crate::scheduler::NodeIndex, Vec<Message>>,
     sequence: u64,
     workflow_hash: String,
     workflow_stored: bool,
@@ -234,6 +244,7 @@ impl Actor for RunSupervisor {
             storage_waiting: false,
             storage_since: None,
             storage_waited: Duration::ZERO,
+            body_messages: Default::default(),
             sequence: 0,
             workflow_hash: args.workflow_hash,
             workflow_stored: args.workflow_stored,
@@ -277,6 +288,23 @@ impl Actor for RunSupervisor {
                 }
             }
             RunMsg::Saved(result) => state.saved(&myself, result).await,
+            RunMsg::Progress {
+                node,
+                frame,
+                messages,
+            } => {
+                if !state.ended
+                    && state.stopping.is_none()
+                    && state.exec.note_progress(node, *frame)
+                {
+                    state.body_messages.insert(node, messages);
+                    match state.run.services.config.durability {
+                        Durability::Exit => {}
+                        Durability::Async => state.progress(&myself),
+                        Durability::Sync => state.save_in_background().await,
+                    }
+                }
+            }
             RunMsg::RetrySave => {
                 if !state.ended && state.saving.is_none() && !state.held.is_empty() {
                     state.start_save(&myself);
@@ -434,10 +462,13 @@ impl RunState {
     /// they travel in its snapshots, so a crash loses none of them (a resume persists them,
     /// once, by id).
     fn progress_snapshot(&mut self) -> Write {
+        let running = self.exec.running_nodes();
+        self.body_messages.retain(|node, _| running.contains(node));
         let produced: Vec<Message> = self
             .start_messages
             .iter()
             .chain(self.exec.produced.iter())
+            .chain(self.body_messages.values().flatten())
             .cloned()
             .collect();
         self.snapshot(RunStatus::Running, None, produced)

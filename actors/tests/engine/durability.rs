@@ -251,3 +251,114 @@ async fn messages_refused_at_a_successful_end_are_persisted_by_the_next_resume()
     assert!(again.is_err());
     assert_eq!(history.load(&t).await.expect("load").len(), 2);
 }
+
+/// Counts calls per `i`; blocks (until stopped) the first time it sees `i == hold`.
+struct HoldAt {
+    hold: i64,
+    calls: Arc<std::sync::Mutex<Vec<i64>>>,
+}
+
+#[async_trait]
+impl NodeHandler for HoldAt {
+    async fn run(&self, input: Value, ctx: NodeContext) -> Result<NodeOutput, NodeError> {
+        let i = input.get("i").and_then(Value::as_i64).unwrap_or(-1);
+        let first = {
+            let mut calls = self.calls.lock().expect("calls");
+            calls.push(i);
+            calls.iter().filter(|c| **c == i).count() == 1
+        };
+        if i == self.hold && first {
+            ctx.stopped().await;
+            return Err(NodeError::Stopped);
+        }
+        Ok(NodeOutput::new(Value::from_iter([("i", i)])))
+    }
+}
+
+#[tokio::test]
+async fn a_progress_snapshot_keeps_a_loops_finished_iterations() {
+    use runvisor_actors::snapshot::FrameState;
+    use runvisor_actors::{ResumeFrom, ResumeInput, StopMode};
+    let calls = Arc::new(std::sync::Mutex::new(Vec::new()));
+    let store: Arc<dyn CheckpointStore> = Arc::new(MemoryCheckpointStore::new());
+    let rt = Runtime::builder()
+        .checkpoint_store(store.clone())
+        .handler(
+            "hold_at",
+            HoldAt {
+                hold: 2,
+                calls: calls.clone(),
+            },
+        )
+        .config(RuntimeConfig {
+            durability: Durability::Async,
+            checkpoint_coalesce: Duration::from_millis(1),
+            ..RuntimeConfig::default()
+        })
+        .build();
+    let wf = load(
+        &rt,
+        json!({"id": "w", "nodes": [
+            {"id": "start", "kind": "begin"},
+            {"id": "l", "kind": "loop", "params": {
+                "mode": "array", "items": [0, 1, 2, 3, 4], "output": "{{step.i}}"
+            }, "body": {
+                "nodes": [
+                    {"id": "say", "kind": "message", "params": {"template": "iteration {{l.index}}"}},
+                    {"id": "step", "kind": "hold_at", "params": {"i": "{{l.item}}"}}
+                ],
+                "edges": [{"from": "say", "to": "step"}]
+            }}
+        ], "edges": [{"from": "start", "to": "l"}]}),
+    );
+    let t = thread("loop-progress");
+    let run = rt.start(&wf, inputs([]), t.clone()).await.expect("start");
+    // Wait until a progress snapshot holds the two finished iterations (as a crash would
+    // leave it: the run is still in iteration 2).
+    let progress = within("a progress snapshot with two iterations", async {
+        loop {
+            if let Some(stored) = store.latest(&t).await.expect("latest") {
+                let snapshot = Snapshot::decode(&stored.bytes).expect("decodes");
+                let two_done = snapshot.graph.frames.iter().any(|f| {
+                    matches!(&f.state, FrameState::Loop(l) if l.iteration == 2 && l.history.len() == 2)
+                });
+                if two_done {
+                    assert_eq!(snapshot.status, RunStatus::Running);
+                    // The finished iterations' messages travel in it.
+                    let texts: Vec<&str> = snapshot
+                        .pending_messages
+                        .iter()
+                        .map(|m| m.content.as_str())
+                        .collect();
+                    assert!(texts.contains(&"iteration 0") && texts.contains(&"iteration 1"), "{texts:?}");
+                    return stored.id;
+                }
+            }
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    })
+    .await;
+    let _ = rt.stop(run.run_id(), StopMode::Force).await;
+    finish(&run).await;
+    // Resume from the progress snapshot, as another process would after a crash.
+    let resumed = rt
+        .resume(
+            ResumeFrom::Checkpoint {
+                thread: t.clone(),
+                checkpoint: progress,
+            },
+            ResumeInput::Continue,
+        )
+        .await
+        .expect("resumes");
+    let outcome = finish(&resumed).await;
+    assert_eq!(outcome.status(), RunStatus::Succeeded, "{outcome:#?}");
+    assert_eq!(
+        outcome.output("l").and_then(|o| o.get("history")),
+        Some(&val(json!([0, 1, 2, 3, 4])))
+    );
+    // Iterations 0 and 1 never ran again; 2 ran twice (held, then again); 3 and 4 once.
+    let mut seen = calls.lock().expect("calls").clone();
+    seen.sort_unstable();
+    assert_eq!(seen, [0, 1, 2, 2, 3, 4]);
+}
