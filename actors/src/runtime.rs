@@ -69,6 +69,10 @@ pub struct RuntimeConfig {
     /// How long a graceful stop waits for running nodes before forcing them.
     #[serde(with = "humantime_serde")]
     pub stop_timeout: Duration,
+    /// A deadline for every run: past it the run is stopped gracefully with reason `timeout`
+    /// (and stays resumable). None by default.
+    #[serde(with = "humantime_serde", skip_serializing_if = "Option::is_none")]
+    pub run_timeout: Option<Duration>,
     /// How long an ops query (actor tree) waits for each actor's answer.
     #[serde(with = "humantime_serde")]
     pub query_timeout: Duration,
@@ -95,6 +99,7 @@ impl Default for RuntimeConfig {
     fn default() -> Self {
         Self {
             stop_timeout: Duration::from_secs(30),
+            run_timeout: None,
             query_timeout: Duration::from_secs(1),
             event_buffer: 1024,
             durability: Durability::Async,

@@ -259,6 +259,19 @@ impl Actor for RunSupervisor {
         state: &mut Self::State,
     ) -> Result<(), ActorProcessingErr> {
         tracing::debug!(parent: &state.span, "run started");
+        if let Some(deadline) = state.run.services.config.run_timeout {
+            let me = myself.clone();
+            let mode = StopMode::Graceful {
+                timeout: state.run.services.config.stop_timeout,
+            };
+            state.timers.push(tokio::spawn(async move {
+                tokio::time::sleep(deadline).await;
+                let _ = me.send_message(RunMsg::Stop {
+                    mode,
+                    reason: StopReason::Timeout,
+                });
+            }));
+        }
         state.run.emit(RunEvent::RunStarted {
             run_id: state.run.run_id,
             thread: state.run.thread.clone(),

@@ -362,3 +362,40 @@ async fn a_progress_snapshot_keeps_a_loops_finished_iterations() {
     seen.sort_unstable();
     assert_eq!(seen, [0, 1, 2, 2, 3, 4]);
 }
+
+#[tokio::test]
+async fn a_run_past_its_deadline_stops_with_reason_timeout_and_stays_resumable() {
+    use runvisor_actors::testkit::Streamer;
+    use runvisor_actors::{ResumeInput, StopReason};
+    let streamer = Streamer::new(&"word ".repeat(50), Duration::from_millis(10));
+    let rt = Runtime::builder()
+        .handler("llm", streamer.clone())
+        .config(RuntimeConfig {
+            run_timeout: Some(Duration::from_millis(60)),
+            ..RuntimeConfig::default()
+        })
+        .build();
+    let wf = load(
+        &rt,
+        json!({"id": "w", "nodes": [
+            {"id": "start", "kind": "begin"},
+            {"id": "llm", "kind": "llm"}
+        ], "edges": [{"from": "start", "to": "llm"}]}),
+    );
+    let t = thread("deadline");
+    let run = rt.start(&wf, inputs([]), t.clone()).await.expect("start");
+    let outcome = finish(&run).await;
+    let stop = outcome.stop_result().expect("stopped by its deadline");
+    assert_eq!(stop.reason, StopReason::Timeout);
+    assert_eq!(outcome.status(), RunStatus::Stopped);
+    assert!(stop.partial_response.is_some());
+    // Resumable: the resumed run has the same deadline, so it is cut again, from the start of
+    // the interrupted node.
+    let resumed = rt.resume(t, ResumeInput::Continue).await.expect("resumes");
+    let again = finish(&resumed).await;
+    assert_eq!(
+        again.stop_result().map(|s| s.reason),
+        Some(StopReason::Timeout)
+    );
+    assert_eq!(streamer.calls(), 2);
+}
