@@ -5,6 +5,7 @@
 //! validation ([`Workflow::validate`]), so a run can only ever start from a workflow whose
 //! graph, kinds, parameters and references were checked.
 
+mod error;
 mod spec;
 mod validate;
 
@@ -20,12 +21,12 @@ use crate::reference::Template;
 use crate::scheduler::Graph;
 use crate::value::{Map, Value};
 
+pub use error::{ValidationErrors, WorkflowError};
 pub use spec::{
     AnswerError, DEFAULT_MAX_CONCURRENCY, DEFAULT_MAX_ITERATIONS, FieldType, FormField,
     InteractionKind, SelectOption,
 };
 pub(crate) use spec::{LoopMode, LoopSpec, NodeSpec, ParallelSpec};
-pub use validate::{ValidationErrors, WorkflowError};
 
 /// A workflow as written: nodes, edges and variables. Load it with [`WorkflowDef::from_json`]
 /// or build it with [`WorkflowDef::new`] and its builder methods.
