@@ -20,6 +20,8 @@
 //!
 //! Run with `cargo bench --bench checkpoint`.
 
+mod common;
+
 use std::hint::black_box;
 use std::io::{Read, Write};
 use std::net::{Ipv4Addr, SocketAddrV4, TcpListener, TcpStream};
@@ -34,12 +36,12 @@ use runvisor::redis::{RedisConfig, RedisStores};
 use runvisor::snapshot::{CompletedNode, GraphState, Snapshot};
 use runvisor::store::{RunStatus, StoredCheckpoint};
 use runvisor::{
-    CheckpointId, Durability, Map, NodeContext, NodeError, NodeHandler, NodeOutput, Route, RunId,
-    RunLabels, RunOutcome, Runtime, RuntimeConfig, ThreadId, Value, Workflow, async_trait,
-    workflow::{NodeDef, WorkflowDef},
+    CheckpointId, Durability, Map, Route, RunId, RunLabels, RunOutcome, Runtime, RuntimeConfig,
+    ThreadId, Value, Workflow,
 };
-use serde_json::json;
 use tokio::runtime::Runtime as Tokio;
+
+use common::{ECHO, Echo, chain};
 
 /// Nodes in the checkpointed chain.
 const CHAIN: usize = 100;
@@ -51,8 +53,6 @@ const MODES: [(&str, Durability); 3] = [
     ("async", Durability::Async),
     ("exit", Durability::Exit),
 ];
-/// The host kind every chain node uses.
-const ECHO: &str = "echo";
 
 /// A `redis-server` owned by the bench: killed (and reaped) on drop.
 struct PrivateRedis {
@@ -118,41 +118,6 @@ impl Drop for PrivateRedis {
         let _ = self.child.kill();
         let _ = self.child.wait();
     }
-}
-
-/// Outputs `{"value": <its resolved "x" param>}`.
-#[derive(Debug)]
-struct Echo;
-
-#[async_trait]
-impl NodeHandler for Echo {
-    async fn run(&self, input: Value, _ctx: NodeContext) -> Result<NodeOutput, NodeError> {
-        let mut out = Map::new();
-        out.insert(
-            "value".to_owned(),
-            input.get("x").cloned().unwrap_or_default(),
-        );
-        Ok(NodeOutput::new(Value::Object(out)))
-    }
-}
-
-/// `begin -> n1 -> ... -> n{len}`, each node reading its predecessor's output.
-fn chain(runtime: &Runtime, len: usize) -> Workflow {
-    let mut def = WorkflowDef::new(format!("chain-{len}")).node(NodeDef::new("begin", "begin"));
-    let mut prev = "begin".to_owned();
-    for i in 1..=len {
-        let id = format!("n{i}");
-        let x = if i == 1 {
-            json!(1)
-        } else {
-            json!(format!("{{{{{prev}.value}}}}"))
-        };
-        def = def
-            .node(NodeDef::new(&id, ECHO).param("x", x))
-            .edge(&prev, &id);
-        prev = id;
-    }
-    runtime.validate(def).expect("chain workflow is valid")
 }
 
 fn config(durability: Durability) -> RuntimeConfig {

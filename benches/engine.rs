@@ -11,37 +11,21 @@
 //! fast numbers. The in-memory stores keep every run's record and final checkpoint, so memory
 //! grows over a bench; that is part of what an embedded runtime pays.
 
+mod common;
+
 use std::hint::black_box;
 use std::time::Duration;
 
 use criterion::measurement::WallTime;
 use criterion::{BenchmarkGroup, Criterion, Throughput, criterion_group, criterion_main};
 use runvisor::{
-    Map, NodeContext, NodeError, NodeHandler, NodeOutput, ResumeInput, RunOutcome, Runtime,
-    ThreadId, Value, Workflow, async_trait,
+    Map, ResumeInput, RunOutcome, Runtime, ThreadId, Value, Workflow,
     workflow::{BodyDef, NodeDef, WorkflowDef},
 };
 use serde_json::json;
 use tokio::runtime::Runtime as Tokio;
 
-/// The host kind every trivial node uses.
-const ECHO: &str = "echo";
-
-/// A trivial host handler: outputs `{"value": <its resolved "x" param>}`.
-#[derive(Debug)]
-struct Echo;
-
-#[async_trait]
-impl NodeHandler for Echo {
-    async fn run(&self, input: Value, _ctx: NodeContext) -> Result<NodeOutput, NodeError> {
-        let mut out = Map::new();
-        out.insert(
-            "value".to_owned(),
-            input.get("x").cloned().unwrap_or_default(),
-        );
-        Ok(NodeOutput::new(Value::Object(out)))
-    }
-}
+use common::{ECHO, Echo, chain};
 
 fn runtime() -> Runtime {
     Runtime::builder().handler(ECHO, Echo).build()
@@ -52,26 +36,6 @@ fn tokio() -> Tokio {
         .enable_all()
         .build()
         .expect("tokio runtime")
-}
-
-/// `begin -> n1 -> ... -> n{len}`; `n1` has `x: 1`, every later node `x: "{{n<i-1>.value}}"`,
-/// so every node resolves a reference to its predecessor's output.
-fn chain(runtime: &Runtime, len: usize) -> Workflow {
-    let mut def = WorkflowDef::new(format!("chain-{len}")).node(NodeDef::new("begin", "begin"));
-    let mut prev = "begin".to_owned();
-    for i in 1..=len {
-        let id = format!("n{i}");
-        let x = if i == 1 {
-            json!(1)
-        } else {
-            json!(format!("{{{{{prev}.value}}}}"))
-        };
-        def = def
-            .node(NodeDef::new(&id, ECHO).param("x", x))
-            .edge(&prev, &id);
-        prev = id;
-    }
-    runtime.validate(def).expect("chain workflow is valid")
 }
 
 /// `begin -> p0..p{width-1} (parallel) -> join`; each parallel node has a literal `x`, the

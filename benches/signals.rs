@@ -25,6 +25,8 @@
 #[path = "../tests/redis/support.rs"]
 mod support;
 
+mod common;
+
 use std::hint::black_box;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -40,27 +42,14 @@ use runvisor::{
 use tokio::runtime::Runtime as Tokio;
 use tokio::sync::mpsc;
 
+use common::{COOPERATIVE, Cooperative};
+
 use support::RedisServer;
 
 /// Stops per printed percentile line.
 const STOPS: usize = 200;
 /// Idle live runs for the per-tick cost.
 const CROWD: usize = 10_000;
-
-/// Says it is running, waits for the stop, and returns `Stopped` at once.
-#[derive(Debug)]
-struct Cooperative {
-    running: mpsc::UnboundedSender<()>,
-}
-
-#[async_trait]
-impl NodeHandler for Cooperative {
-    async fn run(&self, _input: Value, ctx: NodeContext) -> Result<NodeOutput, NodeError> {
-        let _ = self.running.send(());
-        ctx.stopped().await;
-        Err(NodeError::Stopped)
-    }
-}
 
 /// Waits for the stop, counting the runs that reached it.
 #[derive(Debug, Default)]
@@ -122,7 +111,7 @@ impl Setup {
         let crowd = idle.started.clone();
         let worker = stores
             .install(Runtime::builder())
-            .handler("cooperative", Cooperative { running: tx })
+            .handler(COOPERATIVE, Cooperative { running: tx })
             .handler("idle", idle)
             .build();
         let other = support::stores(&server).await;

@@ -14,36 +14,21 @@
 //!
 //! Run with `cargo bench --bench stop`.
 
+mod common;
+
 use std::hint::black_box;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use criterion::{Criterion, criterion_group, criterion_main};
 use runvisor::{
-    NodeContext, NodeError, NodeHandler, NodeOutput, RunHandle, Runtime, StopMode, StopReply,
-    ThreadId, Value, Workflow, async_trait,
+    RunHandle, Runtime, StopMode, StopReply, ThreadId, Workflow,
     workflow::{NodeDef, WorkflowDef},
 };
 use tokio::runtime::Runtime as Tokio;
 use tokio::sync::mpsc;
 
-/// The cooperative host kind.
-const COOPERATIVE: &str = "cooperative";
-
-/// Says it is running, waits for the stop, and returns `Stopped` at once.
-#[derive(Debug)]
-struct Cooperative {
-    running: mpsc::UnboundedSender<()>,
-}
-
-#[async_trait]
-impl NodeHandler for Cooperative {
-    async fn run(&self, _input: Value, ctx: NodeContext) -> Result<NodeOutput, NodeError> {
-        let _ = self.running.send(());
-        ctx.stopped().await;
-        Err(NodeError::Stopped)
-    }
-}
+use common::{COOPERATIVE, Cooperative};
 
 /// A runtime with the cooperative kind, `begin -> wait`, and the receiver of "running" pings.
 struct Setup {

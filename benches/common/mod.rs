@@ -1,0 +1,69 @@
+//! Host kinds and workflows the benchmarks share: a trivial `echo` node, chains of them, and a
+//! `cooperative` node that waits for the stop.
+
+// Each bench target uses part of this module.
+#![allow(dead_code)]
+
+use runvisor::{
+    Map, NodeContext, NodeError, NodeHandler, NodeOutput, Runtime, Value, Workflow, async_trait,
+    workflow::{NodeDef, WorkflowDef},
+};
+use serde_json::json;
+use tokio::sync::mpsc;
+
+/// The host kind every trivial node uses.
+pub(crate) const ECHO: &str = "echo";
+
+/// The cooperative host kind.
+pub(crate) const COOPERATIVE: &str = "cooperative";
+
+/// A trivial host handler: outputs `{"value": <its resolved "x" param>}`.
+#[derive(Debug)]
+pub(crate) struct Echo;
+
+#[async_trait]
+impl NodeHandler for Echo {
+    async fn run(&self, input: Value, _ctx: NodeContext) -> Result<NodeOutput, NodeError> {
+        let mut out = Map::new();
+        out.insert(
+            "value".to_owned(),
+            input.get("x").cloned().unwrap_or_default(),
+        );
+        Ok(NodeOutput::new(Value::Object(out)))
+    }
+}
+
+/// `begin -> n1 -> ... -> n{len}`; `n1` has `x: 1`, every later node `x: "{{n<i-1>.value}}"`,
+/// so every node resolves a reference to its predecessor's output.
+pub(crate) fn chain(runtime: &Runtime, len: usize) -> Workflow {
+    let mut def = WorkflowDef::new(format!("chain-{len}")).node(NodeDef::new("begin", "begin"));
+    let mut prev = "begin".to_owned();
+    for i in 1..=len {
+        let id = format!("n{i}");
+        let x = if i == 1 {
+            json!(1)
+        } else {
+            json!(format!("{{{{{prev}.value}}}}"))
+        };
+        def = def
+            .node(NodeDef::new(&id, ECHO).param("x", x))
+            .edge(&prev, &id);
+        prev = id;
+    }
+    runtime.validate(def).expect("chain workflow is valid")
+}
+
+/// Says it is running, waits for the stop, and returns `Stopped` at once.
+#[derive(Debug)]
+pub(crate) struct Cooperative {
+    pub(crate) running: mpsc::UnboundedSender<()>,
+}
+
+#[async_trait]
+impl NodeHandler for Cooperative {
+    async fn run(&self, _input: Value, ctx: NodeContext) -> Result<NodeOutput, NodeError> {
+        let _ = self.running.send(());
+        ctx.stopped().await;
+        Err(NodeError::Stopped)
+    }
+}
