@@ -19,8 +19,7 @@ use std::time::Duration;
 use criterion::measurement::WallTime;
 use criterion::{BenchmarkGroup, Criterion, Throughput, criterion_group, criterion_main};
 use runvisor::{
-    Map, ResumeInput, RunOutcome, Runtime, ThreadId, Value, Workflow,
-    workflow::{BodyDef, NodeDef, WorkflowDef},
+    BodyDef, Map, NodeDef, ResumeInput, RunOutcome, Runtime, ThreadId, Value, Workflow, WorkflowDef,
 };
 use serde_json::json;
 use tokio::runtime::Runtime as Tokio;

@@ -21,10 +21,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use criterion::{Criterion, criterion_group, criterion_main};
-use runvisor::{
-    RunHandle, Runtime, StopMode, StopReply, ThreadId, Workflow,
-    workflow::{NodeDef, WorkflowDef},
-};
+use runvisor::{NodeDef, RunHandle, Runtime, StopMode, StopReply, ThreadId, Workflow, WorkflowDef};
 use tokio::runtime::Runtime as Tokio;
 use tokio::sync::mpsc;
 

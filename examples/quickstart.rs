@@ -12,7 +12,7 @@
 use std::io::Write;
 use std::time::Duration;
 
-use runvisor::handler::input_str;
+use runvisor::input_str;
 use runvisor::{
     Map, Message, NodeContext, NodeError, NodeHandler, NodeOutput, ParamSchema, ParamType,
     RunEvent, Runtime, ThreadId, Value, async_trait,

@@ -17,9 +17,9 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, anyhow, bail};
 use clap::{Parser, Subcommand};
+use runvisor::InputDecl;
 use runvisor::redis::{RedisConfig, RedisStores};
 use runvisor::snapshot::Snapshot;
-use runvisor::workflow::InputDecl;
 use runvisor::{
     CheckpointId, Config, Durability, Interaction, InteractionId, InteractionKind, Map, Message,
     NodeId, NodePath, ResumeFrom, ResumeInput, RunEvent, RunHandle, RunId, RunLabels, RunOutcome,
@@ -749,7 +749,7 @@ fn elapsed(took: Option<Duration>) -> String {
 mod tests {
     use std::sync::Arc;
 
-    use runvisor::workflow::InputType;
+    use runvisor::InputType;
 
     use super::*;
 

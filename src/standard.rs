@@ -12,7 +12,7 @@ use std::future::Future;
 use std::num::NonZeroUsize;
 use std::time::Duration;
 
-use runvisor_actors::handler::input_bool;
+use runvisor_actors::input_bool;
 use runvisor_actors::{
     Message, NodeContext, NodeError, NodeHandler, NodeOutput, ParamSchema, ParamType,
     RuntimeBuilder, StopRequested, Value, async_trait,

@@ -6,9 +6,14 @@
 //! variables). Hosts add their own kinds with [`Kinds::register`].
 
 mod engine;
+mod handler;
+mod probe;
 mod switch;
 
 pub(crate) use engine::EngineKind;
+pub(crate) use handler::RunScope;
+pub use handler::{NodeContext, NodeHandler, input_bool, input_str};
+pub use probe::{Probe, ProbeStop};
 
 use std::collections::BTreeMap;
 use std::fmt;
@@ -16,31 +21,13 @@ use std::sync::Arc;
 
 use async_trait::async_trait;
 
-use crate::handler::{NodeContext, NodeError, NodeHandler, NodeOutput, input_bool, input_str};
-use crate::message::{Message, Role};
-use crate::schema::{ParamSchema, ParamType};
-use crate::value::{Map, Value};
-use crate::workflow::InputType;
+use crate::model::{Map, Message, NodeError, NodeOutput, Role, Value};
+use crate::workflow::{
+    BEGIN, INTERACTIVE, InputType, KindCatalog, LOOP, MESSAGE, PARALLEL, ParamSchema, ParamType,
+    SET_VARIABLE, SWITCH, TEMPLATE,
+};
 
-pub(crate) use switch::case_matches;
 pub use switch::{ELSE, Switch};
-
-/// The entry kind.
-pub const BEGIN: &str = "begin";
-/// Renders text.
-pub const TEMPLATE: &str = "template";
-/// Renders text and appends it to history.
-pub const MESSAGE: &str = "message";
-/// Routes by conditions.
-pub const SWITCH: &str = "switch";
-/// Assigns workflow variables.
-pub const SET_VARIABLE: &str = "set_variable";
-/// Runs a body sub-graph repeatedly.
-pub const LOOP: &str = "loop";
-/// Runs a body sub-graph per item, concurrently.
-pub const PARALLEL: &str = "parallel";
-/// Pauses the run for a person's answer.
-pub const INTERACTIVE: &str = "interactive";
 
 /// Kind names the engine keeps for itself (built now or planned), so a host kind never
 /// collides with a later built-in.
@@ -144,6 +131,20 @@ impl Kinds {
     /// Every registered kind name, sorted.
     pub fn names(&self) -> impl Iterator<Item = &str> {
         self.handlers.keys().map(String::as_str)
+    }
+}
+
+impl KindCatalog for Kinds {
+    fn params(&self, kind: &str) -> Option<ParamSchema> {
+        self.handlers.get(kind).map(|h| h.params())
+    }
+
+    fn branches(&self, kind: &str, params: &serde_json::Value) -> Option<Vec<String>> {
+        self.handlers.get(kind).and_then(|h| h.branches(params))
+    }
+
+    fn kind_names(&self) -> Vec<String> {
+        self.handlers.keys().cloned().collect()
     }
 }
 

@@ -1,62 +1,65 @@
-//! runvisor-actors: the engine. Workflow model and validation, the scheduler state machine,
-//! the supervised actor tree that executes runs, the ports to the outside world and their
-//! in-memory implementations (the embedded default).
+//! runvisor-actors: the engine. Workflow model and validation, the pure state machines that
+//! decide what a run does next, the supervised actor tree that carries those decisions out,
+//! the ports to the outside world and their in-memory implementations (the embedded default).
 //!
 //! Hosts use the [`Runtime`]: register node kinds, validate workflows, start runs, follow
-//! their events and wait for their outcomes. See the crate's ARCHITECTURE.md for the map.
+//! their events and wait for their outcomes. Store adapters implement the traits in
+//! [`store`]. See the crate's ARCHITECTURE.md for the map.
+//!
+//! The engine is built in layers, each a folder that imports only the layers before it:
+//! `model` -> `workflow` -> `core` -> `persist` -> `kinds` -> `exec` -> `service` ->
+//! `runtime`, then `testkit`.
 
-pub mod event;
-pub mod handler;
-pub mod ids;
-pub mod kinds;
-pub mod message;
-pub mod reference;
-pub mod scheduler;
-pub mod schema;
-pub mod snapshot;
-pub mod store;
+mod core;
+mod exec;
+mod kinds;
+mod model;
+mod persist;
+mod runtime;
+mod service;
 #[cfg(feature = "testkit")]
 pub mod testkit;
-pub mod value;
-pub mod workflow;
+mod workflow;
 
-mod body;
-mod checkpointer;
-mod exec;
-mod interaction;
-mod node;
-mod outcome;
-mod probe;
-mod registry;
-mod runtime;
-mod stop;
-mod supervisor;
-mod watcher;
-
-pub use checkpointer::Durability;
-pub use event::{Frame, NodePath, RunEvent};
-pub use handler::{NodeContext, NodeError, NodeHandler, NodeOutput, StopRequested, Usage};
-pub use ids::{CheckpointId, InteractionId, InvalidId, MessageId, NodeId, RunId, ThreadId};
-pub use interaction::Interaction;
-pub use kinds::{KindError, Kinds};
-pub use message::{Message, Role};
-pub use outcome::{HistoryFlush, RunError, RunOutcome};
-pub use probe::{Probe, ProbeStop};
-pub use registry::{ActorTree, RunRegistry, RunSummary};
+pub use exec::RuntimeConfig;
+pub use kinds::{
+    ELSE, KindError, Kinds, NodeContext, NodeHandler, Probe, ProbeStop, Switch, input_bool,
+    input_str,
+};
+pub use model::{
+    ActorTree, AnswerError, CheckpointId, FieldType, FinishedRun, FormField, Frame, HistoryFlush,
+    Interaction, InteractionId, InteractionKind, Interrupted, InvalidId, Map, Message, MessageId,
+    NodeError, NodeId, NodeOutput, NodePath, ResolveError, Role, Route, RunError, RunEvent, RunId,
+    RunLabels, RunOutcome, RunRecord, RunStatus, SelectOption, StopError, StopMode, StopReason,
+    StopReply, StopRequested, StopResult, StoreError, ThreadId, Usage, Value,
+};
+pub use persist::{Durability, SignalConfig, render_key};
 pub use runtime::{
     EventStream, QueryError, ResumeError, ResumeFrom, ResumeInput, RunHandle, Runtime,
-    RuntimeBuilder, RuntimeConfig, StartError, StopRequest,
+    RuntimeBuilder, StartError, StopRequest,
 };
-pub use scheduler::Route;
-pub use schema::{ParamSchema, ParamType};
-pub use stop::{FinishedRun, Interrupted, StopError, StopMode, StopReason, StopReply, StopResult};
-pub use store::{Notice, RunStatus, Signal, StoreError};
-pub use value::{Map, Value};
-pub use watcher::{RunLabels, SignalConfig, render_key};
+pub use service::{RunRegistry, RunSummary};
 pub use workflow::{
-    AnswerError, FieldType, FormField, InteractionKind, SelectOption, ValidationErrors, Workflow,
+    BodyDef, DEFAULT_MAX_CONCURRENCY, DEFAULT_MAX_ITERATIONS, EdgeDef, Field, InputDecl, InputType,
+    KindCatalog, NodeDef, ParamIssue, ParamSchema, ParamType, ValidationErrors, Workflow,
     WorkflowDef, WorkflowError,
 };
+
+/// The ports: what a store adapter implements (checkpoints, run records, history, stop and
+/// cancel signals), the in-memory implementations, and the records they keep.
+pub mod store {
+    pub use crate::model::{RunRecord, RunStatus, StoreError};
+    pub use crate::persist::memory;
+    pub use crate::persist::{
+        CheckpointStore, HistoryStore, Notice, NoticeStream, RunStore, Signal, SignalSource,
+        StoredCheckpoint,
+    };
+}
+
+/// The snapshot format: what a checkpoint holds and its versioned, checksummed envelope.
+pub mod snapshot {
+    pub use crate::persist::snapshot::*;
+}
 
 /// Re-exported so host handlers need no direct dependency to implement [`NodeHandler`].
 pub use async_trait::async_trait;

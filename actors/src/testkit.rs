@@ -23,17 +23,14 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 
-use crate::event::NodePath;
-use crate::handler::{NodeContext, NodeError, NodeHandler, NodeOutput};
-use crate::ids::{CheckpointId, NodeId, RunId, ThreadId};
-use crate::message::Message;
-use crate::probe::{Probe, ProbeStop};
+use crate::kinds::{NodeContext, NodeHandler, Probe, ProbeStop};
+use crate::model::{
+    CheckpointId, Map, Message, NodeError, NodeId, NodeOutput, NodePath, RunId, RunRecord,
+    StopMode, StopReason, ThreadId, Value,
+};
+use crate::persist::Snapshot;
+use crate::persist::snapshot::SnapshotError;
 use crate::runtime::{Runtime, RuntimeBuilder};
-use crate::snapshot::{Snapshot, SnapshotError};
-use crate::stop::{StopMode, StopReason};
-use crate::store::RunRecord;
-use crate::value::{Map, Value};
-
 /// Where an interrupt fires.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum At {

@@ -5,8 +5,8 @@
 #![allow(dead_code)]
 
 use runvisor::{
-    Map, NodeContext, NodeError, NodeHandler, NodeOutput, Runtime, Value, Workflow, async_trait,
-    workflow::{NodeDef, WorkflowDef},
+    Map, NodeContext, NodeDef, NodeError, NodeHandler, NodeOutput, Runtime, Value, Workflow,
+    WorkflowDef, async_trait,
 };
 use serde_json::json;
 use tokio::sync::mpsc;

@@ -4,10 +4,9 @@
 
 use async_trait::async_trait;
 
-use crate::handler::{NodeContext, NodeError, NodeHandler, NodeOutput};
-use crate::schema::{ParamSchema, ParamType};
-use crate::value::Value;
-use crate::workflow::FieldType;
+use super::handler::{NodeContext, NodeHandler};
+use crate::model::{FieldType, NodeError, NodeOutput, Value};
+use crate::workflow::{OPS, ParamSchema, ParamType};
 
 /// Which engine-run kind.
 #[derive(Debug, Clone, Copy)]
@@ -20,7 +19,7 @@ pub(crate) enum EngineKind {
 fn condition_schema() -> ParamType {
     let condition = ParamSchema::new()
         .required("left", ParamType::Any)
-        .required("op", ParamType::OneOf(super::switch::OPS))
+        .required("op", ParamType::OneOf(OPS))
         .optional("right", ParamType::Any);
     ParamType::Object(
         ParamSchema::new()

@@ -5,12 +5,12 @@ use std::sync::{Arc, Mutex};
 
 use tokio::sync::{broadcast, watch};
 
-use super::{Services, stop_run};
-use crate::event::RunEvent;
-use crate::ids::{RunId, ThreadId};
-use crate::outcome::{RunError, RunOutcome};
-use crate::stop::{FinishedRun, StopError, StopMode, StopReason, StopReply};
-
+use super::services::Services;
+use super::stop::stop_run;
+use crate::model::{
+    FinishedRun, RunError, RunEvent, RunId, RunOutcome, StopError, StopMode, StopReason, StopReply,
+    ThreadId,
+};
 /// A started run: its id, its events, and its outcome.
 pub struct RunHandle {
     run_id: RunId,

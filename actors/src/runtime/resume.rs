@@ -9,16 +9,18 @@
 
 use std::collections::HashMap;
 
-use super::{Launch, RunHandle, Runtime, StartError};
-use crate::ids::{CheckpointId, InteractionId, RunId, ThreadId};
-use crate::interaction::Interaction;
-use crate::message::Message;
-use crate::scheduler::Schedule;
-use crate::snapshot::{Snapshot, SnapshotError};
-use crate::store::{RunStatus, StoreError};
-use crate::supervisor::Restore;
-use crate::value::Value;
-use crate::workflow::AnswerError;
+use super::errors::StartError;
+use super::facade::Runtime;
+use super::handle::RunHandle;
+use super::start::Launch;
+use crate::core::Schedule;
+use crate::exec::Restore;
+use crate::model::{
+    AnswerError, CheckpointId, Interaction, InteractionId, Message, RunId, RunStatus, StoreError,
+    ThreadId, Value,
+};
+use crate::persist::Snapshot;
+use crate::persist::snapshot::SnapshotError;
 use crate::workflow::ValidationErrors;
 
 /// Where to resume from.

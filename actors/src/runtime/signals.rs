@@ -6,10 +6,9 @@ use std::time::Duration;
 
 use futures::StreamExt;
 
-use super::Runtime;
-use crate::store::Notice;
-use crate::watcher::{RunLabels, render_key};
-
+use super::facade::Runtime;
+use crate::model::RunLabels;
+use crate::persist::{Notice, render_key};
 /// What a stop or cancel request did.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct StopRequest {

@@ -4,19 +4,22 @@
 use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 
-use crate::ids::NodeId;
-use crate::kinds::{self, Kinds};
-use crate::reference::{Root, SYS_KEYS, Template};
-use crate::scheduler::{Edge, Graph};
-use crate::value::{Map, Value};
-
+use super::catalog::{self as kinds, KindCatalog};
+use super::def::{EdgeDef, NodeDef, WorkflowDef};
 use super::error::{ValidationErrors, WorkflowError};
-use super::spec::{self, DEFAULT_MAX_ITERATIONS, LoopMode, LoopSpec, NodeSpec, ParallelSpec};
-use super::{EdgeDef, GraphPlan, InputDecl, InputType, NodeDef, Plan, PlannedNode, WorkflowDef};
+use super::graph::{Edge, Graph};
+use super::inputs::{InputDecl, InputType};
+use super::plan::{GraphPlan, LoopMode, LoopSpec, NodeSpec, ParallelSpec, Plan, PlannedNode};
+use super::reference::{Root, SYS_KEYS, Template};
+use super::spec::{self, DEFAULT_MAX_ITERATIONS};
+use crate::model::{Map, NodeId, Value};
 
 const RESERVED_IDS: &[&str] = &["sys", "env"];
 
-pub(super) fn validate(def: WorkflowDef, kinds: &Kinds) -> Result<Plan, ValidationErrors> {
+pub(super) fn validate(
+    def: WorkflowDef,
+    kinds: &dyn KindCatalog,
+) -> Result<Plan, ValidationErrors> {
     let mut errors = Vec::new();
     if def.id.trim().is_empty() {
         errors.push(WorkflowError::InvalidWorkflow {
@@ -78,7 +81,7 @@ fn check_graph(
     owner: Option<&NodeDef>,
     nodes: &[NodeDef],
     edges: &[EdgeDef],
-    kinds: &Kinds,
+    kinds: &dyn KindCatalog,
     seen: &mut HashSet<String>,
     errors: &mut Vec<WorkflowError>,
 ) -> Option<GraphPlan> {
@@ -151,21 +154,21 @@ fn check_graph(
 /// One node: id, kind, parameters, and for engine-run kinds their spec and body.
 fn check_node(
     node: &NodeDef,
-    kinds: &Kinds,
+    kinds: &dyn KindCatalog,
     seen: &mut HashSet<String>,
     errors: &mut Vec<WorkflowError>,
 ) -> Option<PlannedNode> {
     let before = errors.len();
     let id = check_node_id(node, seen, errors);
-    let Some(handler) = kinds.get(&node.kind) else {
+    let Some(schema) = kinds.params(&node.kind) else {
         errors.push(WorkflowError::UnknownKind {
             node: node.id.clone(),
             kind: node.kind.clone(),
-            known: kinds.names().map(str::to_owned).collect(),
+            known: kinds.kind_names(),
         });
         return None;
     };
-    for issue in handler.params().check(&node.params) {
+    for issue in schema.check(&node.params) {
         let field = issue
             .field
             .strip_prefix("params")
@@ -243,7 +246,6 @@ fn check_node(
     Some(PlannedNode {
         id: id?,
         kind: Arc::from(node.kind.as_str()),
-        handler: handler.clone(),
         params: params?,
         spec: spec?,
     })
@@ -372,13 +374,10 @@ fn check_branch(
     index: usize,
     edge: &EdgeDef,
     from: &NodeDef,
-    kinds: &Kinds,
+    kinds: &dyn KindCatalog,
     errors: &mut Vec<WorkflowError>,
 ) {
-    let Some(handler) = kinds.get(&from.kind) else {
-        return;
-    };
-    let Some(allowed) = handler.branches(&from.params) else {
+    let Some(allowed) = kinds.branches(&from.kind, &from.params) else {
         return;
     };
     let problem = match &edge.branch {
@@ -716,7 +715,7 @@ fn check_references(
 fn check_reference(
     node: &PlannedNode,
     field: &str,
-    reference: &crate::reference::Reference,
+    reference: &super::reference::Reference,
     visible: &dyn Fn(&NodeId) -> bool,
     scope: &RefScope<'_>,
     errors: &mut Vec<WorkflowError>,

@@ -4,7 +4,7 @@
 
 use std::time::{Duration, Instant};
 
-use runvisor_actors::reference::ResolveError;
+use runvisor_actors::ResolveError;
 use runvisor_actors::{
     NodeError, NodeId, NodePath, Role, RunError, RunOutcome, RunStatus, Runtime, Value,
 };

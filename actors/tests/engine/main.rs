@@ -9,6 +9,7 @@ mod durability;
 mod failures;
 mod history;
 mod interactive;
+mod layers;
 mod loops;
 mod ops;
 mod parallel;

@@ -1,0 +1,57 @@
+//! Runtime settings: stop timeouts, durability, checkpoint buffering, signal keys. Every run
+//! of a runtime reads them; config files give durations as humantime strings.
+
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+
+use crate::persist::{Durability, SignalConfig};
+
+/// Runtime settings. Durations are humantime strings in config files (`"30s"`, `"250ms"`).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct RuntimeConfig {
+    /// How long a graceful stop waits for running nodes before forcing them.
+    #[serde(with = "humantime_serde")]
+    pub stop_timeout: Duration,
+    /// A deadline for every run: past it the run is stopped gracefully with reason `timeout`
+    /// (and stays resumable). None by default.
+    #[serde(with = "humantime_serde", skip_serializing_if = "Option::is_none")]
+    pub run_timeout: Option<Duration>,
+    /// How long an ops query (actor tree) waits for each actor's answer.
+    #[serde(with = "humantime_serde")]
+    pub query_timeout: Duration,
+    /// Events buffered per run for slow subscribers; past that a subscriber misses events
+    /// (and is told how many).
+    pub event_buffer: usize,
+    /// When snapshots are written: `sync`, `async` (default) or `exit`.
+    pub durability: Durability,
+    /// Bytes of background snapshots allowed to wait for the store (during an outage); past
+    /// that, runs wait for their snapshot to be stored before going on.
+    pub checkpoint_buffer: usize,
+    /// In `async` mode, the window over which a run's completions share one snapshot.
+    #[serde(with = "humantime_serde")]
+    pub checkpoint_coalesce: Duration,
+    /// How long an awaited snapshot write keeps retrying a failing store before the run
+    /// reports it as not written.
+    #[serde(with = "humantime_serde")]
+    pub checkpoint_flush_timeout: Duration,
+    /// Stop and cancel flags: key formats and timings.
+    pub signals: SignalConfig,
+}
+
+impl Default for RuntimeConfig {
+    fn default() -> Self {
+        Self {
+            stop_timeout: Duration::from_secs(30),
+            run_timeout: None,
+            query_timeout: Duration::from_secs(1),
+            event_buffer: 1024,
+            durability: Durability::Async,
+            checkpoint_buffer: 64 * 1024 * 1024,
+            checkpoint_coalesce: Duration::from_millis(20),
+            checkpoint_flush_timeout: Duration::from_secs(10),
+            signals: SignalConfig::default(),
+        }
+    }
+}

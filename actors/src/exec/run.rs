@@ -1,0 +1,120 @@
+//! What the actors of one run share: its identity and scope, its live state (what the
+//! registry shows), and the runtime's services, reached through [`RunServices`] so the
+//! actors never import the layers above them.
+
+use std::collections::{BTreeSet, HashMap};
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
+
+use async_trait::async_trait;
+use ractor::ActorRef;
+
+use super::config::RuntimeConfig;
+use super::supervisor::RunMsg;
+use crate::kinds::{Kinds, RunScope};
+use crate::model::{
+    CheckpointId, NodePath, RunEvent, RunId, RunLabels, RunOutcome, RunStatus, ThreadId, Value,
+};
+use crate::persist::snapshot::SnapshotWrite;
+use crate::persist::{HistoryStore, RunStore, SignalSource, WatchedKeys};
+
+/// What a run needs from the runtime that hosts it. The runtime implements it with its
+/// stores, its checkpointer, its stop watcher and its registry.
+#[async_trait]
+pub(crate) trait RunServices: Send + Sync + 'static {
+    /// The runtime's settings.
+    fn config(&self) -> &RuntimeConfig;
+    /// Where history goes.
+    fn history(&self) -> &Arc<dyn HistoryStore>;
+    /// Where run records go.
+    fn runs(&self) -> &Arc<dyn RunStore>;
+    /// Where stop and cancel flags live.
+    fn signals(&self) -> &Arc<dyn SignalSource>;
+    /// Bytes of background snapshots waiting for the checkpoint store.
+    fn backlog_bytes(&self) -> usize;
+    /// Hands a snapshot to the checkpointer, to write in the background (coalesced per run).
+    async fn save_background(&self, write: SnapshotWrite);
+    /// Writes a snapshot through the checkpointer and waits until it is stored, or until the
+    /// checkpointer gave up (its flush timeout).
+    async fn save_awaited(&self, write: SnapshotWrite) -> Result<CheckpointId, String>;
+    /// Watches a run's stop and cancel flags; a raised flag stops it through `supervisor`.
+    async fn watch(&self, run: RunId, keys: WatchedKeys, supervisor: ActorRef<RunMsg>);
+    /// Stops watching a run's flags.
+    async fn unwatch(&self, run: RunId);
+    /// Lists a live run.
+    fn register(&self, run: RunId, entry: LiveRun);
+    /// The run ended: keep listing it without actors (it waits for input), or drop it.
+    fn unregister(&self, run: RunId, waiting: bool);
+}
+
+/// The part of a live run that changes while it runs.
+#[derive(Debug)]
+pub(crate) struct LiveState {
+    pub(crate) status: RunStatus,
+    pub(crate) running: BTreeSet<NodePath>,
+    pub(crate) waiting_for_storage: bool,
+}
+
+/// A live run's registry entry.
+#[derive(Debug, Clone)]
+pub(crate) struct LiveRun {
+    pub(crate) thread: ThreadId,
+    pub(crate) workflow_id: String,
+    pub(crate) started_at_ms: u64,
+    pub(crate) state: Arc<Mutex<LiveState>>,
+    /// The run's supervisor; `None` while the run waits for input (it holds no actors).
+    pub(crate) supervisor: Option<ActorRef<RunMsg>>,
+    pub(crate) outcome: tokio::sync::watch::Receiver<Option<Arc<RunOutcome>>>,
+}
+
+impl LiveRun {
+    pub(crate) fn lock(&self) -> std::sync::MutexGuard<'_, LiveState> {
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+}
+
+/// Everything the actors of a run share.
+pub(crate) struct RunInfo {
+    pub(crate) run_id: RunId,
+    pub(crate) thread: ThreadId,
+    /// What its nodes may read, and their way to ask for a stop.
+    pub(crate) scope: Arc<RunScope>,
+    /// The run's supervisor, set when it starts.
+    pub(crate) supervisor: OnceLock<ActorRef<RunMsg>>,
+    /// Answers given on resume, by the path of the interactive node they answer.
+    pub(crate) answers: HashMap<NodePath, Value>,
+    /// What the registry shows of the run (status, running nodes).
+    pub(crate) live: Arc<Mutex<LiveState>>,
+    /// The runtime's services.
+    pub(crate) services: Arc<dyn RunServices>,
+    /// The node kinds, by name.
+    pub(crate) kinds: Arc<Kinds>,
+    /// The ids the run's flags are named by.
+    pub(crate) labels: RunLabels,
+    /// The run's stop and cancel flags.
+    pub(crate) signal_keys: WatchedKeys,
+}
+
+impl std::fmt::Debug for RunInfo {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RunInfo")
+            .field("run_id", &self.run_id)
+            .field("thread", &self.thread)
+            .finish_non_exhaustive()
+    }
+}
+
+impl RunInfo {
+    pub(crate) fn live(&self) -> MutexGuard<'_, LiveState> {
+        self.live.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Publishes an event; no subscriber is fine.
+    pub(crate) fn emit(&self, event: RunEvent) {
+        self.scope.emit(event);
+    }
+
+    /// The runtime's settings.
+    pub(crate) fn config(&self) -> &RuntimeConfig {
+        self.services.config()
+    }
+}

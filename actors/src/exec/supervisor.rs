@@ -1,0 +1,926 @@
+//! `RunSupervisor`: one actor per run. It executes the workflow's graph (a [`GraphExec`]),
+//! whose node, loop and parallel actors are its linked children, learns of every child's end
+//! through supervision, and persists the run's end once.
+//!
+//! The default ractor supervisor handler stops the parent when any child exits; this one
+//! overrides it: a child's exit is a node's report (completed, failed, or cut short).
+//!
+//! Stopping never blocks the mailbox. A stop, a pause at an interactive node or a node failure
+//! puts the run in *stopping*: no node starts any more, every running node's stop flag is
+//! raised (and, when forced, its work aborted), and each child hands its report over as it
+//! ends. When the last child has reported, the run persists once (history, checkpoint, run
+//! record) and publishes its outcome. Meanwhile a second stop can escalate graceful to force,
+//! and timers bound both.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use ractor::{Actor, ActorProcessingErr, ActorRef, RpcReplyPort, SupervisionEvent};
+use tokio::sync::watch;
+use tracing::Instrument;
+
+use super::graph::{Ended, ExecEvent, GraphExec, Host, Outer};
+use super::run::{LiveRun, RunInfo};
+use crate::model::{
+    ActorTree, CheckpointId, HistoryFlush, Interaction, Map, Message, NodeId, NodePath, RunError,
+    RunEvent, RunId, RunOutcome, RunRecord, RunStatus, StopMode, StopReason, StopResult, Value,
+    now_ms,
+};
+use crate::persist::snapshot::{GraphState, SnapshotWrite};
+use crate::persist::{Durability, Notice, Snapshot};
+use crate::workflow::Plan;
+
+/// How long aborted nodes get to hand over their reports before they are given up on.
+const FORCE_GRACE: Duration = Duration::from_secs(2);
+
+/// Messages a run supervisor handles.
+#[derive(Debug)]
+pub(crate) enum RunMsg {
+    /// Report the run's actor tree, as each actor describes itself.
+    Tree(RpcReplyPort<ActorTree>),
+    /// Stop the run.
+    Stop {
+        /// Graceful or force.
+        mode: StopMode,
+        /// Why.
+        reason: StopReason,
+    },
+    /// An interactive node inside a body has no answer: pause the run.
+    Pause(Interaction),
+    /// The graceful timeout passed: force the nodes still running.
+    Escalate,
+    /// Aborted nodes did not all report in time: give up on the rest.
+    Deadline,
+    /// Save the run's progress now (async durability: at most once per coalescing window).
+    SaveProgress,
+    /// An awaited progress snapshot was stored (or failed after the store's retries).
+    Saved(Result<CheckpointId, String>),
+    /// Try the awaited progress snapshot again.
+    RetrySave,
+    /// A top-level loop or parallel finished iterations or items: what it has finished, and
+    /// the messages they produced, for the run's progress snapshots.
+    Progress {
+        node: crate::core::NodeIndex,
+        frame: Box<crate::persist::snapshot::FrameState>,
+        messages: Vec<Message>,
+    },
+}
+
+pub(crate) struct RunSupervisor;
+
+/// A run continued from a snapshot.
+pub(crate) struct Restore {
+    pub(crate) graph: GraphState,
+    pub(crate) variables: Map,
+    pub(crate) query: Option<Value>,
+    pub(crate) parent_run_id: RunId,
+}
+
+pub(crate) struct RunArgs {
+    pub(crate) plan: Arc<Plan>,
+    pub(crate) run: Arc<RunInfo>,
+    pub(crate) history: Vec<Message>,
+    /// Messages of the run known at its start (the user's query or instruction).
+    pub(crate) produced: Vec<Message>,
+    pub(crate) record: RunRecord,
+    pub(crate) outcome: watch::Sender<Option<Arc<RunOutcome>>>,
+    pub(crate) restore: Option<Restore>,
+    /// The workflow definition's content hash, and whether the checkpoint store holds it
+    /// (otherwise every snapshot carries the definition).
+    pub(crate) workflow_hash: String,
+    pub(crate) workflow_stored: bool,
+}
+
+/// Why the run is ending early.
+enum Cause {
+    Stop(StopReason),
+    Failure(RunError),
+    Pause,
+}
+
+/// A run on its way down.
+struct Stopping {
+    cause: Cause,
+    /// Running nodes have been told to abort.
+    forced: bool,
+}
+
+pub(crate) struct RunState {
+    plan: Arc<Plan>,
+    run: Arc<RunInfo>,
+    exec: GraphExec,
+    restored: bool,
+    /// Messages known at the start (persisted with the rest).
+    start_messages: Vec<Message>,
+    query: Option<Value>,
+    record: RunRecord,
+    outcome: watch::Sender<Option<Arc<RunOutcome>>>,
+    stopping: Option<Stopping>,
+    interactions: Vec<Interaction>,
+    /// Stop timers (escalation, deadline), cancelled when the run ends.
+    timers: Vec<tokio::task::JoinHandle<()>>,
+    /// A progress snapshot is due at the end of the current coalescing window.
+    progress_armed: bool,
+    /// Ready nodes waiting for the next awaited progress snapshot.
+    held: Vec<crate::core::NodeIndex>,
+    /// Ready nodes waiting for the awaited progress snapshot in flight.
+    saving: Option<Vec<crate::core::NodeIndex>>,
+    /// Awaited progress snapshots keep failing: the run waits for the store.
+    storage_waiting: bool,
+    /// Since when the current wait for the store lasts, and how long earlier waits lasted.
+    storage_since: Option<tokio::time::Instant>,
+    storage_waited: Duration,
+    /// Messages of finished iterations and items of running top-level loops and parallels
+    /// (they reach the run with the node's report; until then snapshots carry them).
+    body_messages: std::collections::HashMap<crate::core::NodeIndex, Vec<Message>>,
+    sequence: u64,
+    workflow_hash: String,
+    workflow_stored: bool,
+    span: tracing::Span,
+    ended: bool,
+}
+
+impl Actor for RunSupervisor {
+    type Msg = RunMsg;
+    type State = RunState;
+    type Arguments = RunArgs;
+
+    async fn pre_start(
+        &self,
+        myself: ActorRef<Self::Msg>,
+        args: RunArgs,
+    ) -> Result<Self::State, ActorProcessingErr> {
+        let plan = args.plan;
+        let run = args.run;
+        let _ = run.supervisor.set(myself.clone());
+        let me = myself.clone();
+        let _ = run.scope.stop.set(Box::new(move |mode, reason| {
+            let _ = me.send_message(RunMsg::Stop { mode, reason });
+        }));
+        let (variables, query, restore) = match args.restore {
+            Some(r) => (r.variables, r.query, Some(r.graph)),
+            None => (
+                plan.variables.clone(),
+                run.scope.inputs.get("query").cloned(),
+                None,
+            ),
+        };
+        let mut sys = Map::new();
+        if let Some(query) = &query {
+            sys.insert("query".into(), query.clone());
+        }
+        sys.insert("run_id".into(), Value::String(run.run_id.to_string()));
+        sys.insert("thread_id".into(), Value::String(run.thread.to_string()));
+        sys.insert("workflow_id".into(), Value::String(plan.def.id.clone()));
+        let span = tracing::info_span!(
+            "run",
+            run_id = %run.run_id,
+            thread = %run.thread,
+            workflow = %plan.def.id,
+        );
+        let mut history = args.history;
+        history.extend(args.produced.iter().cloned());
+        let exec = GraphExec::new(
+            plan.graph.clone(),
+            NodePath::root(),
+            Arc::new(Outer {
+                sys,
+                ..Outer::default()
+            }),
+            None,
+            variables,
+            Arc::from(history),
+        );
+        let restored = restore.is_some();
+        let mut exec = exec;
+        // Between a node's completion and its dependents' start, the run saves its progress.
+        exec.defer_launch = run.config().durability != Durability::Exit;
+        let exec = match restore {
+            Some(state) => exec
+                .restore(state)
+                .map_err(|e| format!("the checkpoint does not fit its workflow: {e}"))?,
+            None => exec,
+        };
+        if !run.signal_keys.stop.is_empty() || !run.signal_keys.cancel.is_empty() {
+            run.services
+                .watch(run.run_id, run.signal_keys.clone(), myself.clone())
+                .await;
+        }
+        run.services.register(
+            run.run_id,
+            LiveRun {
+                thread: run.thread.clone(),
+                workflow_id: plan.def.id.clone(),
+                started_at_ms: args.record.started_at_ms,
+                state: run.live.clone(),
+                supervisor: Some(myself),
+                outcome: args.outcome.subscribe(),
+            },
+        );
+        Ok(RunState {
+            plan,
+            run,
+            exec,
+            restored,
+            start_messages: args.produced,
+            query,
+            record: args.record,
+            outcome: args.outcome,
+            stopping: None,
+            interactions: Vec::new(),
+            timers: Vec::new(),
+            progress_armed: false,
+            held: Vec::new(),
+            saving: None,
+            storage_waiting: false,
+            storage_since: None,
+            storage_waited: Duration::ZERO,
+            body_messages: Default::default(),
+            sequence: 0,
+            workflow_hash: args.workflow_hash,
+            workflow_stored: args.workflow_stored,
+            span,
+            ended: false,
+        })
+    }
+
+    async fn post_start(
+        &self,
+        myself: ActorRef<Self::Msg>,
+        state: &mut Self::State,
+    ) -> Result<(), ActorProcessingErr> {
+        tracing::debug!(parent: &state.span, "run started");
+        if let Some(deadline) = state.run.config().run_timeout {
+            let me = myself.clone();
+            let mode = StopMode::Graceful {
+                timeout: state.run.config().stop_timeout,
+            };
+            state.timers.push(tokio::spawn(async move {
+                tokio::time::sleep(deadline).await;
+                let _ = me.send_message(RunMsg::Stop {
+                    mode,
+                    reason: StopReason::Timeout,
+                });
+            }));
+        }
+        state.run.emit(RunEvent::RunStarted {
+            run_id: state.run.run_id,
+            thread: state.run.thread.clone(),
+        });
+        let ready = state.exec.first_ready(state.restored);
+        let events = state.launch(&myself, ready).await;
+        state.process(&myself, events).await;
+        state.settle(&myself).await;
+        Ok(())
+    }
+
+    async fn handle(
+        &self,
+        myself: ActorRef<Self::Msg>,
+        message: Self::Msg,
+        state: &mut Self::State,
+    ) -> Result<(), ActorProcessingErr> {
+        match message {
+            RunMsg::Tree(reply) => state.answer_tree(&myself, reply),
+            RunMsg::Stop { mode, reason } => state.begin_stop(&myself, Cause::Stop(reason), mode),
+            RunMsg::Pause(interaction) => state.pause(&myself, interaction),
+            RunMsg::Escalate => state.escalate(&myself),
+            RunMsg::SaveProgress => {
+                state.progress_armed = false;
+                if !state.ended && state.stopping.is_none() {
+                    state.save_in_background().await;
+                }
+            }
+            RunMsg::Saved(result) => state.saved(&myself, result).await,
+            RunMsg::Progress {
+                node,
+                frame,
+                messages,
+            } => {
+                if !state.ended
+                    && state.stopping.is_none()
+                    && state.exec.note_progress(node, *frame)
+                {
+                    state.body_messages.insert(node, messages);
+                    match state.run.config().durability {
+                        Durability::Exit => {}
+                        Durability::Async => state.progress(&myself),
+                        Durability::Sync => state.save_in_background().await,
+                    }
+                }
+            }
+            RunMsg::RetrySave => {
+                if !state.ended && state.saving.is_none() && !state.held.is_empty() {
+                    state.start_save(&myself);
+                }
+            }
+            RunMsg::Deadline => {
+                let cell = myself.get_cell();
+                let run = state.run.clone();
+                let host = Host {
+                    cell: &cell,
+                    run: &run,
+                };
+                let mut events = Vec::new();
+                for report in state.exec.abandon(&host) {
+                    events.extend(state.exec.on_report(&host, report).await);
+                }
+                state.process(&myself, events).await;
+            }
+        }
+        state.settle(&myself).await;
+        Ok(())
+    }
+
+    async fn handle_supervisor_evt(
+        &self,
+        myself: ActorRef<Self::Msg>,
+        event: SupervisionEvent,
+        state: &mut Self::State,
+    ) -> Result<(), ActorProcessingErr> {
+        let Some(ended) = Ended::from_event(event) else {
+            return Ok(());
+        };
+        let me = myself.get_cell();
+        let run = state.run.clone();
+        let host = Host {
+            cell: &me,
+            run: &run,
+        };
+        let span = state.span.clone();
+        let Some(events) = state.exec.child_ended(&host, &ended).instrument(span).await else {
+            return Ok(());
+        };
+        state.process(&myself, events).await;
+        state.settle(&myself).await;
+        Ok(())
+    }
+
+    async fn post_stop(
+        &self,
+        myself: ActorRef<Self::Msg>,
+        state: &mut Self::State,
+    ) -> Result<(), ActorProcessingErr> {
+        // Stopped from outside (runtime teardown) before the run ended: nodes still running
+        // are aborted and hand over what they hold, and the run records its end.
+        if !state.ended {
+            state.begin_stop(&myself, Cause::Stop(StopReason::Shutdown), StopMode::Force);
+            let cell = myself.get_cell();
+            let run = state.run.clone();
+            let host = Host {
+                cell: &cell,
+                run: &run,
+            };
+            for mut child in state.exec.drain_children() {
+                match tokio::time::timeout(FORCE_GRACE, &mut child.report).await {
+                    Ok(Ok(report)) => {
+                        let _ = state.exec.on_report(&host, report).await;
+                    }
+                    _ => {
+                        child.actor.kill();
+                        let _ =
+                            state
+                                .exec
+                                .on_lost(&host, child, "did not hand over its state in time");
+                    }
+                }
+            }
+            state.end_run().await;
+        }
+        Ok(())
+    }
+}
+
+impl RunState {
+    /// Starts ready nodes of the workflow's graph.
+    async fn launch(
+        &mut self,
+        myself: &ActorRef<RunMsg>,
+        ready: Vec<crate::core::NodeIndex>,
+    ) -> Vec<ExecEvent> {
+        let cell = myself.get_cell();
+        let run = self.run.clone();
+        let host = Host {
+            cell: &cell,
+            run: &run,
+        };
+        self.exec
+            .launch(&host, ready)
+            .instrument(self.span.clone())
+            .await
+    }
+
+    /// Acts on what the graph reported: failures, pauses and stops end the run; ready nodes
+    /// start after the run's progress is saved (per the durability mode).
+    async fn process(&mut self, myself: &ActorRef<RunMsg>, events: Vec<ExecEvent>) {
+        let mut queue: std::collections::VecDeque<ExecEvent> = events.into();
+        while let Some(event) = queue.pop_front() {
+            match event {
+                ExecEvent::Ready(ready) => {
+                    if self.stopping.is_none() && self.must_save_first() {
+                        // Dependents start once the progress that made them ready is stored.
+                        self.held.extend(ready);
+                        if self.saving.is_none() {
+                            self.start_save(myself);
+                        }
+                        continue;
+                    }
+                    if self.stopping.is_none() {
+                        self.progress(myself);
+                    }
+                    queue.extend(self.launch(myself, ready).await);
+                }
+                ExecEvent::Failed { path, error } => {
+                    tracing::info!(parent: &self.span, node = %path, %error, "node failed");
+                    let cause = Cause::Failure(RunError::Node { path, error });
+                    self.begin_stop(myself, cause, StopMode::Force);
+                }
+                ExecEvent::Paused(interaction) => self.pause(myself, interaction),
+                ExecEvent::Stop(mode, reason) => self.begin_stop(myself, Cause::Stop(reason), mode),
+            }
+        }
+    }
+
+    /// Whether dependents must wait until the run's progress is stored: always in `sync` mode;
+    /// in `async` mode when too many snapshots already wait for the store.
+    fn must_save_first(&self) -> bool {
+        let config = self.run.config();
+        match config.durability {
+            Durability::Sync => true,
+            Durability::Async => self.run.services.backlog_bytes() > config.checkpoint_buffer,
+            Durability::Exit => false,
+        }
+    }
+
+    /// In `async` mode, arms one background save at the end of the coalescing window, so a
+    /// burst of completions costs one snapshot.
+    fn progress(&mut self, myself: &ActorRef<RunMsg>) {
+        if self.run.config().durability == Durability::Async && !self.progress_armed {
+            self.progress_armed = true;
+            let window = self.run.config().checkpoint_coalesce;
+            self.timer(myself, window, || RunMsg::SaveProgress);
+        }
+    }
+
+    /// The run's progress as a snapshot: messages are persisted when the run ends; until then
+    /// they travel in its snapshots, so a crash loses none of them (a resume persists them,
+    /// once, by id).
+    fn progress_snapshot(&mut self) -> SnapshotWrite {
+        let running = self.exec.running_nodes();
+        self.body_messages.retain(|node, _| running.contains(node));
+        let produced: Vec<Message> = self
+            .start_messages
+            .iter()
+            .chain(self.exec.produced.iter())
+            .chain(self.body_messages.values().flatten())
+            .cloned()
+            .collect();
+        self.snapshot(RunStatus::Running, None, produced)
+    }
+
+    /// Hands the run's progress to the checkpointer, to write in the background.
+    async fn save_in_background(&mut self) {
+        let write = self.progress_snapshot();
+        self.run.services.save_background(write).await;
+    }
+
+    /// Starts an awaited save of the run's progress for the held ready nodes; the answer comes
+    /// back as `RunMsg::Saved`, so the run keeps answering stops and queries meanwhile.
+    fn start_save(&mut self, myself: &ActorRef<RunMsg>) {
+        self.saving = Some(std::mem::take(&mut self.held));
+        let write = self.progress_snapshot();
+        let services = self.run.services.clone();
+        let me = myself.clone();
+        tokio::spawn(async move {
+            let result = services.save_awaited(write).await;
+            let _ = me.send_message(RunMsg::Saved(result));
+        });
+    }
+
+    /// An awaited progress snapshot came back: start the nodes it was holding, or, if the store
+    /// kept failing, wait for it (the run pauses rather than going on unsaved) and try again.
+    async fn saved(&mut self, myself: &ActorRef<RunMsg>, result: Result<CheckpointId, String>) {
+        let covered = self.saving.take().unwrap_or_default();
+        match result {
+            Ok(id) => {
+                self.record.checkpoint_id = Some(id);
+                if self.storage_waiting {
+                    self.storage_waiting = false;
+                    if let Some(since) = self.storage_since.take() {
+                        self.storage_waited += since.elapsed();
+                    }
+                    self.run.live().waiting_for_storage = false;
+                    tracing::info!(parent: &self.span, "checkpoint store is back; the run goes on");
+                    self.run.emit(RunEvent::StorageWait {
+                        waiting: false,
+                        error: None,
+                    });
+                }
+                if self.stopping.is_none() && !self.ended {
+                    let events = self.launch(myself, covered).await;
+                    Box::pin(self.process(myself, events)).await;
+                }
+                if !self.held.is_empty() && self.saving.is_none() && !self.ended {
+                    self.start_save(myself);
+                }
+            }
+            Err(error) => {
+                // Nothing is launched unsaved: the nodes wait for the next attempt.
+                let mut held = covered;
+                held.append(&mut self.held);
+                self.held = held;
+                if !self.storage_waiting {
+                    self.storage_waiting = true;
+                    self.storage_since = Some(tokio::time::Instant::now());
+                    self.run.live().waiting_for_storage = true;
+                    tracing::warn!(parent: &self.span, %error, "checkpoint store failing: the run waits for it");
+                    self.run.emit(RunEvent::StorageWait {
+                        waiting: true,
+                        error: Some(error),
+                    });
+                }
+                if self.stopping.is_none() && !self.ended {
+                    self.timer(myself, Duration::from_millis(500), || RunMsg::RetrySave);
+                }
+            }
+        }
+    }
+
+    /// The run's state as a snapshot to write, with the next sequence number.
+    fn snapshot(
+        &mut self,
+        status: RunStatus,
+        stop_reason: Option<StopReason>,
+        pending_messages: Vec<Message>,
+    ) -> SnapshotWrite {
+        self.sequence += 1;
+        SnapshotWrite {
+            thread: self.run.thread.clone(),
+            run: self.run.run_id,
+            sequence: self.sequence,
+            snapshot: Box::new(Snapshot {
+                run_id: self.run.run_id,
+                parent_run_id: self.record.parent_run_id,
+                thread: self.run.thread.clone(),
+                sequence: self.sequence,
+                created_at_ms: now_ms(),
+                status,
+                stop_reason,
+                workflow_hash: self.workflow_hash.clone(),
+                workflow: (!self.workflow_stored).then(|| self.plan.def_json()),
+                inputs: Map::clone(&self.run.scope.inputs),
+                query: self.query.clone(),
+                variables: self.exec.env.clone(),
+                graph: self.exec.state(),
+                interactions: self.interactions.clone(),
+                pending_messages,
+                labels: self.run.labels.clone(),
+            }),
+        }
+    }
+
+    fn pause(&mut self, myself: &ActorRef<RunMsg>, interaction: Interaction) {
+        if !self.interactions.iter().any(|i| i.id == interaction.id) {
+            tracing::info!(parent: &self.span, at = %interaction.path, "paused for input");
+            self.interactions.push(interaction);
+        }
+        let mode = StopMode::Graceful {
+            timeout: self.run.config().stop_timeout,
+        };
+        self.begin_stop(myself, Cause::Pause, mode);
+    }
+
+    /// Puts the run into stopping (or escalates a graceful stop in progress to force).
+    fn begin_stop(&mut self, myself: &ActorRef<RunMsg>, cause: Cause, mode: StopMode) {
+        if self.ended {
+            return;
+        }
+        if self.stopping.is_some() {
+            if mode == StopMode::Force {
+                self.escalate(myself);
+            }
+            return;
+        }
+        if let Cause::Stop(reason) = &cause {
+            tracing::info!(parent: &self.span, %reason, ?mode, "stopping");
+            self.run.emit(RunEvent::Stopping { reason: *reason });
+        }
+        self.stopping = Some(Stopping {
+            cause,
+            forced: false,
+        });
+        self.exec.halt(false);
+        match mode {
+            StopMode::Force => self.escalate(myself),
+            StopMode::Graceful { timeout } if !self.exec.is_idle() => {
+                self.timer(myself, timeout, || RunMsg::Escalate);
+            }
+            StopMode::Graceful { .. } => {}
+        }
+    }
+
+    /// Aborts everything still running.
+    fn escalate(&mut self, myself: &ActorRef<RunMsg>) {
+        let Some(stopping) = &mut self.stopping else {
+            return;
+        };
+        if stopping.forced || self.ended {
+            return;
+        }
+        stopping.forced = true;
+        self.exec.halt(true);
+        if !self.exec.is_idle() {
+            self.timer(myself, FORCE_GRACE, || RunMsg::Deadline);
+        }
+    }
+
+    /// Sends a message to this run after a delay, unless the run has ended by then.
+    fn timer(&mut self, myself: &ActorRef<RunMsg>, after: Duration, msg: fn() -> RunMsg) {
+        let me = myself.clone();
+        self.timers.retain(|t| !t.is_finished());
+        self.timers.push(tokio::spawn(async move {
+            tokio::time::sleep(after).await;
+            let _ = me.send_message(msg());
+        }));
+    }
+
+    /// Ends the run when there is nothing left to wait for.
+    async fn settle(&mut self, myself: &ActorRef<RunMsg>) {
+        if self.ended || !self.exec.is_idle() {
+            return;
+        }
+        if self.stopping.is_none() && (self.saving.is_some() || !self.held.is_empty()) {
+            // Ready nodes wait for their progress to be stored.
+            return;
+        }
+        if self.stopping.is_none() && !self.exec.is_done() {
+            // Nothing runs and nothing can start: a bug, never a hang.
+            let error =
+                RunError::Supervisor("no node can run, yet the workflow is not done".into());
+            self.stopping = Some(Stopping {
+                cause: Cause::Failure(error),
+                forced: false,
+            });
+        }
+        self.end_run().await;
+        myself.stop(None);
+    }
+
+    /// Persists the run's end once: history, checkpoint, run record; publishes the outcome.
+    async fn end_run(&mut self) {
+        if self.ended {
+            return;
+        }
+        self.ended = true;
+        for timer in self.timers.drain(..) {
+            timer.abort();
+        }
+        let mut stopping = self.stopping.take();
+        if matches!(stopping.as_ref().map(|s| &s.cause), Some(Cause::Stop(_)))
+            && self.exec.is_done()
+            && self.exec.interrupted.is_empty()
+        {
+            // The stop came while the last nodes were finishing and they all did: the run
+            // completed; there is nothing to resume. One final state, never both.
+            stopping = None;
+        }
+        let history = self.persist_history().await;
+        let (status, stop_reason) = match stopping.as_ref().map(|s| &s.cause) {
+            None => (RunStatus::Succeeded, None),
+            Some(Cause::Failure(_)) => (RunStatus::Failed, None),
+            Some(Cause::Pause) => (RunStatus::AwaitingInput, None),
+            Some(Cause::Stop(reason)) => (reason.status(), Some(*reason)),
+        };
+        let (checkpoint_id, checkpoint_error) = match self
+            .write_checkpoint(status, stop_reason, &history)
+            .await
+        {
+            Ok(id) => (Some(id), None),
+            Err(e) => {
+                tracing::error!(parent: &self.span, error = %e, "could not write the final checkpoint");
+                (None, Some(e))
+            }
+        };
+        let outputs: BTreeMap<NodeId, Value> = self
+            .exec
+            .outputs()
+            .map(|(id, v)| (id.clone(), v.clone()))
+            .collect();
+        let run_id = self.run.run_id;
+        let usage = self.exec.usage.clone();
+        let storage_wait = self.storage_waited
+            + self
+                .storage_since
+                .map_or(Duration::ZERO, |since| since.elapsed());
+        let outcome = match stopping.map(|s| s.cause) {
+            None => RunOutcome::Completed {
+                run_id,
+                outputs,
+                variables: self.exec.env.clone(),
+                history,
+                usage,
+                storage_wait,
+            },
+            Some(Cause::Failure(error)) => RunOutcome::Failed {
+                run_id,
+                error,
+                outputs,
+                history,
+                usage,
+                storage_wait,
+            },
+            Some(Cause::Pause) => RunOutcome::AwaitingInput {
+                run_id,
+                interactions: self.interactions.clone(),
+                outputs,
+                history,
+                checkpoint_id,
+                checkpoint_error: checkpoint_error.clone(),
+                usage,
+                storage_wait,
+            },
+            Some(Cause::Stop(reason)) => {
+                let interrupted = std::mem::take(&mut self.exec.interrupted);
+                let partial: Vec<&str> = interrupted
+                    .iter()
+                    .filter_map(|i| i.partial.as_deref())
+                    .collect();
+                let partial_response = (!partial.is_empty()).then(|| partial.join("\n"));
+                RunOutcome::Stopped(StopResult {
+                    run_id,
+                    reason,
+                    forced: interrupted
+                        .iter()
+                        .filter(|i| i.forced)
+                        .filter_map(|i| i.path.leaf().cloned())
+                        .collect(),
+                    finished: self.exec.completed(),
+                    frontier: self.exec.frontier(),
+                    interrupted,
+                    outputs,
+                    partial_response,
+                    messages: history,
+                    checkpoint_id,
+                    checkpoint_error: checkpoint_error.clone(),
+                    usage,
+                    storage_wait,
+                })
+            }
+        };
+        self.record.status = status;
+        self.record.finished_at_ms = Some(now_ms());
+        self.record.checkpoint_id = checkpoint_id.or(self.record.checkpoint_id);
+        self.record.stop_reason = stop_reason.map(|r| r.as_str().to_owned());
+        self.record.failure_reason = outcome.error().map(ToString::to_string);
+        self.record.unpersisted = outcome.history().error.as_ref().map(|e| {
+            format!(
+                "{} message(s) not persisted: {e}",
+                outcome.history().not_persisted.len()
+            )
+        });
+        if let Some(e) = checkpoint_error {
+            let note = format!("checkpoint not written: {e}");
+            self.record.unpersisted = Some(match self.record.unpersisted.take() {
+                Some(prev) => format!("{prev}; {note}"),
+                None => note,
+            });
+        }
+        if let Err(e) = self.run.services.runs().put(&self.record).await {
+            tracing::error!(parent: &self.span, error = %e, "could not record the run's end");
+        }
+        // Last of the persisted state: a stop request that sees the flag cleared finds the
+        // run's record and final checkpoint in place.
+        self.release_flags().await;
+        {
+            let mut live = self.run.live();
+            live.status = status;
+            live.running.clear();
+        }
+        tracing::info!(parent: &self.span, %status, "run ended");
+        if status == RunStatus::AwaitingInput {
+            // A waiting run holds no actors; the registry keeps showing it until it resumes.
+            self.run.services.unregister(run_id, true);
+        } else {
+            self.run.services.unregister(run_id, false);
+        }
+        self.outcome.send_replace(Some(Arc::new(outcome)));
+        self.run.emit(RunEvent::RunFinished { run_id, status });
+    }
+
+    /// Stops watching the run's flags and deletes them (the run ended), then publishes that
+    /// they were cleared, so stop requests waiting for the run learn it at once.
+    async fn release_flags(&self) {
+        let keys = self.run.signal_keys.all();
+        if keys.is_empty() {
+            return;
+        }
+        self.run.services.unwatch(self.run.run_id).await;
+        let signals = self.run.services.signals();
+        let deadline = self
+            .run
+            .config()
+            .signals
+            .tick
+            .max(Duration::from_millis(50))
+            * 5;
+        let cleared = tokio::time::timeout(deadline, async {
+            signals.clear(&keys).await?;
+            for key in &keys {
+                signals
+                    .notify(&Notice {
+                        key: key.clone(),
+                        raised: false,
+                    })
+                    .await?;
+            }
+            Ok::<(), crate::model::StoreError>(())
+        })
+        .await;
+        if !matches!(cleared, Ok(Ok(()))) {
+            // The flags expire by themselves (their TTL); nothing is lost.
+            tracing::warn!(parent: &self.span, "could not clear the run's stop flags");
+        }
+    }
+
+    async fn persist_history(&mut self) -> HistoryFlush {
+        let mut messages = std::mem::take(&mut self.start_messages);
+        messages.append(&mut self.exec.produced);
+        if messages.is_empty() {
+            return HistoryFlush::default();
+        }
+        // A passing failure (a reconnect, a timeout) should not cost the messages: retry a
+        // few times, briefly, before reporting them as not persisted.
+        let history = self.run.services.history();
+        let mut result = history.append(&self.run.thread, &messages).await;
+        for delay in [50, 150, 400] {
+            if result.is_ok() {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(delay)).await;
+            result = history.append(&self.run.thread, &messages).await;
+        }
+        match result {
+            Ok(()) => HistoryFlush {
+                persisted: messages,
+                ..HistoryFlush::default()
+            },
+            Err(e) => {
+                tracing::error!(
+                    parent: &self.span,
+                    error = %e,
+                    count = messages.len(),
+                    "history store refused the run's messages"
+                );
+                HistoryFlush {
+                    persisted: Vec::new(),
+                    not_persisted: messages,
+                    error: Some(e.to_string()),
+                }
+            }
+        }
+    }
+
+    /// Writes the final snapshot of the run through the checkpointer and waits until it is
+    /// stored; messages the history store refused travel in it, so a resume persists them.
+    async fn write_checkpoint(
+        &mut self,
+        status: RunStatus,
+        stop_reason: Option<StopReason>,
+        history: &HistoryFlush,
+    ) -> Result<CheckpointId, String> {
+        let write = self.snapshot(status, stop_reason, history.not_persisted.clone());
+        self.run.services.save_awaited(write).await
+    }
+
+    /// Answers a tree query without blocking the run: each child is asked in a task.
+    fn answer_tree(&self, myself: &ActorRef<RunMsg>, reply: RpcReplyPort<ActorTree>) {
+        let children: Vec<_> = self
+            .exec
+            .describe_children()
+            .into_iter()
+            .map(|(id, c)| (id, c.clone()))
+            .collect();
+        let timeout = self.run.config().query_timeout;
+        let status = if self.stopping.is_some() {
+            "stopping".to_owned()
+        } else {
+            self.run.live().status.to_string()
+        };
+        let me = ActorTree {
+            actor_id: myself.get_id().to_string(),
+            kind: "run_supervisor",
+            node_id: None,
+            status,
+            children: Vec::new(),
+        };
+        tokio::spawn(async move {
+            let mut tree = me;
+            for (id, child) in children {
+                tree.children.push(child.describe(id, timeout).await);
+            }
+            tree.children.sort_by(|a, b| a.node_id.cmp(&b.node_id));
+            let _ = reply.send(tree);
+        });
+    }
+}

@@ -1,0 +1,45 @@
+//! The model: the engine's vocabulary. Ids, values, node paths, messages, statuses, labels,
+//! stop modes and reasons, interactions, node outputs and errors, run outcomes and events.
+//!
+//! Plain data only: nothing here runs, waits or stores anything, and nothing here imports
+//! another layer of the engine.
+
+mod error;
+mod event;
+mod ids;
+mod interaction;
+mod labels;
+mod message;
+mod node;
+mod outcome;
+mod path;
+mod record;
+mod route;
+mod status;
+mod stop;
+mod tree;
+mod usage;
+mod value;
+
+pub use error::{ResolveError, StoreError};
+pub use event::RunEvent;
+pub use ids::{CheckpointId, InteractionId, InvalidId, MessageId, NodeId, RunId, ThreadId};
+pub use interaction::{
+    AnswerError, FieldType, FormField, Interaction, InteractionKind, SelectOption,
+};
+pub use labels::RunLabels;
+pub(crate) use message::now_ms;
+pub use message::{Message, Role};
+pub use node::{NodeError, NodeOutput, StopRequested};
+pub use outcome::{
+    FinishedRun, HistoryFlush, Interrupted, RunError, RunOutcome, StopError, StopReply, StopResult,
+};
+pub use path::{Frame, NodePath};
+pub use record::RunRecord;
+pub use route::Route;
+pub use status::RunStatus;
+pub use stop::{StopMode, StopReason};
+pub use tree::ActorTree;
+pub use usage::Usage;
+pub(crate) use usage::add_usage;
+pub use value::{Map, Value};

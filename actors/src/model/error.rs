@@ -1,0 +1,45 @@
+//! Errors shared across layers: a store that failed, a reference that did not resolve.
+
+use super::ids::RunId;
+
+/// A store operation that failed.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum StoreError {
+    /// The backing service could not be reached or answered with an error.
+    #[error("store unavailable: {0}")]
+    Unavailable(String),
+    /// The backing service did not answer in time.
+    #[error("store timed out after {0:?}")]
+    Timeout(std::time::Duration),
+    /// A checkpoint write was older than what is stored (a retried or late write).
+    #[error(
+        "stale checkpoint write for run {run}: sequence {sequence} is not newer than stored {stored}"
+    )]
+    StaleSequence {
+        /// The run.
+        run: RunId,
+        /// The sequence of the refused write.
+        sequence: u64,
+        /// The sequence already stored.
+        stored: u64,
+    },
+    /// Stored data could not be read.
+    #[error("corrupt data at {key}: {reason}")]
+    Corrupt {
+        /// What was being read.
+        key: String,
+        /// Why it is unreadable.
+        reason: String,
+    },
+}
+
+/// A reference that cannot be resolved at run time.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("cannot resolve {reference}: {reason}")]
+pub struct ResolveError {
+    /// The reference, as written.
+    pub reference: String,
+    /// Why it failed.
+    pub reason: String,
+}

@@ -1,0 +1,21 @@
+//! Persistence: the snapshot format and its envelope, the ports (the traits every store
+//! implements), their in-memory implementations, durability modes and the naming of signal
+//! keys.
+//!
+//! The engine reaches everything outside the process through these ports; the `runvisor`
+//! crate implements them on Redis.
+
+mod durability;
+mod keys;
+pub mod memory;
+mod ports;
+pub(crate) mod snapshot;
+
+pub use durability::Durability;
+pub(crate) use keys::WatchedKeys;
+pub use keys::{SignalConfig, render_key};
+pub use ports::{
+    CheckpointStore, HistoryStore, Notice, NoticeStream, RunStore, Signal, SignalSource,
+    StoredCheckpoint,
+};
+pub(crate) use snapshot::Snapshot;

@@ -1,0 +1,372 @@
+//! In-memory implementations of the ports: the embedded default. Nothing external is needed;
+//! everything is lost when the process ends.
+//!
+//! Each store can be switched into a failing mode ([`MemoryHistoryStore::fail_appends`] and
+//! friends) so hosts and tests can check what happens when persistence breaks.
+
+use std::collections::{BTreeMap, HashSet};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+
+use async_trait::async_trait;
+use dashmap::DashMap;
+
+use super::ports::{
+    CheckpointStore, HistoryStore, Notice, NoticeStream, RunStore, SignalSource, StoredCheckpoint,
+};
+use crate::model::{CheckpointId, Message, MessageId, RunId, ThreadId};
+use crate::model::{RunRecord, StoreError};
+/// Checkpoints in memory, per thread, ordered by id.
+#[derive(Debug, Default)]
+pub struct MemoryCheckpointStore {
+    threads: DashMap<ThreadId, BTreeMap<CheckpointId, StoredCheckpoint>>,
+    sequences: DashMap<RunId, u64>,
+    workflows: DashMap<(ThreadId, String), Arc<str>>,
+}
+
+impl MemoryCheckpointStore {
+    /// An empty store.
+    pub fn new() -> Self {
+        Self::default()
+    }
+}
+
+#[async_trait]
+impl CheckpointStore for MemoryCheckpointStore {
+    async fn put(&self, thread: &ThreadId, checkpoint: StoredCheckpoint) -> Result<(), StoreError> {
+        // The sequence entry stays locked while the payload is written: the pair is atomic.
+        let _guard = match self.sequences.entry(checkpoint.run) {
+            dashmap::Entry::Occupied(mut stored) => {
+                if checkpoint.sequence <= *stored.get() {
+                    return Err(StoreError::StaleSequence {
+                        run: checkpoint.run,
+                        sequence: checkpoint.sequence,
+                        stored: *stored.get(),
+                    });
+                }
+                stored.insert(checkpoint.sequence);
+                stored.into_ref()
+            }
+            dashmap::Entry::Vacant(slot) => slot.insert(checkpoint.sequence),
+        };
+        self.threads
+            .entry(thread.clone())
+            .or_default()
+            .insert(checkpoint.id, checkpoint);
+        Ok(())
+    }
+
+    async fn get(
+        &self,
+        thread: &ThreadId,
+        id: CheckpointId,
+    ) -> Result<Option<StoredCheckpoint>, StoreError> {
+        Ok(self.threads.get(thread).and_then(|t| t.get(&id).cloned()))
+    }
+
+    async fn latest(&self, thread: &ThreadId) -> Result<Option<StoredCheckpoint>, StoreError> {
+        Ok(self
+            .threads
+            .get(thread)
+            .and_then(|t| t.values().next_back().cloned()))
+    }
+
+    async fn list(&self, thread: &ThreadId) -> Result<Vec<CheckpointId>, StoreError> {
+        Ok(self
+            .threads
+            .get(thread)
+            .map(|t| t.keys().copied().collect())
+            .unwrap_or_default())
+    }
+
+    async fn prune(&self, thread: &ThreadId, keep: usize) -> Result<usize, StoreError> {
+        let Some(mut t) = self.threads.get_mut(thread) else {
+            return Ok(0);
+        };
+        let excess = t.len().saturating_sub(keep);
+        let doomed: Vec<CheckpointId> = t.keys().take(excess).copied().collect();
+        for id in &doomed {
+            t.remove(id);
+        }
+        Ok(doomed.len())
+    }
+
+    async fn put_workflow(
+        &self,
+        thread: &ThreadId,
+        hash: &str,
+        definition: &str,
+    ) -> Result<(), StoreError> {
+        self.workflows
+            .entry((thread.clone(), hash.to_owned()))
+            .or_insert_with(|| Arc::from(definition));
+        Ok(())
+    }
+
+    async fn get_workflow(
+        &self,
+        thread: &ThreadId,
+        hash: &str,
+    ) -> Result<Option<String>, StoreError> {
+        Ok(self
+            .workflows
+            .get(&(thread.clone(), hash.to_owned()))
+            .map(|d| d.to_string()))
+    }
+}
+
+/// Run records in memory.
+#[derive(Debug, Default)]
+pub struct MemoryRunStore {
+    runs: DashMap<RunId, RunRecord>,
+}
+
+impl MemoryRunStore {
+    /// An empty store.
+    pub fn new() -> Self {
+        Self::default()
+    }
+}
+
+#[async_trait]
+impl RunStore for MemoryRunStore {
+    async fn put(&self, record: &RunRecord) -> Result<(), StoreError> {
+        self.runs.insert(record.run_id, record.clone());
+        Ok(())
+    }
+
+    async fn get(&self, run: RunId) -> Result<Option<RunRecord>, StoreError> {
+        Ok(self.runs.get(&run).map(|r| r.clone()))
+    }
+
+    async fn list_thread(&self, thread: &ThreadId) -> Result<Vec<RunRecord>, StoreError> {
+        let mut records: Vec<RunRecord> = self
+            .runs
+            .iter()
+            .filter(|r| &r.thread == thread)
+            .map(|r| r.clone())
+            .collect();
+        records.sort_by_key(|r| r.run_id);
+        Ok(records)
+    }
+}
+
+/// Histories in memory; appends are idempotent by message id.
+#[derive(Debug, Default)]
+pub struct MemoryHistoryStore {
+    threads: DashMap<ThreadId, (Vec<Message>, HashSet<MessageId>)>,
+    fail_appends: AtomicBool,
+}
+
+impl MemoryHistoryStore {
+    /// An empty store.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Makes every `append` fail (or succeed again), to exercise what a run does when its
+    /// history cannot be persisted.
+    pub fn fail_appends(&self, fail: bool) {
+        self.fail_appends.store(fail, Ordering::SeqCst);
+    }
+}
+
+#[async_trait]
+impl HistoryStore for MemoryHistoryStore {
+    async fn append(&self, thread: &ThreadId, messages: &[Message]) -> Result<(), StoreError> {
+        if self.fail_appends.load(Ordering::SeqCst) {
+            return Err(StoreError::Unavailable(
+                "history store is failing appends".into(),
+            ));
+        }
+        let mut entry = self.threads.entry(thread.clone()).or_default();
+        let (list, ids) = &mut *entry;
+        for m in messages {
+            if ids.insert(m.id) {
+                list.push(m.clone());
+            }
+        }
+        Ok(())
+    }
+
+    async fn load(&self, thread: &ThreadId) -> Result<Vec<Message>, StoreError> {
+        Ok(self
+            .threads
+            .get(thread)
+            .map(|t| t.0.clone())
+            .unwrap_or_default())
+    }
+}
+
+/// Stop and cancel flags in memory, with expiry, and a notice channel.
+#[derive(Debug, Clone)]
+pub struct MemorySignalSource {
+    flags: Arc<DashMap<String, tokio::time::Instant>>,
+    notices: tokio::sync::broadcast::Sender<Notice>,
+}
+
+impl Default for MemorySignalSource {
+    fn default() -> Self {
+        Self {
+            flags: Arc::default(),
+            notices: tokio::sync::broadcast::channel(1024).0,
+        }
+    }
+}
+
+impl MemorySignalSource {
+    /// An empty source.
+    pub fn new() -> Self {
+        Self::default()
+    }
+}
+
+#[async_trait]
+impl SignalSource for MemorySignalSource {
+    async fn read(&self, keys: &[String]) -> Result<Vec<bool>, StoreError> {
+        let now = tokio::time::Instant::now();
+        Ok(keys
+            .iter()
+            .map(|k| self.flags.get(k).is_some_and(|expiry| *expiry > now))
+            .collect())
+    }
+
+    async fn raise(&self, key: &str, ttl: std::time::Duration) -> Result<(), StoreError> {
+        self.flags
+            .insert(key.to_owned(), tokio::time::Instant::now() + ttl);
+        Ok(())
+    }
+
+    async fn clear(&self, keys: &[String]) -> Result<(), StoreError> {
+        for key in keys {
+            self.flags.remove(key);
+        }
+        Ok(())
+    }
+
+    async fn notify(&self, notice: &Notice) -> Result<(), StoreError> {
+        // No subscriber is fine.
+        let _ = self.notices.send(notice.clone());
+        Ok(())
+    }
+
+    async fn subscribe(&self) -> Result<NoticeStream, StoreError> {
+        let rx = self.notices.subscribe();
+        let stream = futures::stream::unfold(rx, |mut rx| async move {
+            loop {
+                match rx.recv().await {
+                    Ok(notice) => return Some((notice, rx)),
+                    // Missed notices: the reader re-reads flags anyway on its next tick.
+                    Err(tokio::sync::broadcast::error::RecvError::Lagged(_)) => continue,
+                    Err(tokio::sync::broadcast::error::RecvError::Closed) => return None,
+                }
+            }
+        });
+        Ok(Box::pin(stream))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn thread() -> ThreadId {
+        ThreadId::new("t1").expect("valid id")
+    }
+
+    fn checkpoint(run: RunId, sequence: u64) -> StoredCheckpoint {
+        StoredCheckpoint {
+            id: CheckpointId::new(),
+            run,
+            sequence,
+            bytes: vec![sequence as u8],
+        }
+    }
+
+    #[tokio::test]
+    async fn checkpoints_refuse_stale_sequences_and_prune_oldest() {
+        let store = MemoryCheckpointStore::new();
+        let run = RunId::new();
+        let first = checkpoint(run, 1);
+        store
+            .put(&thread(), first.clone())
+            .await
+            .expect("first write");
+        let stale = store.put(&thread(), checkpoint(run, 1)).await;
+        assert!(matches!(
+            stale,
+            Err(StoreError::StaleSequence {
+                sequence: 1,
+                stored: 1,
+                ..
+            })
+        ));
+        let second = checkpoint(run, 2);
+        store
+            .put(&thread(), second.clone())
+            .await
+            .expect("second write");
+        assert_eq!(store.latest(&thread()).await, Ok(Some(second.clone())));
+        assert_eq!(
+            store.get(&thread(), first.id).await,
+            Ok(Some(first.clone()))
+        );
+        assert_eq!(store.prune(&thread(), 1).await, Ok(1));
+        assert_eq!(store.list(&thread()).await, Ok(vec![second.id]));
+    }
+
+    #[tokio::test]
+    async fn history_appends_are_idempotent_and_can_fail() {
+        let store = MemoryHistoryStore::new();
+        let a = Message::user("hi");
+        let b = Message::assistant("hello");
+        store
+            .append(&thread(), &[a.clone(), b.clone()])
+            .await
+            .expect("append");
+        store
+            .append(&thread(), std::slice::from_ref(&b))
+            .await
+            .expect("re-append");
+        assert_eq!(store.load(&thread()).await, Ok(vec![a, b]));
+        store.fail_appends(true);
+        assert!(
+            store
+                .append(&thread(), &[Message::user("x")])
+                .await
+                .is_err()
+        );
+        assert_eq!(store.load(&thread()).await.map(|h| h.len()), Ok(2));
+    }
+
+    #[tokio::test]
+    async fn signals_read_in_key_order_and_expire() {
+        use futures::StreamExt;
+        let s = MemorySignalSource::new();
+        let mut notices = s.subscribe().await.expect("subscribe");
+        s.raise("a", std::time::Duration::from_secs(60))
+            .await
+            .expect("raise");
+        s.raise("c", std::time::Duration::from_millis(1))
+            .await
+            .expect("raise");
+        s.notify(&Notice {
+            key: "a".into(),
+            raised: true,
+        })
+        .await
+        .expect("notify");
+        assert_eq!(
+            notices.next().await,
+            Some(Notice {
+                key: "a".into(),
+                raised: true
+            })
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+        let keys = ["a".to_owned(), "b".to_owned(), "c".to_owned()];
+        assert_eq!(s.read(&keys).await, Ok(vec![true, false, false]));
+        s.clear(&keys[..1]).await.expect("clear");
+        assert_eq!(s.read(&keys[..1]).await, Ok(vec![false]));
+    }
+}

@@ -1,0 +1,132 @@
+//! Ports: the engine's only ways to the outside world. Checkpoints, run metadata, history and
+//! stop/cancel signals. The engine depends on these traits, never on a database client; the
+//! in-memory implementations in [`memory`] are the embedded default, and the `runvisor` crate
+//! implements them on Redis.
+//!
+//! Every method is fallible with a [`StoreError`]; none may panic on what it reads.
+
+use async_trait::async_trait;
+use serde::{Deserialize, Serialize};
+
+use crate::model::{CheckpointId, Message, RunId, RunRecord, StoreError, ThreadId};
+/// A snapshot as the checkpoint store sees it: opaque, encoded bytes plus what indexes it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StoredCheckpoint {
+    /// Time-ordered id.
+    pub id: CheckpointId,
+    /// The run that wrote it.
+    pub run: RunId,
+    /// The run's write sequence: strictly increasing per run.
+    pub sequence: u64,
+    /// The encoded snapshot.
+    pub bytes: Vec<u8>,
+}
+
+/// Stores snapshots per thread.
+///
+/// Contract: `put` is atomic (payload and index together) and refuses a sequence that is not
+/// greater than the newest stored for the same run ([`StoreError::StaleSequence`]), so a retry
+/// or a late write never replaces newer state. Ids are time-ordered; `latest` returns the
+/// checkpoint with the greatest id.
+#[async_trait]
+pub trait CheckpointStore: Send + Sync + 'static {
+    /// Writes a checkpoint of a thread.
+    async fn put(&self, thread: &ThreadId, checkpoint: StoredCheckpoint) -> Result<(), StoreError>;
+    /// Reads one checkpoint.
+    async fn get(
+        &self,
+        thread: &ThreadId,
+        id: CheckpointId,
+    ) -> Result<Option<StoredCheckpoint>, StoreError>;
+    /// Reads the newest checkpoint of a thread.
+    async fn latest(&self, thread: &ThreadId) -> Result<Option<StoredCheckpoint>, StoreError>;
+    /// The ids of a thread's checkpoints, oldest first.
+    async fn list(&self, thread: &ThreadId) -> Result<Vec<CheckpointId>, StoreError>;
+    /// Deletes all but the newest `keep` checkpoints of a thread; returns how many went.
+    async fn prune(&self, thread: &ThreadId, keep: usize) -> Result<usize, StoreError>;
+    /// Stores a workflow definition under its content hash, once for all the snapshots of a
+    /// thread that refer to it. Idempotent; refreshes its expiry.
+    async fn put_workflow(
+        &self,
+        thread: &ThreadId,
+        hash: &str,
+        definition: &str,
+    ) -> Result<(), StoreError>;
+    /// Reads a workflow definition by its content hash.
+    async fn get_workflow(
+        &self,
+        thread: &ThreadId,
+        hash: &str,
+    ) -> Result<Option<String>, StoreError>;
+}
+
+/// Keeps run metadata.
+///
+/// Contract: `put` replaces the record of its run (idempotent); `get` of an unknown run is
+/// `Ok(None)`.
+#[async_trait]
+pub trait RunStore: Send + Sync + 'static {
+    /// Writes a run's record.
+    async fn put(&self, record: &RunRecord) -> Result<(), StoreError>;
+    /// Reads a run's record.
+    async fn get(&self, run: RunId) -> Result<Option<RunRecord>, StoreError>;
+    /// The records of a thread's runs, oldest first.
+    async fn list_thread(&self, thread: &ThreadId) -> Result<Vec<RunRecord>, StoreError>;
+}
+
+/// Keeps each thread's history.
+///
+/// Contract: `append` is idempotent by message id (appending a message already stored does
+/// nothing), so a retried flush or a resumed run never duplicates a message. On error nothing
+/// of the batch may be assumed stored; the caller reports the batch as not persisted.
+#[async_trait]
+pub trait HistoryStore: Send + Sync + 'static {
+    /// Appends messages to a thread, in order.
+    async fn append(&self, thread: &ThreadId, messages: &[Message]) -> Result<(), StoreError>;
+    /// Reads a thread's history, oldest first.
+    async fn load(&self, thread: &ThreadId) -> Result<Vec<Message>, StoreError>;
+}
+
+/// What a signal flag asks of its run. The key a flag sits under says which one: the
+/// watcher knows each run's stop keys and cancel keys.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Signal {
+    /// Stop gracefully and stay resumable.
+    Stop,
+    /// Cancel.
+    Cancel,
+}
+
+/// A wake-up on the signal channel: a flag was raised, or cleared because its run ended.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Notice {
+    /// The flag's key.
+    pub key: String,
+    /// Raised or cleared.
+    pub raised: bool,
+}
+
+/// Notices, as they arrive. Ends when the subscription breaks; notices sent meanwhile are
+/// lost, so the reader re-subscribes and re-reads every flag.
+pub type NoticeStream = futures::stream::BoxStream<'static, Notice>;
+
+/// Where stop and cancel flags live, shared by every process.
+///
+/// Contract: a flag is a key with a non-empty value; its presence is the source of truth.
+/// `read` looks up many keys in one round trip and answers in key order. Notices only wake
+/// readers early; they carry no state. An error means "unknown", which the watcher treats as
+/// "not stopping".
+#[async_trait]
+pub trait SignalSource: Send + Sync + 'static {
+    /// Whether each key holds a flag, in key order.
+    async fn read(&self, keys: &[String]) -> Result<Vec<bool>, StoreError>;
+    /// Sets a flag that expires after `ttl` (a backstop if nobody clears it).
+    async fn raise(&self, key: &str, ttl: std::time::Duration) -> Result<(), StoreError>;
+    /// Removes flags.
+    async fn clear(&self, keys: &[String]) -> Result<(), StoreError>;
+    /// Publishes a notice on the signal channel.
+    async fn notify(&self, notice: &Notice) -> Result<(), StoreError>;
+    /// Subscribes to the signal channel.
+    async fn subscribe(&self) -> Result<NoticeStream, StoreError>;
+}

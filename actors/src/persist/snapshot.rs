@@ -1,0 +1,411 @@
+//! Snapshots: the state of a run at a checkpoint, and its versioned binary envelope.
+//!
+//! Envelope (all integers big-endian):
+//!
+//! | bytes | field |
+//! |---|---|
+//! | 4 | magic `RVSN` |
+//! | 2 | format version (this layout): 1 |
+//! | 2 | schema version (the [`Snapshot`] struct): 1 |
+//! | 1 | codec id: 1 = postcard |
+//! | 4 | payload length |
+//! | 4 | crc32c of the payload |
+//! | n | payload |
+//!
+//! The length is checked against [`MAX_SNAPSHOT_BYTES`] and against the bytes actually present
+//! before anything is allocated, and the checksum before anything is decoded. Decoding never
+//! panics: every problem is a [`SnapshotError`] naming what is wrong.
+
+use serde::{Deserialize, Serialize};
+
+use crate::model::{
+    Interaction, Map, Message, NodeId, Route, RunId, RunStatus, StopReason, ThreadId, Value,
+};
+/// The envelope's magic bytes.
+pub const MAGIC: [u8; 4] = *b"RVSN";
+/// The envelope layout version this build writes and reads.
+pub const FORMAT_VERSION: u16 = 1;
+/// The [`Snapshot`] schema version this build writes; it reads this one and older ones.
+pub const SCHEMA_VERSION: u16 = 1;
+/// The codec id of postcard.
+pub const CODEC_POSTCARD: u8 = 1;
+/// The largest payload accepted (64 MiB).
+pub const MAX_SNAPSHOT_BYTES: usize = 64 * 1024 * 1024;
+
+const HEADER_LEN: usize = 4 + 2 + 2 + 1 + 4 + 4;
+// Slice-by-16 tables: the same checksum as byte-at-a-time, several times faster.
+const CRC32C: crc::Crc<u32, crc::Table<16>> =
+    crc::Crc::<u32, crc::Table<16>>::new(&crc::CRC_32_ISCSI);
+
+/// A node that completed, as a snapshot records it.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct CompletedNode {
+    /// The node.
+    pub node: NodeId,
+    /// Which of its outgoing edges it activated.
+    pub route: Route,
+    /// Its output (shared with the run's state, so a snapshot copies no output).
+    pub output: std::sync::Arc<Value>,
+}
+
+/// The progress of one execution of a graph: the workflow's, one loop iteration's, or one
+/// parallel item's.
+#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
+pub struct GraphState {
+    /// Completed nodes, in completion order.
+    pub completed: Vec<CompletedNode>,
+    /// The nodes a resume starts: interrupted ones and ready ones not yet started.
+    pub frontier: Vec<NodeId>,
+    /// The saved progress of loop and parallel nodes of the frontier that were cut short.
+    pub frames: Vec<SavedFrame>,
+}
+
+/// The progress of a loop or parallel node that was cut short.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct SavedFrame {
+    /// The loop or parallel node.
+    pub node: NodeId,
+    /// Its progress.
+    pub state: FrameState,
+}
+
+/// Loop or parallel progress.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub enum FrameState {
+    /// A loop.
+    Loop(LoopState),
+    /// A parallel node.
+    Parallel(ParallelState),
+}
+
+/// What a loop keeps: finished iterations are never run again; the current one continues from
+/// its own frontier.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct LoopState {
+    /// The current iteration (from 0).
+    pub iteration: u32,
+    /// The loop variables as the current iteration left them.
+    pub vars: Map,
+    /// The `output` of each finished iteration.
+    pub history: Vec<Value>,
+    /// The body nodes that ran in each finished iteration.
+    pub details: Vec<IterationDetail>,
+    /// The items, in array mode.
+    pub items: Option<Vec<Value>>,
+    /// The current iteration's progress.
+    pub body: GraphState,
+    /// Assignments made in the loop to variables it does not own, in order.
+    pub assigned: Vec<(String, Value)>,
+}
+
+/// The body nodes that ran in one iteration, in completion order.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct IterationDetail {
+    /// The iteration (from 0).
+    pub index: u32,
+    /// The body nodes, in completion order (nodes completed before a pause included).
+    pub nodes: Vec<NodeId>,
+}
+
+/// What a parallel node keeps: finished items are never run again; items in progress continue
+/// from their own frontier.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ParallelState {
+    /// The items.
+    pub items: Vec<Value>,
+    /// The `output` of each finished item, by input index.
+    pub results: Vec<Option<Value>>,
+    /// Whether each item has finished (succeeded or failed).
+    pub done: Vec<bool>,
+    /// The errors of failed items (with `on_error: collect`).
+    pub errors: Vec<ItemError>,
+    /// Items in progress.
+    pub in_progress: Vec<ItemState>,
+    /// Assignments each finished item made to variables the node does not own.
+    pub assigned: Vec<(u32, Vec<(String, Value)>)>,
+}
+
+/// A parallel item in progress.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ItemState {
+    /// The item's input index.
+    pub index: u32,
+    /// Its progress.
+    pub body: GraphState,
+}
+
+/// A parallel item that failed.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ItemError {
+    /// The item's input index.
+    pub index: u32,
+    /// What failed.
+    pub error: String,
+}
+
+/// The state of a run at a checkpoint: enough to continue it in another run (or process).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Snapshot {
+    /// The run that wrote it.
+    pub run_id: RunId,
+    /// The run that one resumed, if any.
+    pub parent_run_id: Option<RunId>,
+    /// The thread.
+    pub thread: ThreadId,
+    /// The writing run's sequence number for this snapshot.
+    pub sequence: u64,
+    /// Milliseconds since the epoch.
+    pub created_at_ms: u64,
+    /// The run's status when the snapshot was taken.
+    pub status: RunStatus,
+    /// Why it stopped, if it did.
+    pub stop_reason: Option<StopReason>,
+    /// The content hash of the workflow definition (xxh3-128, hex), stored once per thread in
+    /// the checkpoint store, so any process can resume the run.
+    pub workflow_hash: String,
+    /// The definition itself, as JSON, when it could not be stored apart (then the snapshot
+    /// is self-contained).
+    pub workflow: Option<std::sync::Arc<str>>,
+    /// The run inputs.
+    pub inputs: Map,
+    /// The current `{{sys.query}}` (a resume may have replaced the original).
+    pub query: Option<Value>,
+    /// The workflow variables.
+    pub variables: Map,
+    /// The workflow graph's progress, nested frames included.
+    pub graph: GraphState,
+    /// Interactions waiting for an answer.
+    pub interactions: Vec<Interaction>,
+    /// Messages the history store has not confirmed; a resume persists them first.
+    pub pending_messages: Vec<Message>,
+    /// The ids the run's stop and cancel flags are named by; a resume keeps them.
+    pub labels: crate::model::RunLabels,
+}
+
+/// A snapshot to write: what the checkpointer stores for a run, in sequence order.
+#[derive(Debug)]
+pub(crate) struct SnapshotWrite {
+    pub(crate) thread: ThreadId,
+    pub(crate) run: RunId,
+    pub(crate) sequence: u64,
+    pub(crate) snapshot: Box<Snapshot>,
+}
+
+/// A snapshot that cannot be encoded or decoded.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum SnapshotError {
+    /// Fewer bytes than the header or the declared length.
+    #[error("truncated snapshot: {0}")]
+    Truncated(String),
+    /// Not a runvisor snapshot.
+    #[error("not a runvisor snapshot (bad magic bytes)")]
+    BadMagic,
+    /// Written by a newer build.
+    #[error(
+        "unsupported snapshot version: format {format}, schema {schema} (this build reads format {FORMAT_VERSION}, schema <= {SCHEMA_VERSION})"
+    )]
+    UnsupportedVersion {
+        /// The format version found.
+        format: u16,
+        /// The schema version found.
+        schema: u16,
+    },
+    /// An unknown codec.
+    #[error("unsupported snapshot codec {0}")]
+    UnsupportedCodec(u8),
+    /// The declared payload is larger than allowed.
+    #[error("snapshot payload of {0} bytes exceeds the {MAX_SNAPSHOT_BYTES}-byte limit")]
+    TooLarge(usize),
+    /// The checksum does not match: the bytes were altered.
+    #[error("snapshot checksum mismatch: stored {stored:#010x}, computed {computed:#010x}")]
+    Checksum {
+        /// The checksum in the header.
+        stored: u32,
+        /// The checksum of the payload.
+        computed: u32,
+    },
+    /// The payload does not decode.
+    #[error("snapshot payload does not decode: {0}")]
+    Decode(String),
+    /// The snapshot could not be encoded.
+    #[error("snapshot does not encode: {0}")]
+    Encode(String),
+}
+
+impl Snapshot {
+    /// Encodes the snapshot in its envelope.
+    pub fn encode(&self) -> Result<Vec<u8>, SnapshotError> {
+        let payload =
+            postcard::to_allocvec(self).map_err(|e| SnapshotError::Encode(e.to_string()))?;
+        if payload.len() > MAX_SNAPSHOT_BYTES {
+            return Err(SnapshotError::TooLarge(payload.len()));
+        }
+        let len =
+            u32::try_from(payload.len()).map_err(|_| SnapshotError::TooLarge(payload.len()))?;
+        let mut out = Vec::with_capacity(HEADER_LEN + payload.len());
+        out.extend_from_slice(&MAGIC);
+        out.extend_from_slice(&FORMAT_VERSION.to_be_bytes());
+        out.extend_from_slice(&SCHEMA_VERSION.to_be_bytes());
+        out.push(CODEC_POSTCARD);
+        out.extend_from_slice(&len.to_be_bytes());
+        out.extend_from_slice(&CRC32C.checksum(&payload).to_be_bytes());
+        out.extend_from_slice(&payload);
+        Ok(out)
+    }
+
+    /// Decodes a snapshot from its envelope.
+    pub fn decode(bytes: &[u8]) -> Result<Self, SnapshotError> {
+        if bytes.len() < HEADER_LEN {
+            return Err(SnapshotError::Truncated(format!(
+                "{} bytes, the header alone is {HEADER_LEN}",
+                bytes.len()
+            )));
+        }
+        let (header, payload) = bytes.split_at(HEADER_LEN);
+        if header[0..4] != MAGIC {
+            return Err(SnapshotError::BadMagic);
+        }
+        let format = u16::from_be_bytes([header[4], header[5]]);
+        let schema = u16::from_be_bytes([header[6], header[7]]);
+        if format != FORMAT_VERSION || schema > SCHEMA_VERSION || schema == 0 {
+            return Err(SnapshotError::UnsupportedVersion { format, schema });
+        }
+        if header[8] != CODEC_POSTCARD {
+            return Err(SnapshotError::UnsupportedCodec(header[8]));
+        }
+        let len = u32::from_be_bytes([header[9], header[10], header[11], header[12]]) as usize;
+        if len > MAX_SNAPSHOT_BYTES {
+            return Err(SnapshotError::TooLarge(len));
+        }
+        if payload.len() != len {
+            return Err(SnapshotError::Truncated(format!(
+                "header declares {len} payload bytes, {} present",
+                payload.len()
+            )));
+        }
+        let stored = u32::from_be_bytes([header[13], header[14], header[15], header[16]]);
+        let computed = CRC32C.checksum(payload);
+        if stored != computed {
+            return Err(SnapshotError::Checksum { stored, computed });
+        }
+        let (snapshot, rest) = postcard::take_from_bytes::<Snapshot>(payload)
+            .map_err(|e| SnapshotError::Decode(e.to_string()))?;
+        if !rest.is_empty() {
+            return Err(SnapshotError::Decode(format!(
+                "{} trailing bytes after the snapshot",
+                rest.len()
+            )));
+        }
+        Ok(snapshot)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn sample() -> Snapshot {
+        let node = |s: &str| NodeId::new(s).expect("id");
+        let mut inputs = Map::new();
+        inputs.insert("count".into(), Value::Int(0));
+        inputs.insert("flag".into(), Value::Bool(false));
+        inputs.insert("text".into(), Value::from(""));
+        Snapshot {
+            run_id: RunId::new(),
+            parent_run_id: None,
+            thread: ThreadId::new("t").expect("id"),
+            sequence: 3,
+            created_at_ms: 1,
+            status: RunStatus::Stopped,
+            stop_reason: Some(StopReason::UserInterrupted),
+            workflow_hash: "00".into(),
+            workflow: Some(std::sync::Arc::from("{}")),
+            inputs,
+            query: Some(Value::from("hi")),
+            variables: Map::new(),
+            graph: GraphState {
+                completed: vec![CompletedNode {
+                    node: node("a"),
+                    route: Route::branches(["x"]),
+                    output: std::sync::Arc::new(Value::from(vec![Value::Int(0), Value::Null])),
+                }],
+                frontier: vec![node("b")],
+                frames: vec![SavedFrame {
+                    node: node("b"),
+                    state: FrameState::Loop(LoopState {
+                        iteration: 0,
+                        vars: Map::new(),
+                        history: vec![Value::Bool(false)],
+                        details: vec![IterationDetail {
+                            index: 0,
+                            nodes: vec![node("c")],
+                        }],
+                        items: Some(vec![Value::Int(0), Value::from("")]),
+                        body: GraphState::default(),
+                        assigned: vec![("x".into(), Value::Int(0))],
+                    }),
+                }],
+            },
+            interactions: Vec::new(),
+            pending_messages: vec![Message::assistant("partial")],
+            labels: crate::model::RunLabels::app_chat("a", "c"),
+        }
+    }
+
+    #[test]
+    fn round_trip_keeps_falsy_values() {
+        let s = sample();
+        let bytes = s.encode().expect("encode");
+        assert_eq!(Snapshot::decode(&bytes), Ok(s));
+    }
+
+    #[test]
+    fn damaged_envelopes_are_errors() {
+        let bytes = sample().encode().expect("encode");
+        assert!(matches!(
+            Snapshot::decode(&bytes[..10]),
+            Err(SnapshotError::Truncated(_))
+        ));
+        assert!(matches!(
+            Snapshot::decode(&bytes[..bytes.len() - 1]),
+            Err(SnapshotError::Truncated(_))
+        ));
+        let mut bad = bytes.clone();
+        bad[0] = b'X';
+        assert_eq!(Snapshot::decode(&bad), Err(SnapshotError::BadMagic));
+        let mut bad = bytes.clone();
+        bad[7] = 9;
+        assert!(matches!(
+            Snapshot::decode(&bad),
+            Err(SnapshotError::UnsupportedVersion { schema: 9, .. })
+        ));
+        let mut bad = bytes.clone();
+        bad[9..13].copy_from_slice(&u32::MAX.to_be_bytes());
+        assert!(matches!(
+            Snapshot::decode(&bad),
+            Err(SnapshotError::TooLarge(_))
+        ));
+        let mut bad = bytes.clone();
+        let last = bad.len() - 1;
+        bad[last] ^= 0x40;
+        assert!(matches!(
+            Snapshot::decode(&bad),
+            Err(SnapshotError::Checksum { .. })
+        ));
+    }
+
+    #[test]
+    fn every_single_bit_flip_is_an_error_or_a_valid_snapshot() {
+        let bytes = sample().encode().expect("encode");
+        for i in 0..bytes.len() * 8 {
+            let mut flipped = bytes.clone();
+            flipped[i / 8] ^= 1 << (i % 8);
+            // Must not panic; a flip in the header or payload is caught by the checks.
+            assert!(
+                Snapshot::decode(&flipped).is_err(),
+                "bit {i} went unnoticed"
+            );
+        }
+    }
+}

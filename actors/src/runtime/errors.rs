@@ -1,0 +1,49 @@
+//! Why starting a run or querying one failed.
+
+use crate::model::{RunId, RunStatus, StoreError, ThreadId};
+
+/// Why a run could not start.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+#[non_exhaustive]
+pub enum StartError {
+    /// A declared input is missing, has the wrong type, or an input is not declared.
+    #[error("input `{input}`: {problem}")]
+    InvalidInput {
+        /// The input's name.
+        input: String,
+        /// What is wrong.
+        problem: String,
+    },
+    /// The workflow uses a kind this runtime does not know.
+    #[error("node kind `{0}` is not registered on this runtime")]
+    UnknownKind(String),
+    /// The thread's history could not be loaded.
+    #[error("could not load the history of thread `{thread}`: {error}")]
+    History {
+        /// The thread.
+        thread: ThreadId,
+        /// The store's error.
+        error: StoreError,
+    },
+    /// The run could not be recorded.
+    #[error("could not record run: {0}")]
+    RunStore(StoreError),
+    /// The run's supervisor could not be spawned.
+    #[error("could not spawn the run supervisor: {0}")]
+    Spawn(String),
+}
+
+/// Why an ops query about a run failed.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum QueryError {
+    /// No live run has this id in this process.
+    #[error("no live run {0} in this process")]
+    UnknownRun(RunId),
+    /// The run ended or did not answer in time.
+    #[error("run {0} did not answer: {1}")]
+    NoAnswer(RunId, String),
+    /// The run holds no actors: it waits for input.
+    #[error("run {0} holds no actors ({1})")]
+    NotRunning(RunId, RunStatus),
+}

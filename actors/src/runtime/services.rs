@@ -1,0 +1,196 @@
+//! What every run of a runtime shares: config, stores, the registry of live runs, and the
+//! runtime's two service actors (the checkpointer and the stop watcher), spawned on first use.
+//! The actors of a run reach all of it through [`RunServices`].
+
+use std::sync::Arc;
+use std::sync::atomic::AtomicU64;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use ractor::{Actor, ActorRef};
+
+use crate::exec::{LiveRun, RunMsg, RunServices, RuntimeConfig};
+use crate::model::{CheckpointId, RunId, StopMode};
+use crate::persist::snapshot::SnapshotWrite;
+use crate::persist::{CheckpointStore, HistoryStore, RunStore, SignalSource, WatchedKeys};
+use crate::service::RunRegistry;
+use crate::service::checkpointer::{Backlog, CheckpointMsg, Checkpointer, CheckpointerArgs};
+use crate::service::watcher::{StopWatcher, WatchMsg, WatcherArgs};
+
+/// What every run of a runtime shares.
+pub(crate) struct Services {
+    pub(crate) history: Arc<dyn HistoryStore>,
+    pub(crate) runs: Arc<dyn RunStore>,
+    pub(crate) checkpoints: Arc<dyn CheckpointStore>,
+    pub(crate) signals: Arc<dyn SignalSource>,
+    pub(crate) config: RuntimeConfig,
+    pub(crate) registry: RunRegistry,
+    checkpointer: tokio::sync::OnceCell<ActorRef<CheckpointMsg>>,
+    backlog: Arc<Backlog>,
+    watcher: tokio::sync::OnceCell<ActorRef<WatchMsg>>,
+    pub(crate) signal_errors: Arc<AtomicU64>,
+    /// Alive as long as the runtime: the stop watcher ends when it is gone.
+    alive: Arc<()>,
+}
+
+impl Services {
+    pub(crate) fn new(
+        history: Arc<dyn HistoryStore>,
+        runs: Arc<dyn RunStore>,
+        checkpoints: Arc<dyn CheckpointStore>,
+        signals: Arc<dyn SignalSource>,
+        config: RuntimeConfig,
+    ) -> Self {
+        Self {
+            history,
+            runs,
+            checkpoints,
+            signals,
+            config,
+            registry: RunRegistry::default(),
+            checkpointer: tokio::sync::OnceCell::new(),
+            backlog: Arc::default(),
+            watcher: tokio::sync::OnceCell::new(),
+            signal_errors: Arc::default(),
+            alive: Arc::new(()),
+        }
+    }
+
+    /// The runtime's stop watcher, spawned on first use.
+    async fn watcher(&self) -> Result<&ActorRef<WatchMsg>, String> {
+        self.watcher
+            .get_or_try_init(|| async {
+                let args = WatcherArgs {
+                    source: self.signals.clone(),
+                    alive: Arc::downgrade(&self.alive),
+                    errors: self.signal_errors.clone(),
+                    tick: self.config.signals.tick,
+                    stop: StopMode::Graceful {
+                        timeout: self.config.stop_timeout,
+                    },
+                    cancel: StopMode::Graceful {
+                        timeout: self.config.signals.cancel_timeout,
+                    },
+                };
+                Actor::spawn(None, StopWatcher, args)
+                    .await
+                    .map(|(actor, _)| actor)
+                    .map_err(|e| format!("could not spawn the stop watcher: {e}"))
+            })
+            .await
+    }
+
+    /// The runtime's checkpointer, spawned on first use.
+    async fn checkpointer(&self) -> Result<&ActorRef<CheckpointMsg>, String> {
+        self.checkpointer
+            .get_or_try_init(|| async {
+                let args = CheckpointerArgs {
+                    store: self.checkpoints.clone(),
+                    backlog: self.backlog.clone(),
+                    flush_timeout: self.config.checkpoint_flush_timeout,
+                };
+                Actor::spawn(None, Checkpointer, args)
+                    .await
+                    .map(|(actor, _)| actor)
+                    .map_err(|e| format!("could not spawn the checkpointer: {e}"))
+            })
+            .await
+    }
+}
+
+#[async_trait]
+impl RunServices for Services {
+    fn config(&self) -> &RuntimeConfig {
+        &self.config
+    }
+
+    fn history(&self) -> &Arc<dyn HistoryStore> {
+        &self.history
+    }
+
+    fn runs(&self) -> &Arc<dyn RunStore> {
+        &self.runs
+    }
+
+    fn signals(&self) -> &Arc<dyn SignalSource> {
+        &self.signals
+    }
+
+    fn backlog_bytes(&self) -> usize {
+        self.backlog.bytes()
+    }
+
+    async fn save_background(&self, write: SnapshotWrite) {
+        match self.checkpointer().await {
+            Ok(checkpointer) => {
+                let _ = checkpointer.send_message(CheckpointMsg::Background(write));
+            }
+            Err(e) => {
+                tracing::error!(run = %write.run, error = %e, "progress snapshot not written")
+            }
+        }
+    }
+
+    async fn save_awaited(&self, write: SnapshotWrite) -> Result<CheckpointId, String> {
+        let checkpointer = self.checkpointer().await?;
+        let timeout = self.config.checkpoint_flush_timeout + Duration::from_secs(1);
+        match checkpointer
+            .call(|reply| CheckpointMsg::Awaited(write, reply), Some(timeout))
+            .await
+        {
+            Ok(ractor::rpc::CallResult::Success(result)) => result,
+            Ok(other) => Err(format!("checkpointer did not answer: {other:?}")),
+            Err(e) => Err(format!("checkpointer unreachable: {e}")),
+        }
+    }
+
+    async fn watch(&self, run: RunId, keys: WatchedKeys, supervisor: ActorRef<RunMsg>) {
+        match self.watcher().await {
+            Ok(watcher) => {
+                let _ = watcher.send_message(WatchMsg::Watch(run, keys, supervisor));
+            }
+            Err(e) => {
+                tracing::warn!(run_id = %run, error = %e, "stop flags of this run are not watched")
+            }
+        }
+    }
+
+    async fn unwatch(&self, run: RunId) {
+        if let Some(watcher) = self.watcher.get() {
+            let _ = watcher.send_message(WatchMsg::Unwatch(run));
+        }
+    }
+
+    fn register(&self, run: RunId, entry: LiveRun) {
+        self.registry.insert(run, entry);
+    }
+
+    fn unregister(&self, run: RunId, waiting: bool) {
+        if waiting {
+            self.registry.detach(&run);
+        } else {
+            self.registry.remove(&run);
+        }
+    }
+}
+
+impl Drop for Services {
+    /// The runtime is gone: its checkpointer writes what is still queued, then ends; its
+    /// watcher ends.
+    fn drop(&mut self) {
+        if let Some(checkpointer) = self.checkpointer.get() {
+            let _ = checkpointer.drain();
+        }
+        if let Some(watcher) = self.watcher.get() {
+            watcher.stop(None);
+        }
+    }
+}
+
+impl std::fmt::Debug for Services {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Services")
+            .field("config", &self.config)
+            .finish_non_exhaustive()
+    }
+}

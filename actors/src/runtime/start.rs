@@ -1,0 +1,245 @@
+//! Starting a run: inputs checked against the workflow, the run recorded, its supervisor
+//! spawned. A resume starts its run the same way, from a checkpoint.
+
+use std::collections::HashMap;
+use std::sync::{Arc, OnceLock};
+
+use ractor::Actor;
+use tokio::sync::{broadcast, watch};
+
+use super::errors::StartError;
+use super::facade::Runtime;
+use super::handle::RunHandle;
+use crate::exec::{LiveState, Restore, RunArgs, RunInfo, RunSupervisor};
+use crate::kinds::RunScope;
+use crate::model::{
+    Map, Message, NodePath, RunId, RunLabels, RunRecord, RunStatus, ThreadId, Value, now_ms,
+};
+use crate::persist::WatchedKeys;
+use crate::workflow::{Plan, Workflow};
+
+impl Runtime {
+    /// Starts a run of a validated workflow on a thread.
+    ///
+    /// `inputs` are checked against the inputs the `begin` node declares (defaults applied);
+    /// an input named `query` is also `{{sys.query}}` and is recorded as the user's message.
+    pub async fn start(
+        &self,
+        workflow: &Workflow,
+        inputs: Map,
+        thread: ThreadId,
+    ) -> Result<RunHandle, StartError> {
+        self.start_with(workflow, inputs, thread, RunLabels::default())
+            .await
+    }
+
+    /// Starts a run with labels: the app, chat and task ids its stop and cancel flags are
+    /// named by, so any process can stop it (see [`SignalConfig`](crate::SignalConfig)).
+    pub async fn start_with(
+        &self,
+        workflow: &Workflow,
+        inputs: Map,
+        thread: ThreadId,
+        labels: RunLabels,
+    ) -> Result<RunHandle, StartError> {
+        let inputs = check_inputs(workflow, inputs)?;
+        let history = self.load_history(&thread).await?;
+        let run_id = RunId::new();
+        let mut produced = Vec::new();
+        if let Some(Value::String(query)) = inputs.get("query")
+            && !query.is_empty()
+        {
+            let mut message = Message::user(query.clone());
+            message.run_id = Some(run_id);
+            produced.push(message);
+        }
+        self.launch(Launch {
+            run_id,
+            plan: workflow.plan().clone(),
+            inputs,
+            thread,
+            history,
+            produced,
+            restore: None,
+            answers: HashMap::new(),
+            labels,
+        })
+        .await
+    }
+
+    pub(crate) async fn load_history(&self, thread: &ThreadId) -> Result<Vec<Message>, StartError> {
+        self.services
+            .history
+            .load(thread)
+            .await
+            .map_err(|error| StartError::History {
+                thread: thread.clone(),
+                error,
+            })
+    }
+
+    /// Records and spawns a run.
+    pub(crate) async fn launch(&self, launch: Launch) -> Result<RunHandle, StartError> {
+        let Launch {
+            run_id,
+            plan,
+            inputs,
+            thread,
+            history,
+            produced,
+            restore,
+            answers,
+            labels,
+        } = launch;
+        for node in &plan.graph.nodes {
+            if self.kinds.get(&node.kind).is_none() {
+                return Err(StartError::UnknownKind(node.kind.to_string()));
+            }
+        }
+        let record = RunRecord {
+            run_id,
+            thread: thread.clone(),
+            workflow_id: plan.def.id.clone(),
+            status: RunStatus::Running,
+            parent_run_id: restore.as_ref().map(|r| r.parent_run_id),
+            checkpoint_id: None,
+            started_at_ms: now_ms(),
+            finished_at_ms: None,
+            failure_reason: None,
+            stop_reason: None,
+            unpersisted: None,
+            labels: labels.clone(),
+            not_resumable: None,
+        };
+        self.services
+            .runs
+            .put(&record)
+            .await
+            .map_err(StartError::RunStore)?;
+        // The definition is stored once per thread; snapshots name it by hash. If it cannot be
+        // stored, each snapshot carries it instead.
+        let workflow_hash = plan.def_hash();
+        let workflow_stored = match self
+            .services
+            .checkpoints
+            .put_workflow(&thread, &workflow_hash, &plan.def_json())
+            .await
+        {
+            Ok(()) => true,
+            Err(e) => {
+                tracing::warn!(%thread, error = %e, "workflow definition not stored apart; snapshots will carry it");
+                false
+            }
+        };
+        let (events, first_rx) = broadcast::channel(self.services.config.event_buffer.max(1));
+        let (outcome_tx, outcome_rx) = watch::channel(None);
+        let run = Arc::new(RunInfo {
+            run_id,
+            thread: thread.clone(),
+            scope: Arc::new(RunScope {
+                run_id,
+                thread: thread.clone(),
+                inputs: Arc::new(inputs),
+                events: events.clone(),
+                probe: self.probe.clone(),
+                stop: OnceLock::new(),
+            }),
+            supervisor: OnceLock::new(),
+            answers,
+            kinds: self.kinds.clone(),
+            live: Arc::new(std::sync::Mutex::new(LiveState {
+                status: RunStatus::Running,
+                running: Default::default(),
+                waiting_for_storage: false,
+            })),
+            signal_keys: WatchedKeys::for_run(
+                &self.services.config.signals,
+                &labels,
+                &thread,
+                run_id,
+            ),
+            labels,
+            services: self.services.clone(),
+        });
+        let args = RunArgs {
+            plan,
+            run,
+            history,
+            produced,
+            record,
+            outcome: outcome_tx,
+            restore,
+            workflow_hash,
+            workflow_stored,
+        };
+        Actor::spawn(None, RunSupervisor, args)
+            .await
+            .map_err(|e| StartError::Spawn(e.to_string()))?;
+        Ok(RunHandle::new(
+            run_id,
+            thread,
+            events,
+            first_rx,
+            outcome_rx,
+            self.services.clone(),
+        ))
+    }
+}
+
+/// What `launch` needs to start a run.
+pub(crate) struct Launch {
+    pub(crate) run_id: RunId,
+    pub(crate) plan: Arc<Plan>,
+    pub(crate) inputs: Map,
+    pub(crate) thread: ThreadId,
+    pub(crate) history: Vec<Message>,
+    pub(crate) produced: Vec<Message>,
+    pub(crate) restore: Option<Restore>,
+    /// Answers to interactions, by the path of their node.
+    pub(crate) answers: HashMap<NodePath, Value>,
+    pub(crate) labels: RunLabels,
+}
+
+/// Applies defaults and checks types of the inputs the `begin` node declares.
+fn check_inputs(workflow: &Workflow, mut inputs: Map) -> Result<Map, StartError> {
+    let declared = workflow.inputs();
+    if declared.is_empty() {
+        return Ok(inputs);
+    }
+    for name in inputs.keys() {
+        if !declared.iter().any(|d| &d.name == name) {
+            let known: Vec<&str> = declared.iter().map(|d| d.name.as_str()).collect();
+            return Err(StartError::InvalidInput {
+                input: name.clone(),
+                problem: format!(
+                    "not declared by the begin node (declared: {})",
+                    known.join(", ")
+                ),
+            });
+        }
+    }
+    for decl in declared {
+        match inputs.get(&decl.name) {
+            Some(value) if !decl.ty.accepts(value) => {
+                return Err(StartError::InvalidInput {
+                    input: decl.name.clone(),
+                    problem: format!("expected {}, found {}", decl.ty.name(), value.type_name()),
+                });
+            }
+            Some(_) => {}
+            None => match &decl.default {
+                Some(default) => {
+                    inputs.insert(decl.name.clone(), default.clone());
+                }
+                None if decl.required => {
+                    return Err(StartError::InvalidInput {
+                        input: decl.name.clone(),
+                        problem: "is required".into(),
+                    });
+                }
+                None => {}
+            },
+        }
+    }
+    Ok(inputs)
+}

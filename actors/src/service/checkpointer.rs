@@ -1,0 +1,271 @@
+//! `Checkpointer`: one actor per runtime, the only writer of snapshots.
+//!
+//! Runs hand it snapshots in one of two ways:
+//! - **awaited** (`sync` durability after each node, and every run's final snapshot at a stop,
+//!   pause, failure or finish): the caller waits until the snapshot is stored, retried with
+//!   backoff while the store fails, for at most the configured flush timeout;
+//! - **background** (`async` durability): the newest pending snapshot of each run replaces any
+//!   older one still waiting (coalescing), and pending snapshots are written in a batch. A failed
+//!   write stays pending and is retried with backoff, so when the store comes back the newest
+//!   state lands; the store's sequence check refuses anything older than what it holds.
+//!
+//! Pending bytes are counted; a run whose background snapshot would exceed the configured
+//! buffer waits for an awaited write instead, so a long outage slows runs down rather than
+//! losing their state or growing memory without bound.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Duration;
+
+use ractor::{Actor, ActorProcessingErr, ActorRef, RpcReplyPort};
+
+use crate::model::{CheckpointId, RunId, StoreError};
+use crate::persist::snapshot::SnapshotWrite;
+use crate::persist::{CheckpointStore, StoredCheckpoint};
+/// Snapshot bytes waiting to be written, shared with the runs that read it.
+#[derive(Debug, Default)]
+pub(crate) struct Backlog {
+    bytes: AtomicUsize,
+}
+
+impl Backlog {
+    pub(crate) fn bytes(&self) -> usize {
+        self.bytes.load(Ordering::Relaxed)
+    }
+}
+
+/// Messages the checkpointer handles.
+#[derive(Debug)]
+pub(crate) enum CheckpointMsg {
+    /// SnapshotWrite now and answer when stored (or when the flush timeout passed).
+    Awaited(SnapshotWrite, RpcReplyPort<Result<CheckpointId, String>>),
+    /// SnapshotWrite in the background; a newer snapshot of the same run replaces this one.
+    Background(SnapshotWrite),
+    /// SnapshotWrite what is pending.
+    Flush,
+}
+
+pub(crate) struct Checkpointer;
+
+pub(crate) struct CheckpointerArgs {
+    pub(crate) store: Arc<dyn CheckpointStore>,
+    pub(crate) backlog: Arc<Backlog>,
+    pub(crate) flush_timeout: Duration,
+}
+
+struct Pending {
+    write: SnapshotWrite,
+    /// Set once encoded (a failed write keeps its bytes, counted in the backlog).
+    bytes: Option<Vec<u8>>,
+    id: CheckpointId,
+}
+
+impl Pending {
+    fn held(&self) -> usize {
+        self.bytes.as_ref().map_or(0, Vec::len)
+    }
+}
+
+pub(crate) struct CheckpointerState {
+    store: Arc<dyn CheckpointStore>,
+    backlog: Arc<Backlog>,
+    flush_timeout: Duration,
+    pending: HashMap<RunId, Pending>,
+    flush_scheduled: bool,
+    retry_delay: Duration,
+    failures: u64,
+}
+
+const FIRST_RETRY: Duration = Duration::from_millis(50);
+const MAX_RETRY: Duration = Duration::from_secs(2);
+
+impl Actor for Checkpointer {
+    type Msg = CheckpointMsg;
+    type State = CheckpointerState;
+    type Arguments = CheckpointerArgs;
+
+    async fn pre_start(
+        &self,
+        _myself: ActorRef<Self::Msg>,
+        args: CheckpointerArgs,
+    ) -> Result<Self::State, ActorProcessingErr> {
+        Ok(CheckpointerState {
+            store: args.store,
+            backlog: args.backlog,
+            flush_timeout: args.flush_timeout,
+            pending: HashMap::new(),
+            flush_scheduled: false,
+            retry_delay: FIRST_RETRY,
+            failures: 0,
+        })
+    }
+
+    async fn handle(
+        &self,
+        myself: ActorRef<Self::Msg>,
+        message: Self::Msg,
+        state: &mut Self::State,
+    ) -> Result<(), ActorProcessingErr> {
+        match message {
+            CheckpointMsg::Awaited(write, reply) => {
+                // Anything older of the same run is superseded by this write. The write runs
+                // in its own task so one run's retries never hold up another's.
+                state.drop_pending(&write.run);
+                let store = state.store.clone();
+                let timeout = state.flush_timeout;
+                tokio::spawn(async move {
+                    let result = match write.snapshot.encode() {
+                        Ok(bytes) => write_until(store, timeout, write, bytes).await,
+                        Err(e) => Err(format!("snapshot does not encode: {e}")),
+                    };
+                    let _ = reply.send(result);
+                });
+            }
+            CheckpointMsg::Background(write) => {
+                // Encoded when flushed: a newer snapshot of the run replaces this one unencoded.
+                state.drop_pending(&write.run);
+                let run = write.run;
+                state.pending.insert(
+                    run,
+                    Pending {
+                        write,
+                        bytes: None,
+                        id: CheckpointId::new(),
+                    },
+                );
+                if !state.flush_scheduled {
+                    state.flush_scheduled = true;
+                    let _ = myself.send_message(CheckpointMsg::Flush);
+                }
+            }
+            CheckpointMsg::Flush => {
+                state.flush_scheduled = false;
+                state.flush().await;
+                if !state.pending.is_empty() && !state.flush_scheduled {
+                    // The store failed: retry later, backing off.
+                    state.flush_scheduled = true;
+                    let delay = state.retry_delay;
+                    state.retry_delay = (state.retry_delay * 2).min(MAX_RETRY);
+                    let me = myself.clone();
+                    tokio::spawn(async move {
+                        tokio::time::sleep(delay).await;
+                        let _ = me.send_message(CheckpointMsg::Flush);
+                    });
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+impl CheckpointerState {
+    fn drop_pending(&mut self, run: &RunId) {
+        if let Some(old) = self.pending.remove(run) {
+            self.backlog.bytes.fetch_sub(old.held(), Ordering::Relaxed);
+        }
+    }
+
+    /// SnapshotWrites every pending snapshot once; failed ones stay pending (encoded, counted in the
+    /// backlog) unless a newer snapshot of their run arrived meanwhile.
+    async fn flush(&mut self) {
+        let batch: Vec<Pending> = self.pending.drain().map(|(_, p)| p).collect();
+        let store = self.store.clone();
+        let results = futures::future::join_all(batch.into_iter().map(|mut p| {
+            let store = store.clone();
+            async move {
+                let held = p.held();
+                let bytes = match p.bytes.take() {
+                    Some(bytes) => bytes,
+                    None => match p.write.snapshot.encode() {
+                        Ok(bytes) => bytes,
+                        Err(e) => {
+                            tracing::error!(run = %p.write.run, error = %e, "snapshot does not encode");
+                            return (p, held, None);
+                        }
+                    },
+                };
+                let stored = StoredCheckpoint {
+                    id: p.id,
+                    run: p.write.run,
+                    sequence: p.write.sequence,
+                    bytes,
+                };
+                let result = store.put(&p.write.thread, stored.clone()).await;
+                p.bytes = Some(stored.bytes);
+                (p, held, Some(result))
+            }
+        }))
+        .await;
+        for (p, held, result) in results {
+            match result {
+                None | Some(Ok(())) | Some(Err(StoreError::StaleSequence { .. })) => {
+                    // Stored, superseded, or unencodable (logged): nothing left to hold.
+                    self.backlog.bytes.fetch_sub(held, Ordering::Relaxed);
+                    self.retry_delay = FIRST_RETRY;
+                }
+                Some(Err(e)) => {
+                    self.failures += 1;
+                    if self.failures.is_power_of_two() {
+                        tracing::warn!(error = %e, failures = self.failures, "checkpoint write failed; will retry");
+                    }
+                    let run = p.write.run;
+                    if self.pending.contains_key(&run) {
+                        self.backlog.bytes.fetch_sub(held, Ordering::Relaxed);
+                    } else {
+                        self.backlog
+                            .bytes
+                            .fetch_add(p.held().saturating_sub(held), Ordering::Relaxed);
+                        self.pending.insert(run, p);
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// SnapshotWrites one snapshot, retrying with backoff until it is stored or `timeout` passed.
+async fn write_until(
+    store: Arc<dyn CheckpointStore>,
+    timeout: Duration,
+    write: SnapshotWrite,
+    bytes: Vec<u8>,
+) -> Result<CheckpointId, String> {
+    let id = CheckpointId::new();
+    let deadline = tokio::time::Instant::now() + timeout;
+    let mut delay = FIRST_RETRY;
+    let mut attempts = 0u64;
+    loop {
+        let stored = StoredCheckpoint {
+            id,
+            run: write.run,
+            sequence: write.sequence,
+            bytes: bytes.clone(),
+        };
+        match store.put(&write.thread, stored).await {
+            Ok(()) => return Ok(id),
+            // An earlier attempt timed out on our side yet reached the store (a frozen or slow
+            // server answers late): sequences are unique per write, so the stored one is this
+            // very checkpoint, same id and bytes.
+            Err(StoreError::StaleSequence { stored, .. })
+                if attempts > 0 && stored == write.sequence =>
+            {
+                return Ok(id);
+            }
+            Err(e @ StoreError::StaleSequence { .. }) => return Err(e.to_string()),
+            Err(e) => {
+                attempts += 1;
+                if tokio::time::Instant::now() + delay > deadline {
+                    return Err(format!(
+                        "checkpoint store kept failing for {timeout:?} ({attempts} attempts): {e}"
+                    ));
+                }
+                if attempts.is_power_of_two() {
+                    tracing::warn!(run = %write.run, error = %e, attempts, "checkpoint write failed; retrying");
+                }
+                tokio::time::sleep(delay).await;
+                delay = (delay * 2).min(MAX_RETRY);
+            }
+        }
+    }
+}

@@ -1,0 +1,92 @@
+//! What validation produces: the plan of a workflow, everything a run needs precomputed.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use super::def::WorkflowDef;
+use super::graph::Graph;
+use super::inputs::InputDecl;
+use super::reference::Template;
+use crate::model::{InteractionKind, Map, NodeId};
+
+/// What validation produces: everything a run needs, precomputed.
+pub(crate) struct Plan {
+    pub(crate) def: WorkflowDef,
+    pub(crate) variables: Map,
+    pub(crate) inputs: Vec<InputDecl>,
+    pub(crate) graph: Arc<GraphPlan>,
+    /// The definition as compact JSON, made once for the snapshots that carry it.
+    pub(crate) def_json: std::sync::OnceLock<Arc<str>>,
+}
+
+impl Plan {
+    pub(crate) fn def_json(&self) -> Arc<str> {
+        self.def_json
+            .get_or_init(|| Arc::from(serde_json::to_string(&self.def).unwrap_or_default()))
+            .clone()
+    }
+
+    /// The content hash of the definition's JSON: 128-bit xxh3, as hex.
+    pub(crate) fn def_hash(&self) -> String {
+        format!(
+            "{:032x}",
+            xxhash_rust::xxh3::xxh3_128(self.def_json().as_bytes())
+        )
+    }
+}
+
+/// A validated graph (the workflow's, or a body's).
+pub(crate) struct GraphPlan {
+    pub(crate) nodes: Vec<PlannedNode>,
+    pub(crate) index: HashMap<NodeId, usize>,
+    pub(crate) shape: Arc<Graph>,
+}
+
+/// A validated node.
+pub(crate) struct PlannedNode {
+    pub(crate) id: NodeId,
+    pub(crate) kind: Arc<str>,
+    /// Parameters resolved when the node starts (for loops and parallels: all but `until`
+    /// and `output`, which belong to the body's scope).
+    pub(crate) params: Template,
+    pub(crate) spec: NodeSpec,
+}
+
+/// How a node runs.
+#[derive(Clone)]
+pub(crate) enum NodeSpec {
+    /// Its handler runs in a `NodeActor`.
+    Task,
+    /// A `LoopActor` runs its body.
+    Loop(Arc<LoopSpec>),
+    /// A `ParallelActor` runs its body per item.
+    Parallel(Arc<ParallelSpec>),
+    /// Pauses the run for an answer.
+    Interactive(Arc<InteractionKind>),
+}
+
+/// Loop modes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum LoopMode {
+    /// Do-while with a termination condition.
+    Condition,
+    /// One iteration per item.
+    Array,
+}
+
+pub(crate) struct LoopSpec {
+    pub(crate) mode: LoopMode,
+    pub(crate) max_iterations: u32,
+    /// Declared loop variables, in declaration order.
+    pub(crate) vars: Vec<String>,
+    pub(crate) until: Option<Template>,
+    pub(crate) output: Option<Template>,
+    pub(crate) body: Arc<GraphPlan>,
+}
+
+pub(crate) struct ParallelSpec {
+    pub(crate) max_concurrency: usize,
+    pub(crate) fail_fast: bool,
+    pub(crate) output: Option<Template>,
+    pub(crate) body: Arc<GraphPlan>,
+}
