@@ -202,7 +202,7 @@ fn snapshot_of(bytes: usize) -> Snapshot {
             frames: Vec::new(),
         },
         interactions: Vec::new(),
-        pending_messages: Vec::new(),
+        pending_messages: Default::default(),
         labels: RunLabels::default(),
     }
 }

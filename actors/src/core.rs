@@ -5,6 +5,13 @@
 //! No actors, no tasks, no clocks, no IO: every machine takes events and returns what to do,
 //! and is tested by data. The actors in `exec` carry its decisions out.
 
+mod assign;
 pub(crate) mod dag;
+pub(crate) mod items;
+pub(crate) mod iteration;
+pub(crate) mod lifecycle;
+pub(crate) mod save_gate;
 
 pub(crate) use dag::{NodeIndex, NodeState, Schedule};
+pub use items::ItemError;
+pub use iteration::IterationDetail;

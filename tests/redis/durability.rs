@@ -408,7 +408,7 @@ async fn a_run_goes_on_while_redis_is_killed_and_its_state_lands_after_the_resta
     assert_eq!(progress.graph.frontier[0].as_str(), "e");
     // The messages produced so far travel in it.
     assert_eq!(
-        per_node(&progress.pending_messages),
+        per_node(&Vec::from_iter(progress.pending_messages.iter().cloned())),
         BTreeMap::from([
             ("a".into(), 1),
             ("b".into(), 1),

@@ -2,16 +2,22 @@
 //! node (per item, at most `max_concurrency` items in flight). It is a linked child of the
 //! graph that contains its node and the supervisor of its body's actors.
 //!
+//! What to run next is decided by the pure machines in `core` ([`LoopMachine`],
+//! [`ParallelMachine`]); this actor runs each iteration's or item's graph, resolves what the
+//! machines need from the graph's scope (`output`, `until`), and carries their steps out.
+//!
 //! Like a `NodeActor`, it ends by handing its parent a report from `post_stop`: the node's
 //! output when the body finished, the failure (naming the body node, iteration or item), or,
 //! when it was stopped or paused, its progress as a [`FrameState`]: finished iterations and
 //! items, loop variables, and the current iteration's or in-flight items' own progress. A
-//! resume hands that frame back and the body continues where it was.
+//! resume hands that frame back and the body continues where it was. A failed body hands its
+//! progress over too, so what it finished never runs again.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 use std::time::Duration;
 
+use imbl::Vector;
 use ractor::{Actor, ActorCell, ActorProcessingErr, ActorRef, RpcReplyPort, SupervisionEvent};
 use tokio::sync::oneshot;
 use tracing::Instrument;
@@ -21,14 +27,16 @@ use super::node::{NodeEnd, NodeReport};
 use super::run::RunInfo;
 use super::supervisor::RunMsg;
 use crate::core::NodeIndex;
+use crate::core::items::{ItemStep, ParallelMachine, ParallelProgress};
+use crate::core::iteration::{IterationEnd, LoopMachine, LoopProgress, LoopStep};
+use crate::kinds::ProbeStop;
 use crate::model::{
-    ActorTree, Frame, Interaction, Map, Message, NodeError, NodeId, NodeOutput, NodePath, StopMode,
-    Usage, Value, add_usage,
+    ActorTree, Frame, Interaction, Map, Message, NodeError, NodeId, NodePath, StopMode, Usage,
+    Value, add_usage,
 };
-use crate::persist::snapshot::{
-    FrameState, GraphState, ItemError, ItemState, IterationDetail, LoopState, ParallelState,
-};
-use crate::workflow::{LoopMode, LoopSpec, NodeSpec, ParallelSpec, case_matches};
+use crate::persist::Durability;
+use crate::persist::snapshot::{FrameState, GraphState, ItemState, LoopState, ParallelState};
+use crate::workflow::{LoopMode, LoopSpec, NodeSpec, ParallelSpec};
 
 /// How long aborted body nodes get to report before they are given up on.
 const FORCE_GRACE: Duration = Duration::from_secs(2);
@@ -55,35 +63,32 @@ pub(crate) struct BodyArgs {
     pub(crate) input: Value,
     pub(crate) outer: Arc<Outer>,
     pub(crate) env: Map,
-    pub(crate) history: Arc<[Message]>,
+    pub(crate) history: Vector<Message>,
     pub(crate) run: Arc<RunInfo>,
     pub(crate) report: oneshot::Sender<NodeReport>,
     pub(crate) restore: Option<FrameState>,
 }
 
+/// A loop: its machine (once begun) and the current iteration's graph.
 struct LoopWork {
     spec: Arc<LoopSpec>,
-    items: Option<Vec<Value>>,
-    iteration: u32,
-    vars: Map,
-    history: Vec<Value>,
-    details: Vec<IterationDetail>,
+    machine: Option<LoopMachine>,
     exec: Option<GraphExec>,
+    /// The current iteration's saved progress, until the iteration starts again.
+    saved_body: Option<GraphState>,
 }
 
+/// A parallel: its machine (once begun) and the graphs of the items in flight.
 struct ParWork {
     spec: Arc<ParallelSpec>,
-    items: Vec<Value>,
-    results: Vec<Option<Value>>,
-    done: Vec<bool>,
-    errors: Vec<ItemError>,
-    next: u32,
+    machine: Option<ParallelMachine>,
     in_flight: BTreeMap<u32, GraphExec>,
-    /// Items that failed (collect mode) and are winding down.
-    failing: BTreeMap<u32, String>,
-    assigned: Vec<(u32, Vec<(String, Value)>)>,
-    /// Saved items to continue before new ones start.
-    resume: Vec<(u32, GraphState)>,
+    /// Items that failed (collected) and whose other nodes are winding down.
+    draining: BTreeMap<u32, GraphExec>,
+    /// Saved progress of items that were in flight, until they start again.
+    saved: HashMap<u32, GraphState>,
+    /// What items in flight assigned before they were saved (given back when they continue).
+    partial: HashMap<u32, Vec<(String, Value)>>,
 }
 
 enum Work {
@@ -98,12 +103,12 @@ pub(crate) struct BodyState {
     run: Arc<RunInfo>,
     outer: Arc<Outer>,
     env: Map,
-    history: Arc<[Message]>,
+    /// The history the body's nodes see: what the body started with, then the messages of
+    /// finished iterations and items.
+    history: Vector<Message>,
     /// Messages of finished iterations and items.
-    produced: Vec<Message>,
+    produced: Vector<Message>,
     usage: Usage,
-    /// Assignments to variables this node does not own.
-    up: Vec<(String, Value)>,
     report: Option<oneshot::Sender<NodeReport>>,
     work: Work,
     start: Option<(Value, Option<FrameState>)>,
@@ -113,7 +118,7 @@ pub(crate) struct BodyState {
     interactions: Vec<Interaction>,
     /// A stop a probe requested inside the body: carried in the report, because the
     /// parent may see the report before the stop message this body sent to the run.
-    requested_stop: crate::kinds::ProbeStop,
+    requested_stop: ProbeStop,
     end: Option<NodeEnd>,
     deadline: Option<tokio::task::JoinHandle<()>>,
     span: tracing::Span,
@@ -132,24 +137,17 @@ impl Actor for BodyActor {
         let work = match args.spec {
             NodeSpec::Loop(spec) => Work::Loop(Box::new(LoopWork {
                 spec,
-                items: None,
-                iteration: 0,
-                vars: Map::new(),
-                history: Vec::new(),
-                details: Vec::new(),
+                machine: None,
                 exec: None,
+                saved_body: None,
             })),
             NodeSpec::Parallel(spec) => Work::Parallel(Box::new(ParWork {
                 spec,
-                items: Vec::new(),
-                results: Vec::new(),
-                done: Vec::new(),
-                errors: Vec::new(),
-                next: 0,
+                machine: None,
                 in_flight: BTreeMap::new(),
-                failing: BTreeMap::new(),
-                assigned: Vec::new(),
-                resume: Vec::new(),
+                draining: BTreeMap::new(),
+                saved: HashMap::new(),
+                partial: HashMap::new(),
             })),
             _ => return Err("a body actor runs only loop and parallel nodes".into()),
         };
@@ -166,9 +164,8 @@ impl Actor for BodyActor {
             outer: args.outer,
             env: args.env,
             history: args.history,
-            produced: Vec::new(),
+            produced: Vector::new(),
             usage: Usage::new(),
-            up: Vec::new(),
             report: Some(args.report),
             work,
             start: Some((args.input, args.restore)),
@@ -189,14 +186,13 @@ impl Actor for BodyActor {
         state: &mut Self::State,
     ) -> Result<(), ActorProcessingErr> {
         if let Some((input, restore)) = state.start.take() {
-            let cell = myself.get_cell();
             let begun = match restore {
                 Some(frame) => state.restore(frame),
                 None => state.begin(&input),
             };
             match begun {
                 Ok(()) => {
-                    let events = state.kick(&cell).await;
+                    let events = state.kick(&myself.get_cell()).await;
                     state.handle_events(&myself, events);
                 }
                 Err(error) => state.fail(None, error),
@@ -220,9 +216,10 @@ impl Actor for BodyActor {
             BodyMsg::Describe(reply) => state.describe(&myself, reply),
             BodyMsg::Deadline => {
                 let cell = myself.get_cell();
+                let run = state.run.clone();
                 let host = Host {
                     cell: &cell,
-                    run: &state.run.clone(),
+                    run: &run,
                 };
                 for exec in state.execs_mut() {
                     for report in exec.abandon(&host) {
@@ -257,9 +254,7 @@ impl Actor for BodyActor {
         {
             events.extend(more.into_iter().map(|e| (item, e)));
         }
-        for (item, event) in events {
-            state.handle_event(&myself, item, event);
-        }
+        state.handle_events(&myself, events);
         state.settle(&myself).await;
         Ok(())
     }
@@ -290,10 +285,10 @@ impl Actor for BodyActor {
                 state.interrupted_end(true)
             }
         };
-        let mut messages = std::mem::take(&mut state.produced);
+        let mut messages: Vec<Message> = std::mem::take(&mut state.produced).into_iter().collect();
         let mut usage = std::mem::take(&mut state.usage);
         for exec in state.execs_mut() {
-            messages.append(&mut exec.produced);
+            messages.extend(std::mem::take(&mut exec.produced));
             add_usage(&mut usage, &exec.usage);
         }
         let report = NodeReport {
@@ -313,10 +308,16 @@ impl Actor for BodyActor {
 }
 
 impl BodyState {
+    /// Every graph execution of the body: the current iteration, or the items in flight and
+    /// those winding down.
     fn execs_mut(&mut self) -> Vec<&mut GraphExec> {
         match &mut self.work {
             Work::Loop(l) => l.exec.iter_mut().collect(),
-            Work::Parallel(p) => p.in_flight.values_mut().collect(),
+            Work::Parallel(p) => p
+                .in_flight
+                .values_mut()
+                .chain(p.draining.values_mut())
+                .collect(),
         }
     }
 
@@ -331,225 +332,187 @@ impl BodyState {
             Work::Parallel(p) => p
                 .in_flight
                 .iter_mut()
+                .chain(p.draining.iter_mut())
                 .find(|(_, e)| e.has_child(id))
                 .map(|(i, e)| (Some(*i), e)),
         }
     }
 
-    fn history_now(&self) -> Arc<[Message]> {
-        if self.produced.is_empty() {
-            self.history.clone()
-        } else {
-            self.history
-                .iter()
-                .chain(self.produced.iter())
-                .cloned()
-                .collect()
-        }
-    }
-
-    /// Reads the node's inputs and prepares the first iteration or the items.
+    /// Reads the node's inputs and prepares the loop or the items.
     fn begin(&mut self, input: &Value) -> Result<(), NodeError> {
-        let id = self.id.clone();
         match &mut self.work {
             Work::Loop(l) => {
-                if let Some(Value::Object(vars)) = input.get("variables") {
-                    l.vars = vars.clone();
-                }
-                if l.spec.mode == LoopMode::Array {
-                    let items = items_of(input)?;
-                    if items.len() > l.spec.max_iterations as usize {
-                        return Err(NodeError::invalid_input(
-                            "items",
-                            format!(
-                                "loop `{id}` has {} items, more than its max_iterations ({})",
-                                items.len(),
-                                l.spec.max_iterations
-                            ),
-                        ));
-                    }
-                    l.items = Some(items);
-                }
+                l.machine = Some(LoopMachine::begin(self.id.clone(), l.spec.clone(), input)?);
             }
             Work::Parallel(p) => {
-                p.items = items_of(input)?;
-                p.results = vec![None; p.items.len()];
-                p.done = vec![false; p.items.len()];
+                p.machine = Some(ParallelMachine::begin(p.spec.clone(), input)?);
             }
         }
         Ok(())
     }
 
-    /// Takes back saved progress.
+    /// Takes back saved progress; every count and index is checked by the machine.
     fn restore(&mut self, frame: FrameState) -> Result<(), NodeError> {
-        let bad = |what: &str| NodeError::Failed(format!("saved progress does not fit: {what}"));
+        let bad = |what: String| NodeError::Failed(format!("saved progress does not fit: {what}"));
         match (&mut self.work, frame) {
             (Work::Loop(l), FrameState::Loop(s)) => {
-                l.iteration = s.iteration;
-                l.vars = s.vars;
-                l.history = s.history;
-                l.details = s.details;
-                l.items = s.items;
-                for (name, value) in &s.assigned {
+                let progress = LoopProgress {
+                    iteration: s.iteration,
+                    vars: s.vars,
+                    history: s.history,
+                    details: s.details,
+                    items: s.items,
+                    assigned: s.assigned,
+                };
+                let machine =
+                    LoopMachine::restore(self.id.clone(), l.spec.clone(), progress).map_err(bad)?;
+                // The iterations that ran assigned these: the next ones see them.
+                for (name, value) in machine.assigned() {
                     if !name.contains('.') {
                         self.env.insert(name.clone(), value.clone());
                     }
                     Outer::assign(&mut self.outer, name, value);
                 }
-                self.up = s.assigned;
-                let exec = self
-                    .new_iteration_exec()
-                    .map(|e| e.restore(s.body))
-                    .transpose()
-                    .map_err(|e| bad(&e))?;
-                if let Work::Loop(l) = &mut self.work {
-                    l.exec = exec;
-                }
+                l.machine = Some(machine);
+                l.saved_body = Some(s.body);
             }
             (Work::Parallel(p), FrameState::Parallel(s)) => {
-                if s.results.len() != s.items.len() || s.done.len() != s.items.len() {
-                    return Err(bad("item counts differ"));
+                let in_progress: Vec<u32> = s.in_progress.iter().map(|i| i.index).collect();
+                // Assignments of items in flight go back to them; finished items' stay with
+                // the machine until the node finishes.
+                let mut finished_assigned = Vector::new();
+                for (index, list) in s.assigned {
+                    if in_progress.contains(&index) {
+                        p.partial.entry(index).or_default().extend(list);
+                    } else {
+                        finished_assigned.push_back((index, list));
+                    }
                 }
-                p.items = s.items;
-                p.results = s.results;
-                p.done = s.done;
-                p.errors = s.errors;
-                // As in a live run, items see the variables as they were when the parallel
-                // started; each item's own assignments are given back to it when it continues.
-                let mut assigned = s.assigned;
-                assigned.sort_by_key(|(i, _)| *i);
-                p.assigned = assigned;
-                p.resume = s
+                let progress = ParallelProgress {
+                    items: s.items,
+                    results: s.results,
+                    done: s.done,
+                    errors: s.errors,
+                    assigned: finished_assigned,
+                };
+                let machine = ParallelMachine::restore(
+                    &self.id,
+                    p.spec.clone(),
+                    progress,
+                    &in_progress,
+                    self.run.retry_failed,
+                )
+                .map_err(bad)?;
+                p.machine = Some(machine);
+                p.saved = s
                     .in_progress
                     .into_iter()
                     .map(|ItemState { index, body }| (index, body))
                     .collect();
             }
-            _ => return Err(bad("a loop's progress for a parallel node or the reverse")),
+            _ => {
+                return Err(bad(
+                    "a loop's progress for a parallel node or the reverse".into()
+                ));
+            }
         }
         Ok(())
     }
 
-    fn new_iteration_exec(&self) -> Option<GraphExec> {
-        let Work::Loop(l) = &self.work else {
-            return None;
-        };
-        let item = l
-            .items
-            .as_ref()
-            .and_then(|items| items.get(l.iteration as usize).cloned())
-            .unwrap_or(Value::Null);
-        let mut frame = l.vars.clone();
-        frame.insert("index".into(), Value::from(l.iteration));
-        frame.insert("item".into(), item);
-        Some(GraphExec::new(
-            l.spec.body.clone(),
-            self.path.child(Frame::Iteration(l.iteration)),
-            self.outer.clone(),
-            Some((self.id.clone(), Value::Object(frame))),
-            self.env.clone(),
-            self.history_now(),
-        ))
-    }
-
-    fn new_item_exec(&self, index: u32) -> Option<GraphExec> {
-        let Work::Parallel(p) = &self.work else {
-            return None;
-        };
-        let mut frame = Map::new();
-        frame.insert("index".into(), Value::from(index));
-        frame.insert(
-            "item".into(),
-            p.items.get(index as usize).cloned().unwrap_or_default(),
-        );
-        Some(GraphExec::new(
-            p.spec.body.clone(),
-            self.path.child(Frame::Item(index)),
-            self.outer.clone(),
-            Some((self.id.clone(), Value::Object(frame))),
-            self.env.clone(),
-            self.history_now(),
-        ))
-    }
-
-    /// Starts work after `begin` or `restore`: the current iteration, or the items.
+    /// Starts work after `begin` or `restore`: the current iteration, or the first items.
     async fn kick(&mut self, cell: &ActorCell) -> Vec<(Option<u32>, ExecEvent)> {
-        match &self.work {
+        match &mut self.work {
             Work::Loop(l) => {
-                let restored = l.exec.is_some();
-                if !restored && self.loop_may_start().is_err() {
+                let Some(machine) = l.machine.as_mut() else {
+                    return Vec::new();
+                };
+                let step = machine.current();
+                self.loop_step(cell, step).await
+            }
+            Work::Parallel(p) => {
+                let Some(machine) = p.machine.as_ref() else {
+                    return Vec::new();
+                };
+                if p.spec.fail_fast
+                    && let Some(failed) = machine.first_error()
+                {
+                    // Restored with a failed item and no retry asked: the node fails again.
+                    let path = self.path.child(Frame::Item(failed.index));
+                    let error = NodeError::Failed(failed.error.clone());
+                    self.fail(Some(path), error);
                     return Vec::new();
                 }
-                if !restored {
-                    let exec = self.new_iteration_exec();
-                    if let Work::Loop(l) = &mut self.work {
-                        l.exec = exec;
-                    }
-                }
-                self.launch_loop(cell, restored).await
-            }
-            Work::Parallel(_) => {
-                let mut events = Vec::new();
-                let resume = match &mut self.work {
-                    Work::Parallel(p) => std::mem::take(&mut p.resume),
-                    Work::Loop(_) => Vec::new(),
-                };
-                for (index, body) in resume {
-                    match self.new_item_exec(index).map(|e| e.restore(body)) {
-                        Some(Ok(mut exec)) => {
-                            if let Work::Parallel(p) = &self.work {
-                                let own = p.assigned.iter().filter(|(i, _)| *i == index);
-                                for (name, value) in own.flat_map(|(_, list)| list) {
-                                    if !name.contains('.') {
-                                        exec.env.insert(name.clone(), value.clone());
-                                    }
-                                }
-                            }
-                            events.extend(self.launch_item(cell, index, exec, true).await)
-                        }
-                        None => {}
-                        Some(Err(e)) => {
-                            self.fail(
-                                Some(self.path.child(Frame::Item(index))),
-                                NodeError::Failed(format!("saved progress does not fit: {e}")),
-                            );
-                            return events;
-                        }
-                    }
-                }
-                events
+                self.start_items(cell).await
             }
         }
     }
 
-    /// Whether an array loop has an item left (or a condition loop any iteration at all).
-    fn loop_may_start(&self) -> Result<(), ()> {
-        match &self.work {
-            Work::Loop(l) => match &l.items {
-                Some(items) if l.iteration as usize >= items.len() => Err(()),
-                _ => Ok(()),
-            },
-            Work::Parallel(_) => Ok(()),
-        }
-    }
-
-    async fn launch_loop(
+    /// Carries a loop's step out: starts the iteration, or finishes or fails the loop.
+    async fn loop_step(
         &mut self,
         cell: &ActorCell,
+        step: LoopStep,
+    ) -> Vec<(Option<u32>, ExecEvent)> {
+        match step {
+            LoopStep::Start { index, frame } => {
+                let Work::Loop(l) = &mut self.work else {
+                    return Vec::new();
+                };
+                let saved = l.saved_body.take();
+                let exec = GraphExec::new(
+                    l.spec.body.clone(),
+                    self.path.child(Frame::Iteration(index)),
+                    self.outer.clone(),
+                    Some((self.id.clone(), Value::Object(frame))),
+                    self.env.clone(),
+                    self.history.clone(),
+                );
+                let restored = saved.is_some();
+                let exec = match saved {
+                    Some(body) => match exec.restore(body) {
+                        Ok(exec) => exec,
+                        Err(e) => {
+                            let path = self.path.child(Frame::Iteration(index));
+                            self.fail(
+                                Some(path),
+                                NodeError::Failed(format!("saved progress does not fit: {e}")),
+                            );
+                            return Vec::new();
+                        }
+                    },
+                    None => exec,
+                };
+                l.exec = Some(exec);
+                self.launch_iteration(cell, index, restored).await
+            }
+            LoopStep::Finish(output) => {
+                self.end = Some(NodeEnd::Completed(output));
+                Vec::new()
+            }
+            LoopStep::Fail { iteration, error } => {
+                let path = iteration.map(|i| self.path.child(Frame::Iteration(i)));
+                self.fail(path, error);
+                Vec::new()
+            }
+        }
+    }
+
+    async fn launch_iteration(
+        &mut self,
+        cell: &ActorCell,
+        index: u32,
         restored: bool,
     ) -> Vec<(Option<u32>, ExecEvent)> {
         let run = self.run.clone();
         let host = Host { cell, run: &run };
-        let span = self.span.clone();
+        let span = tracing::info_span!(parent: &self.span, "iteration", index);
         let Work::Loop(l) = &mut self.work else {
             return Vec::new();
         };
         let Some(exec) = l.exec.as_mut() else {
             return Vec::new();
         };
-        let iteration = l.iteration;
         let ready = exec.first_ready(restored);
-        let span = tracing::info_span!(parent: &span, "iteration", index = iteration);
         exec.launch(&host, ready)
             .instrument(span)
             .await
@@ -558,22 +521,68 @@ impl BodyState {
             .collect()
     }
 
-    async fn launch_item(
-        &mut self,
-        cell: &ActorCell,
-        index: u32,
-        mut exec: GraphExec,
-        restored: bool,
-    ) -> Vec<(Option<u32>, ExecEvent)> {
-        let run = self.run.clone();
-        let host = Host { cell, run: &run };
-        let ready = exec.first_ready(restored);
-        let span = tracing::info_span!(parent: &self.span, "item", index);
-        let events = exec.launch(&host, ready).instrument(span).await;
-        if let Work::Parallel(p) = &mut self.work {
-            p.in_flight.insert(index, exec);
+    /// Starts the items the machine says to start (saved ones continue where they were).
+    async fn start_items(&mut self, cell: &ActorCell) -> Vec<(Option<u32>, ExecEvent)> {
+        let Work::Parallel(p) = &mut self.work else {
+            return Vec::new();
+        };
+        let Some(machine) = p.machine.as_mut() else {
+            return Vec::new();
+        };
+        let starts = machine.starts();
+        let mut events = Vec::new();
+        for index in starts {
+            let Work::Parallel(p) = &mut self.work else {
+                break;
+            };
+            let Some(machine) = p.machine.as_ref() else {
+                break;
+            };
+            let mut frame = Map::new();
+            frame.insert("index".into(), Value::from(index));
+            frame.insert("item".into(), machine.item(index));
+            // As in a live run, items see the variables as they were when the parallel
+            // started, plus what they assigned themselves before a stop.
+            let mut env = self.env.clone();
+            for (name, value) in p.partial.get(&index).into_iter().flatten() {
+                if !name.contains('.') {
+                    env.insert(name.clone(), value.clone());
+                }
+            }
+            let exec = GraphExec::new(
+                p.spec.body.clone(),
+                self.path.child(Frame::Item(index)),
+                self.outer.clone(),
+                Some((self.id.clone(), Value::Object(frame))),
+                env,
+                self.history.clone(),
+            );
+            let saved = p.saved.remove(&index);
+            let restored = saved.is_some();
+            let mut exec = match saved {
+                Some(body) => match exec.restore(body) {
+                    Ok(exec) => exec,
+                    Err(e) => {
+                        self.fail(
+                            Some(self.path.child(Frame::Item(index))),
+                            NodeError::Failed(format!("saved progress does not fit: {e}")),
+                        );
+                        return events;
+                    }
+                },
+                None => exec,
+            };
+            let run = self.run.clone();
+            let host = Host { cell, run: &run };
+            let ready = exec.first_ready(restored);
+            let span = tracing::info_span!(parent: &self.span, "item", index);
+            let launched = exec.launch(&host, ready).instrument(span).await;
+            if let Work::Parallel(p) = &mut self.work {
+                p.in_flight.insert(index, exec);
+            }
+            events.extend(launched.into_iter().map(|e| (Some(index), e)));
         }
-        events.into_iter().map(|e| (Some(index), e)).collect()
+        events
     }
 
     fn handle_events(&mut self, myself: &ActorRef<BodyMsg>, events: Vec<(Option<u32>, ExecEvent)>) {
@@ -586,14 +595,31 @@ impl BodyState {
         match event {
             ExecEvent::Failed { path, error } => {
                 if let (Some(index), Work::Parallel(p)) = (item, &mut self.work)
-                    && !p.spec.fail_fast
+                    && let Some(machine) = p.machine.as_mut()
                 {
-                    // Collect: this item ends with its error; the others go on.
-                    p.failing.insert(index, format!("{path}: {error}"));
-                    if let Some(exec) = p.in_flight.get_mut(&index) {
-                        exec.halt(true);
+                    let assigned = p
+                        .in_flight
+                        .get_mut(&index)
+                        .map(|e| std::mem::take(&mut e.up))
+                        .unwrap_or_default();
+                    let mut assigned_all = p.partial.remove(&index).unwrap_or_default();
+                    assigned_all.extend(assigned);
+                    match machine.item_failed(index, format!("{path}: {error}"), assigned_all) {
+                        ItemStep::Continue => {
+                            // Collected: this item ends with its error; its other nodes are
+                            // stopped and the other items go on.
+                            if let Some(mut exec) = p.in_flight.remove(&index) {
+                                exec.halt(true);
+                                p.draining.insert(index, exec);
+                            }
+                            return;
+                        }
+                        ItemStep::Fail { .. } => {
+                            if let Some(exec) = p.in_flight.remove(&index) {
+                                p.draining.insert(index, exec);
+                            }
+                        }
                     }
-                    return;
                 }
                 self.fail(Some(path), error);
                 self.stop(myself, true);
@@ -644,7 +670,7 @@ impl BodyState {
         }
     }
 
-    /// Moves on as far as possible: finishes iterations and items that are done, starts the
+    /// Moves on as far as possible: records iterations and items that are done, starts the
     /// next ones, and ends the actor when nothing is left to wait for.
     async fn settle(&mut self, myself: &ActorRef<BodyMsg>) {
         let cell = myself.get_cell();
@@ -657,7 +683,11 @@ impl BodyState {
             if self.stopping {
                 if self.execs_mut().iter().all(|e| e.is_idle()) {
                     let end = match self.failure.take() {
-                        Some((path, error)) => NodeEnd::Failed { path, error },
+                        Some((path, error)) => NodeEnd::Failed {
+                            path,
+                            error,
+                            frame: self.progress_frame(),
+                        },
                         None => self.interrupted_end(self.forced),
                     };
                     self.end = Some(end);
@@ -665,145 +695,153 @@ impl BodyState {
                 }
                 return;
             }
-            let step = match &self.work {
-                Work::Loop(_) => self.loop_step(&cell).await,
-                Work::Parallel(_) => self.parallel_step(&cell).await,
+            let events = match &self.work {
+                Work::Loop(_) => self.loop_advance(&cell).await,
+                Work::Parallel(_) => self.parallel_advance(&cell).await,
             };
-            match step {
+            match events {
                 // The step may have finished or failed the body: settle that first.
-                Step::Wait if self.end.is_some() || self.stopping => {}
-                Step::Wait => return,
-                Step::Events(events) => self.handle_events(myself, events),
+                None if self.end.is_some() || self.stopping => {}
+                None => return,
+                Some(events) => self.handle_events(myself, events),
             }
         }
     }
 
-    /// One step of a loop: if the current iteration is done, record it and start the next
-    /// (or finish the loop).
-    async fn loop_step(&mut self, cell: &ActorCell) -> Step {
+    /// If the current iteration is done: records it and carries out the machine's next step.
+    /// `None` when there is nothing to do yet.
+    async fn loop_advance(&mut self, cell: &ActorCell) -> Option<Vec<(Option<u32>, ExecEvent)>> {
         let Work::Loop(l) = &mut self.work else {
-            return Step::Wait;
+            return None;
         };
-        match &l.exec {
-            Some(exec) if !exec.is_done() => return Step::Wait,
-            Some(_) => {}
-            None => {
-                // No iteration could start: an array loop over no items.
-                self.finish_loop();
-                return Step::Wait;
-            }
+        if !l.exec.as_ref().is_some_and(GraphExec::is_done) {
+            return None;
         }
-        let Some(exec) = l.exec.take() else {
-            return Step::Wait;
+        let mut exec = l.exec.take()?;
+        let end = IterationEnd {
+            output: match &l.spec.output {
+                Some(t) => t.resolve(&exec),
+                None => Ok(exec.sink_outputs()),
+            },
+            until: match (&l.spec.until, l.spec.mode) {
+                (Some(t), LoopMode::Condition) => Some(t.resolve(&exec)),
+                _ => None,
+            },
+            frame: match exec.frame() {
+                Some(Value::Object(frame)) => frame.clone(),
+                _ => Map::new(),
+            },
+            nodes: exec.completed(),
+            assigned: std::mem::take(&mut exec.up),
         };
-        let iteration = l.iteration;
-        let entry = match &l.spec.output {
-            Some(t) => t.resolve(&exec),
-            None => Ok(exec.sink_outputs()),
-        };
-        let until = match (&l.spec.until, l.spec.mode) {
-            (Some(t), LoopMode::Condition) => Some(t.resolve(&exec)),
-            _ => None,
-        };
-        let path = self.path.child(Frame::Iteration(iteration));
-        let mut exec = exec;
-        self.produced.append(&mut exec.produced);
+        for message in std::mem::take(&mut exec.produced) {
+            self.history.push_back(message.clone());
+            self.produced.push_back(message);
+        }
         add_usage(&mut self.usage, &exec.usage);
-        for (name, value) in exec.up.drain(..) {
+        for (name, value) in &end.assigned {
             if !name.contains('.') {
                 self.env.insert(name.clone(), value.clone());
             }
             // The next iteration sees what this one assigned to outer loops' variables.
-            Outer::assign(&mut self.outer, &name, &value);
-            self.up.push((name, value));
+            Outer::assign(&mut self.outer, name, value);
         }
         let Work::Loop(l) = &mut self.work else {
-            return Step::Wait;
+            return None;
         };
-        if let Some(Value::Object(frame)) = exec.frame() {
-            for var in &l.spec.vars {
-                if let Some(v) = frame.get(var) {
-                    l.vars.insert(var.clone(), v.clone());
-                }
-            }
+        let machine = l.machine.as_mut()?;
+        let step = machine.iteration_done(end);
+        if matches!(step, LoopStep::Start { .. }) {
+            self.report_progress();
         }
-        l.details.push(IterationDetail {
-            index: iteration,
-            nodes: exec.completed(),
-        });
-        match entry {
-            Ok(entry) => l.history.push(entry),
-            Err(e) => {
-                self.fail(Some(path), NodeError::Resolve(e));
-                return Step::Wait;
-            }
-        }
-        let done = match until {
-            None => false,
-            Some(Ok(condition)) => match case_matches(&condition, 0) {
-                Ok(hit) => hit,
-                Err(e) => {
-                    self.fail(Some(path), e);
-                    return Step::Wait;
-                }
-            },
-            Some(Err(e)) => {
-                self.fail(Some(path), NodeError::Resolve(e));
-                return Step::Wait;
-            }
+        Some(self.loop_step(cell, step).await)
+    }
+
+    /// Records items whose graphs are done, starts new ones up to the bound, and finishes when
+    /// every item is done. `None` when there is nothing to do yet.
+    async fn parallel_advance(
+        &mut self,
+        cell: &ActorCell,
+    ) -> Option<Vec<(Option<u32>, ExecEvent)>> {
+        let Work::Parallel(p) = &mut self.work else {
+            return None;
         };
-        l.iteration += 1;
-        let out_of_items = l
-            .items
-            .as_ref()
-            .is_some_and(|items| l.iteration as usize >= items.len());
-        if done || out_of_items {
-            self.finish_loop();
-            return Step::Wait;
+        // Failed items whose other nodes have stopped are gone.
+        p.draining.retain(|_, e| !e.is_idle());
+        let finished: Vec<u32> = p
+            .in_flight
+            .iter()
+            .filter(|(_, e)| e.is_done())
+            .map(|(i, _)| *i)
+            .collect();
+        let mut progressed = false;
+        for index in finished {
+            let Work::Parallel(p) = &mut self.work else {
+                return None;
+            };
+            let Some(mut exec) = p.in_flight.remove(&index) else {
+                continue;
+            };
+            let output = match &p.spec.output {
+                Some(t) => t.resolve(&exec),
+                None => Ok(exec.sink_outputs()),
+            };
+            let mut assigned = p.partial.remove(&index).unwrap_or_default();
+            assigned.append(&mut exec.up);
+            let step = match p.machine.as_mut() {
+                Some(machine) => machine.item_finished(index, output, assigned),
+                None => ItemStep::Continue,
+            };
+            for message in std::mem::take(&mut exec.produced) {
+                self.history.push_back(message.clone());
+                self.produced.push_back(message);
+            }
+            add_usage(&mut self.usage, &exec.usage);
+            progressed = true;
+            if let ItemStep::Fail { index, error } = step {
+                self.fail(Some(self.path.child(Frame::Item(index))), error);
+                return None;
+            }
         }
-        if l.spec.mode == LoopMode::Condition && l.iteration >= l.spec.max_iterations {
-            let error = NodeError::Failed(format!(
-                "loop `{}` reached max_iterations ({}) before its `until` condition held",
-                self.id, l.spec.max_iterations
-            ));
-            self.fail(None, error);
-            return Step::Wait;
+        let Work::Parallel(p) = &mut self.work else {
+            return None;
+        };
+        let machine = p.machine.as_ref()?;
+        if machine.is_finished() {
+            if p.draining.is_empty()
+                && let Some(machine) = p.machine.as_mut()
+            {
+                self.end = Some(NodeEnd::Completed(machine.finish()));
+            }
+            return None;
         }
-        self.report_progress();
-        let exec = self.new_iteration_exec();
-        if let Work::Loop(l) = &mut self.work {
-            l.exec = exec;
+        if progressed {
+            self.report_progress();
         }
-        Step::Events(self.launch_loop(cell, false).await)
+        let events = self.start_items(cell).await;
+        if events.is_empty() && !progressed {
+            return None;
+        }
+        Some(events)
     }
 
     /// Hands the run what this top-level body has finished (iterations, items) and the
     /// messages they produced, so the run's progress snapshots hold them: a crash then reruns
     /// only the iteration or items in flight. Nested bodies are saved by their parent's stop.
+    /// Cheap: the progress shares its vectors with the machine.
     fn report_progress(&self) {
-        if self.path.frames().len() != 1
-            || self.run.config().durability == crate::persist::Durability::Exit
-        {
+        if self.path.frames().len() != 1 || self.run.config().durability == Durability::Exit {
             return;
         }
         let frame = match &self.work {
-            Work::Loop(l) => FrameState::Loop(LoopState {
-                iteration: l.iteration,
-                vars: l.vars.clone(),
-                history: l.history.clone(),
-                details: l.details.clone(),
-                items: l.items.clone(),
-                body: GraphState::default(),
-                assigned: self.up.clone(),
-            }),
-            Work::Parallel(p) => FrameState::Parallel(ParallelState {
-                items: p.items.clone(),
-                results: p.results.clone(),
-                done: p.done.clone(),
-                errors: p.errors.clone(),
-                in_progress: Vec::new(),
-                assigned: p.assigned.clone(),
-            }),
+            Work::Loop(l) => match &l.machine {
+                Some(m) => loop_state(m.progress(), GraphState::default()),
+                None => return,
+            },
+            Work::Parallel(p) => match &p.machine {
+                Some(m) => parallel_state(m.progress(), Vec::new(), Vec::new()),
+                None => return,
+            },
         };
         if let Some(supervisor) = self.run.supervisor.get() {
             let _ = supervisor.send_message(RunMsg::Progress {
@@ -814,211 +852,69 @@ impl BodyState {
         }
     }
 
-    fn finish_loop(&mut self) {
-        let Work::Loop(l) = &mut self.work else {
-            return;
-        };
-        let mut out = Map::new();
-        out.insert(
-            "history".into(),
-            Value::Array(std::mem::take(&mut l.history)),
-        );
-        out.insert("variables".into(), Value::Object(l.vars.clone()));
-        out.insert("iterations".into(), Value::from(l.details.len()));
-        out.insert(
-            "details".into(),
-            Value::Array(
-                l.details
-                    .iter()
-                    .map(|d| {
-                        let mut m = Map::new();
-                        m.insert("index".into(), Value::from(d.index));
-                        m.insert(
-                            "nodes".into(),
-                            Value::Array(d.nodes.iter().map(|n| Value::from(n.as_str())).collect()),
-                        );
-                        Value::Object(m)
-                    })
-                    .collect(),
-            ),
-        );
-        let mut output = NodeOutput::new(Value::Object(out));
-        output.variables = std::mem::take(&mut self.up);
-        self.end = Some(NodeEnd::Completed(output));
-    }
-
-    /// One step of a parallel: record finished items, start new ones up to the bound, and
-    /// finish when every item is done.
-    async fn parallel_step(&mut self, cell: &ActorCell) -> Step {
-        let Work::Parallel(p) = &mut self.work else {
-            return Step::Wait;
-        };
-        let finished: Vec<u32> = p
-            .in_flight
-            .iter()
-            .filter(|(i, e)| e.is_done() || (p.failing.contains_key(i) && e.is_idle()))
-            .map(|(i, _)| *i)
-            .collect();
-        let mut progressed = false;
-        for index in finished {
-            let Some(mut exec) = p.in_flight.remove(&index) else {
-                continue;
-            };
-            self.produced.append(&mut exec.produced);
-            add_usage(&mut self.usage, &exec.usage);
-            let i = index as usize;
-            if let Some(error) = p.failing.remove(&index) {
-                p.errors.push(ItemError { index, error });
-            } else {
-                let result = match &p.spec.output {
-                    Some(t) => t.resolve(&exec),
-                    None => Ok(exec.sink_outputs()),
-                };
-                match result {
-                    Ok(v) => p.results[i] = Some(v),
-                    Err(e) if p.spec.fail_fast => {
-                        let path = self.path.child(Frame::Item(index));
-                        self.fail(Some(path), NodeError::Resolve(e));
-                        return Step::Wait;
-                    }
-                    Err(e) => p.errors.push(ItemError {
-                        index,
-                        error: e.to_string(),
-                    }),
-                }
-            }
-            p.assigned.push((index, std::mem::take(&mut exec.up)));
-            p.done[i] = true;
-            progressed = true;
-        }
-        if progressed && !p.done.iter().all(|d| *d) {
-            self.report_progress();
-        }
-        let Work::Parallel(p) = &mut self.work else {
-            return Step::Wait;
-        };
-        // Start new items up to the bound.
-        let mut starts = Vec::new();
-        while p.in_flight.len() + starts.len() < p.spec.max_concurrency
-            && (p.next as usize) < p.items.len()
-        {
-            let index = p.next;
-            p.next += 1;
-            if !p.done[index as usize] && !p.in_flight.contains_key(&index) {
-                starts.push(index);
-            }
-        }
-        if starts.is_empty() {
-            if p.in_flight.is_empty() && p.done.iter().all(|d| *d) {
-                self.finish_parallel();
-            }
-            return Step::Wait;
-        }
-        let mut events = Vec::new();
-        for index in starts {
-            if let Some(exec) = self.new_item_exec(index) {
-                events.extend(self.launch_item(cell, index, exec, false).await);
-            }
-        }
-        Step::Events(events)
-    }
-
-    fn finish_parallel(&mut self) {
-        let Work::Parallel(p) = &mut self.work else {
-            return;
-        };
-        p.assigned.sort_by_key(|(i, _)| *i);
-        for (_, list) in p.assigned.drain(..) {
-            self.up.extend(list);
-        }
-        p.errors.sort_by_key(|e| e.index);
-        let mut out = Map::new();
-        out.insert(
-            "results".into(),
-            Value::Array(
-                p.results
-                    .iter_mut()
-                    .map(|r| r.take().unwrap_or(Value::Null))
-                    .collect(),
-            ),
-        );
-        out.insert(
-            "errors".into(),
-            Value::Array(
-                p.errors
-                    .iter()
-                    .map(|e| {
-                        let mut m = Map::new();
-                        m.insert("index".into(), Value::from(e.index));
-                        m.insert("error".into(), Value::String(e.error.clone()));
-                        Value::Object(m)
-                    })
-                    .collect(),
-            ),
-        );
-        out.insert("count".into(), Value::from(p.items.len()));
-        let mut output = NodeOutput::new(Value::Object(out));
-        output.variables = std::mem::take(&mut self.up);
-        self.end = Some(NodeEnd::Completed(output));
-    }
-
-    /// The report of a body cut short: its progress, to continue on resume.
-    fn interrupted_end(&mut self, forced: bool) -> NodeEnd {
-        let frame = match &self.work {
+    /// The body's progress as a frame: the machine's, the current iteration's or the in-flight
+    /// items' own progress, and what they assigned so far. `None` before the body began (its
+    /// input did not fit): a resume begins it again.
+    fn progress_frame(&self) -> Option<FrameState> {
+        Some(match &self.work {
             Work::Loop(l) => {
-                let (vars, body, mut assigned) = match &l.exec {
+                let machine = l.machine.as_ref()?;
+                let mut progress = machine.progress();
+                let body = match &l.exec {
                     Some(exec) => {
-                        let mut vars = l.vars.clone();
+                        // The current iteration continues with its loop variables as it left
+                        // them, and what it assigned so far.
                         if let Some(Value::Object(frame)) = exec.frame() {
-                            for var in &l.spec.vars {
+                            for var in machine.declared() {
                                 if let Some(v) = frame.get(var) {
-                                    vars.insert(var.clone(), v.clone());
+                                    progress.vars.insert(var.clone(), v.clone());
                                 }
                             }
                         }
-                        (vars, exec.state(), exec.up.clone())
+                        progress.assigned.extend(exec.up.iter().cloned());
+                        exec.state()
                     }
-                    None => (l.vars.clone(), GraphState::default(), Vec::new()),
+                    // Not started again since the resume: keep its saved progress.
+                    None => l.saved_body.clone().unwrap_or_default(),
                 };
-                let mut all = self.up.clone();
-                all.append(&mut assigned);
-                FrameState::Loop(LoopState {
-                    iteration: l.iteration,
-                    vars,
-                    history: l.history.clone(),
-                    details: l.details.clone(),
-                    items: l.items.clone(),
-                    body,
-                    assigned: all,
-                })
+                loop_state(progress, body)
             }
             Work::Parallel(p) => {
-                let mut assigned = p.assigned.clone();
+                let machine = p.machine.as_ref()?;
                 let mut in_progress = Vec::new();
+                let mut partial = Vec::new();
                 for (&index, exec) in &p.in_flight {
-                    if let Some(error) = p.failing.get(&index) {
-                        // Collected failure that was winding down: keep it as failed.
-                        let _ = error;
-                    }
                     in_progress.push(ItemState {
                         index,
                         body: exec.state(),
                     });
-                    if !exec.up.is_empty() {
-                        assigned.push((index, exec.up.clone()));
+                    let mut assigned = p.partial.get(&index).cloned().unwrap_or_default();
+                    assigned.extend(exec.up.iter().cloned());
+                    if !assigned.is_empty() {
+                        partial.push((index, assigned));
                     }
                 }
-                // Items not started yet stay not done: a resume starts them.
-                FrameState::Parallel(ParallelState {
-                    items: p.items.clone(),
-                    results: p.results.clone(),
-                    done: p.done.clone(),
-                    errors: p.errors.clone(),
-                    in_progress,
-                    assigned,
-                })
+                // Items saved in progress that did not start again before this stop.
+                for (&index, body) in &p.saved {
+                    in_progress.push(ItemState {
+                        index,
+                        body: body.clone(),
+                    });
+                    if let Some(assigned) = p.partial.get(&index)
+                        && !assigned.is_empty()
+                    {
+                        partial.push((index, assigned.clone()));
+                    }
+                }
+                in_progress.sort_by_key(|i| i.index);
+                parallel_state(machine.progress(), in_progress, partial)
             }
-        };
+        })
+    }
+
+    /// The report of a body cut short: its progress, to continue on resume.
+    fn interrupted_end(&mut self, forced: bool) -> NodeEnd {
+        let frame = self.progress_frame();
         let inner = match &self.work {
             Work::Loop(l) => l.exec.iter().flat_map(|e| e.interrupted.clone()).collect(),
             Work::Parallel(p) => p
@@ -1029,7 +925,7 @@ impl BodyState {
         };
         NodeEnd::Interrupted {
             forced,
-            frame: Some(frame),
+            frame,
             interactions: self.interactions.clone(),
             inner,
         }
@@ -1070,18 +966,31 @@ impl BodyState {
     }
 }
 
-enum Step {
-    Wait,
-    Events(Vec<(Option<u32>, ExecEvent)>),
+fn loop_state(progress: LoopProgress, body: GraphState) -> FrameState {
+    FrameState::Loop(LoopState {
+        iteration: progress.iteration,
+        vars: progress.vars,
+        history: progress.history,
+        details: progress.details,
+        items: progress.items,
+        body,
+        assigned: progress.assigned,
+    })
 }
 
-fn items_of(input: &Value) -> Result<Vec<Value>, NodeError> {
-    match input.get("items") {
-        Some(Value::Array(items)) => Ok(items.clone()),
-        Some(other) => Err(NodeError::invalid_input(
-            "items",
-            format!("expected an array, found {}", other.type_name()),
-        )),
-        None => Err(NodeError::invalid_input("items", "is required")),
-    }
+fn parallel_state(
+    progress: ParallelProgress,
+    in_progress: Vec<ItemState>,
+    partial: Vec<(u32, Vec<(String, Value)>)>,
+) -> FrameState {
+    let mut assigned = progress.assigned;
+    assigned.extend(partial);
+    FrameState::Parallel(ParallelState {
+        items: progress.items,
+        results: progress.results,
+        done: progress.done,
+        errors: progress.errors,
+        in_progress,
+        assigned,
+    })
 }

@@ -10,6 +10,7 @@
 use std::collections::{HashMap, VecDeque};
 use std::sync::Arc;
 
+use imbl::Vector;
 use ractor::{Actor, ActorCell, ActorId, ActorRef};
 use tokio::sync::oneshot;
 use tokio_util::sync::CancellationToken;
@@ -202,10 +203,11 @@ pub(crate) struct GraphExec {
     running_frames: HashMap<NodeIndex, FrameState>,
     /// Assignments to variables this execution does not own, in order (for the host).
     pub(crate) up: Vec<(String, Value)>,
-    history_base: Arc<[Message]>,
-    history_view: Option<Arc<[Message]>>,
+    /// The history this execution's nodes see: what it started with, then the messages of
+    /// the nodes that completed here (a persistent vector: handing it out copies nothing).
+    history: Vector<Message>,
     /// Messages produced here (completed, failed and interrupted nodes alike).
-    pub(crate) produced: Vec<Message>,
+    pub(crate) produced: Vector<Message>,
     /// Nodes cut short here.
     pub(crate) interrupted: Vec<Interrupted>,
     /// What the nodes that ran here consumed.
@@ -255,7 +257,7 @@ impl GraphExec {
         outer: Arc<Outer>,
         frame: Option<(NodeId, Value)>,
         env: Map,
-        history: Arc<[Message]>,
+        history: Vector<Message>,
     ) -> Self {
         let n = graph.nodes.len();
         Self {
@@ -271,9 +273,8 @@ impl GraphExec {
             saved_frames: Vec::new(),
             running_frames: HashMap::new(),
             up: Vec::new(),
-            history_base: history,
-            history_view: None,
-            produced: Vec::new(),
+            history,
+            produced: Vector::new(),
             interrupted: Vec::new(),
             usage: Usage::new(),
             halted: false,
@@ -404,25 +405,10 @@ impl GraphExec {
         })
     }
 
-    fn history_view(&mut self) -> Arc<[Message]> {
-        if self.produced.is_empty() {
-            return self.history_base.clone();
-        }
-        self.history_view
-            .get_or_insert_with(|| {
-                self.history_base
-                    .iter()
-                    .chain(self.produced.iter())
-                    .cloned()
-                    .collect()
-            })
-            .clone()
-    }
-
     fn keep_messages(&mut self, messages: Vec<Message>) {
-        if !messages.is_empty() {
-            self.produced.extend(messages);
-            self.history_view = None;
+        for message in messages {
+            self.history.push_back(message.clone());
+            self.produced.push_back(message);
         }
     }
 
@@ -565,7 +551,7 @@ impl GraphExec {
             .mark_running(node)
             .map_err(|e| NodeError::Failed(format!("scheduler: {e}")))?;
         let stop = CancellationToken::new();
-        let history = self.history_view();
+        let history = self.history.clone();
         let (report_tx, report_rx) = oneshot::channel();
         // Announced before the spawn: the node may stream as soon as it is spawned.
         host.run.live().running.insert(path.clone());
@@ -747,10 +733,21 @@ impl GraphExec {
                     Err(e) => events.push(e),
                 }
             }
-            NodeEnd::Failed { path: inner, error } => {
+            NodeEnd::Failed {
+                path: inner,
+                error,
+                frame,
+            } => {
                 add_usage(&mut self.usage, &report.usage);
                 let partial = self.keep_partial(host.run, node, &report.partial);
                 let _ = self.schedule.requeue(node);
+                if let Some(state) = frame {
+                    // What a failed loop or parallel finished stays finished.
+                    self.saved_frames.push(SavedFrame {
+                        node: self.node_id(node).clone(),
+                        state,
+                    });
+                }
                 let at = inner.unwrap_or_else(|| path.clone());
                 host.run.emit(RunEvent::NodeFailed {
                     path: at.clone(),

@@ -37,6 +37,9 @@ pub(crate) enum NodeEnd {
     Failed {
         path: Option<NodePath>,
         error: NodeError,
+        /// A loop's or parallel's progress up to the failure (finished iterations and items
+        /// are kept; a resume continues from there).
+        frame: Option<FrameState>,
     },
     /// The node was stopped before it finished. `forced` is set when its handler task was
     /// aborted rather than allowed to return. A loop or parallel node hands over its progress
@@ -61,7 +64,11 @@ impl NodeEnd {
     }
 
     pub(crate) fn failed(error: NodeError) -> Self {
-        NodeEnd::Failed { path: None, error }
+        NodeEnd::Failed {
+            path: None,
+            error,
+            frame: None,
+        }
     }
 }
 

@@ -92,6 +92,8 @@ pub(crate) struct RunInfo {
     pub(crate) labels: RunLabels,
     /// The run's stop and cancel flags.
     pub(crate) signal_keys: WatchedKeys,
+    /// Whether parallel items saved as failed run again (a resume asked to retry failures).
+    pub(crate) retry_failed: bool,
 }
 
 impl std::fmt::Debug for RunInfo {

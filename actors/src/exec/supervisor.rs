@@ -12,16 +12,20 @@
 //! record) and publishes its outcome. Meanwhile a second stop can escalate graceful to force,
 //! and timers bound both.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 use std::time::Duration;
 
+use imbl::Vector;
 use ractor::{Actor, ActorProcessingErr, ActorRef, RpcReplyPort, SupervisionEvent};
 use tokio::sync::watch;
 use tracing::Instrument;
 
 use super::graph::{Ended, ExecEvent, GraphExec, Host, Outer};
 use super::run::{LiveRun, RunInfo};
+use crate::core::NodeIndex;
+use crate::core::lifecycle::{Ending, Final, Lifecycle, StopStep};
+use crate::core::save_gate::{ReadyStep, SaveGate};
 use crate::model::{
     ActorTree, CheckpointId, HistoryFlush, Interaction, Map, Message, NodeId, NodePath, RunError,
     RunEvent, RunId, RunOutcome, RunRecord, RunStatus, StopMode, StopReason, StopResult, Value,
@@ -63,7 +67,7 @@ pub(crate) enum RunMsg {
     Progress {
         node: crate::core::NodeIndex,
         frame: Box<crate::persist::snapshot::FrameState>,
-        messages: Vec<Message>,
+        messages: Vector<Message>,
     },
 }
 
@@ -92,20 +96,6 @@ pub(crate) struct RunArgs {
     pub(crate) workflow_stored: bool,
 }
 
-/// Why the run is ending early.
-enum Cause {
-    Stop(StopReason),
-    Failure(RunError),
-    Pause,
-}
-
-/// A run on its way down.
-struct Stopping {
-    cause: Cause,
-    /// Running nodes have been told to abort.
-    forced: bool,
-}
-
 pub(crate) struct RunState {
     plan: Arc<Plan>,
     run: Arc<RunInfo>,
@@ -116,29 +106,23 @@ pub(crate) struct RunState {
     query: Option<Value>,
     record: RunRecord,
     outcome: watch::Sender<Option<Arc<RunOutcome>>>,
-    stopping: Option<Stopping>,
+    /// Running, stopping (why, whether forced) or ended.
+    lifecycle: Lifecycle,
     interactions: Vec<Interaction>,
     /// Stop timers (escalation, deadline), cancelled when the run ends.
     timers: Vec<tokio::task::JoinHandle<()>>,
-    /// A progress snapshot is due at the end of the current coalescing window.
-    progress_armed: bool,
-    /// Ready nodes waiting for the next awaited progress snapshot.
-    held: Vec<crate::core::NodeIndex>,
-    /// Ready nodes waiting for the awaited progress snapshot in flight.
-    saving: Option<Vec<crate::core::NodeIndex>>,
-    /// Awaited progress snapshots keep failing: the run waits for the store.
-    storage_waiting: bool,
-    /// Since when the current wait for the store lasts, and how long earlier waits lasted.
+    /// What must be stored before which nodes start.
+    gate: SaveGate,
+    /// Since when the run waits for a failing store, and how long earlier waits lasted.
     storage_since: Option<tokio::time::Instant>,
     storage_waited: Duration,
     /// Messages of finished iterations and items of running top-level loops and parallels
     /// (they reach the run with the node's report; until then snapshots carry them).
-    body_messages: std::collections::HashMap<crate::core::NodeIndex, Vec<Message>>,
+    body_messages: HashMap<NodeIndex, Vector<Message>>,
     sequence: u64,
     workflow_hash: String,
     workflow_stored: bool,
     span: tracing::Span,
-    ended: bool,
 }
 
 impl Actor for RunSupervisor {
@@ -190,7 +174,7 @@ impl Actor for RunSupervisor {
             }),
             None,
             variables,
-            Arc::from(history),
+            history.into_iter().collect(),
         );
         let restored = restore.is_some();
         let mut exec = exec;
@@ -227,13 +211,10 @@ impl Actor for RunSupervisor {
             query,
             record: args.record,
             outcome: args.outcome,
-            stopping: None,
+            lifecycle: Lifecycle::Running,
             interactions: Vec::new(),
             timers: Vec::new(),
-            progress_armed: false,
-            held: Vec::new(),
-            saving: None,
-            storage_waiting: false,
+            gate: SaveGate::default(),
             storage_since: None,
             storage_waited: Duration::ZERO,
             body_messages: Default::default(),
@@ -241,7 +222,6 @@ impl Actor for RunSupervisor {
             workflow_hash: args.workflow_hash,
             workflow_stored: args.workflow_stored,
             span,
-            ended: false,
         })
     }
 
@@ -283,12 +263,14 @@ impl Actor for RunSupervisor {
     ) -> Result<(), ActorProcessingErr> {
         match message {
             RunMsg::Tree(reply) => state.answer_tree(&myself, reply),
-            RunMsg::Stop { mode, reason } => state.begin_stop(&myself, Cause::Stop(reason), mode),
+            RunMsg::Stop { mode, reason } => {
+                state.begin_stop(&myself, Ending::Stop(reason), mode);
+            }
             RunMsg::Pause(interaction) => state.pause(&myself, interaction),
             RunMsg::Escalate => state.escalate(&myself),
             RunMsg::SaveProgress => {
-                state.progress_armed = false;
-                if !state.ended && state.stopping.is_none() {
+                state.gate.fired();
+                if state.lifecycle.is_running() {
                     state.save_in_background().await;
                 }
             }
@@ -298,10 +280,7 @@ impl Actor for RunSupervisor {
                 frame,
                 messages,
             } => {
-                if !state.ended
-                    && state.stopping.is_none()
-                    && state.exec.note_progress(node, *frame)
-                {
+                if state.lifecycle.is_running() && state.exec.note_progress(node, *frame) {
                     state.body_messages.insert(node, messages);
                     match state.run.config().durability {
                         Durability::Exit => {}
@@ -311,7 +290,7 @@ impl Actor for RunSupervisor {
                 }
             }
             RunMsg::RetrySave => {
-                if !state.ended && state.saving.is_none() && !state.held.is_empty() {
+                if state.lifecycle.is_running() && state.gate.retry() {
                     state.start_save(&myself);
                 }
             }
@@ -364,8 +343,8 @@ impl Actor for RunSupervisor {
     ) -> Result<(), ActorProcessingErr> {
         // Stopped from outside (runtime teardown) before the run ended: nodes still running
         // are aborted and hand over what they hold, and the run records its end.
-        if !state.ended {
-            state.begin_stop(&myself, Cause::Stop(StopReason::Shutdown), StopMode::Force);
+        if !state.lifecycle.is_ended() {
+            state.begin_stop(&myself, Ending::Stop(StopReason::Shutdown), StopMode::Force);
             let cell = myself.get_cell();
             let run = state.run.clone();
             let host = Host {
@@ -418,26 +397,29 @@ impl RunState {
         while let Some(event) = queue.pop_front() {
             match event {
                 ExecEvent::Ready(ready) => {
-                    if self.stopping.is_none() && self.must_save_first() {
-                        // Dependents start once the progress that made them ready is stored.
-                        self.held.extend(ready);
-                        if self.saving.is_none() {
-                            self.start_save(myself);
-                        }
+                    if !self.lifecycle.is_running() {
                         continue;
                     }
-                    if self.stopping.is_none() {
-                        self.progress(myself);
+                    // Dependents start once the progress that made them ready is stored, when
+                    // the durability mode asks for it.
+                    match self.gate.ready(ready, self.must_save_first()) {
+                        ReadyStep::Save => self.start_save(myself),
+                        ReadyStep::Hold => {}
+                        ReadyStep::Launch(ready) => {
+                            self.progress(myself);
+                            queue.extend(self.launch(myself, ready).await);
+                        }
                     }
-                    queue.extend(self.launch(myself, ready).await);
                 }
                 ExecEvent::Failed { path, error } => {
                     tracing::info!(parent: &self.span, node = %path, %error, "node failed");
-                    let cause = Cause::Failure(RunError::Node { path, error });
+                    let cause = Ending::Failure(RunError::Node { path, error });
                     self.begin_stop(myself, cause, StopMode::Force);
                 }
                 ExecEvent::Paused(interaction) => self.pause(myself, interaction),
-                ExecEvent::Stop(mode, reason) => self.begin_stop(myself, Cause::Stop(reason), mode),
+                ExecEvent::Stop(mode, reason) => {
+                    self.begin_stop(myself, Ending::Stop(reason), mode);
+                }
             }
         }
     }
@@ -456,8 +438,7 @@ impl RunState {
     /// In `async` mode, arms one background save at the end of the coalescing window, so a
     /// burst of completions costs one snapshot.
     fn progress(&mut self, myself: &ActorRef<RunMsg>) {
-        if self.run.config().durability == Durability::Async && !self.progress_armed {
-            self.progress_armed = true;
+        if self.run.config().durability == Durability::Async && self.gate.arm() {
             let window = self.run.config().checkpoint_coalesce;
             self.timer(myself, window, || RunMsg::SaveProgress);
         }
@@ -469,13 +450,12 @@ impl RunState {
     fn progress_snapshot(&mut self) -> SnapshotWrite {
         let running = self.exec.running_nodes();
         self.body_messages.retain(|node, _| running.contains(node));
-        let produced: Vec<Message> = self
-            .start_messages
-            .iter()
-            .chain(self.exec.produced.iter())
-            .chain(self.body_messages.values().flatten())
-            .cloned()
-            .collect();
+        // Persistent vectors: joining them shares their contents instead of copying them.
+        let mut produced: Vector<Message> = self.start_messages.iter().cloned().collect();
+        produced.append(self.exec.produced.clone());
+        for messages in self.body_messages.values() {
+            produced.append(messages.clone());
+        }
         self.snapshot(RunStatus::Running, None, produced)
     }
 
@@ -488,7 +468,6 @@ impl RunState {
     /// Starts an awaited save of the run's progress for the held ready nodes; the answer comes
     /// back as `RunMsg::Saved`, so the run keeps answering stops and queries meanwhile.
     fn start_save(&mut self, myself: &ActorRef<RunMsg>) {
-        self.saving = Some(std::mem::take(&mut self.held));
         let write = self.progress_snapshot();
         let services = self.run.services.clone();
         let me = myself.clone();
@@ -501,12 +480,12 @@ impl RunState {
     /// An awaited progress snapshot came back: start the nodes it was holding, or, if the store
     /// kept failing, wait for it (the run pauses rather than going on unsaved) and try again.
     async fn saved(&mut self, myself: &ActorRef<RunMsg>, result: Result<CheckpointId, String>) {
-        let covered = self.saving.take().unwrap_or_default();
+        let running = self.lifecycle.is_running();
+        let step = self.gate.saved(result.is_ok(), running);
         match result {
             Ok(id) => {
                 self.record.checkpoint_id = Some(id);
-                if self.storage_waiting {
-                    self.storage_waiting = false;
+                if step.wait_over {
                     if let Some(since) = self.storage_since.take() {
                         self.storage_waited += since.elapsed();
                     }
@@ -517,21 +496,16 @@ impl RunState {
                         error: None,
                     });
                 }
-                if self.stopping.is_none() && !self.ended {
-                    let events = self.launch(myself, covered).await;
+                if !step.launch.is_empty() {
+                    let events = self.launch(myself, step.launch).await;
                     Box::pin(self.process(myself, events)).await;
                 }
-                if !self.held.is_empty() && self.saving.is_none() && !self.ended {
+                if step.save_again {
                     self.start_save(myself);
                 }
             }
             Err(error) => {
-                // Nothing is launched unsaved: the nodes wait for the next attempt.
-                let mut held = covered;
-                held.append(&mut self.held);
-                self.held = held;
-                if !self.storage_waiting {
-                    self.storage_waiting = true;
+                if step.wait_begins {
                     self.storage_since = Some(tokio::time::Instant::now());
                     self.run.live().waiting_for_storage = true;
                     tracing::warn!(parent: &self.span, %error, "checkpoint store failing: the run waits for it");
@@ -540,7 +514,7 @@ impl RunState {
                         error: Some(error),
                     });
                 }
-                if self.stopping.is_none() && !self.ended {
+                if step.retry {
                     self.timer(myself, Duration::from_millis(500), || RunMsg::RetrySave);
                 }
             }
@@ -552,7 +526,7 @@ impl RunState {
         &mut self,
         status: RunStatus,
         stop_reason: Option<StopReason>,
-        pending_messages: Vec<Message>,
+        pending_messages: Vector<Message>,
     ) -> SnapshotWrite {
         self.sequence += 1;
         SnapshotWrite {
@@ -588,47 +562,46 @@ impl RunState {
         let mode = StopMode::Graceful {
             timeout: self.run.config().stop_timeout,
         };
-        self.begin_stop(myself, Cause::Pause, mode);
+        self.begin_stop(myself, Ending::Pause, mode);
     }
 
-    /// Puts the run into stopping (or escalates a graceful stop in progress to force).
-    fn begin_stop(&mut self, myself: &ActorRef<RunMsg>, cause: Cause, mode: StopMode) {
-        if self.ended {
-            return;
-        }
-        if self.stopping.is_some() {
-            if mode == StopMode::Force {
-                self.escalate(myself);
-            }
-            return;
-        }
-        if let Cause::Stop(reason) = &cause {
-            tracing::info!(parent: &self.span, %reason, ?mode, "stopping");
-            self.run.emit(RunEvent::Stopping { reason: *reason });
-        }
-        self.stopping = Some(Stopping {
-            cause,
-            forced: false,
-        });
-        self.exec.halt(false);
-        match mode {
-            StopMode::Force => self.escalate(myself),
-            StopMode::Graceful { timeout } if !self.exec.is_idle() => {
-                self.timer(myself, timeout, || RunMsg::Escalate);
-            }
-            StopMode::Graceful { .. } => {}
-        }
-    }
-
-    /// Aborts everything still running.
-    fn escalate(&mut self, myself: &ActorRef<RunMsg>) {
-        let Some(stopping) = &mut self.stopping else {
-            return;
+    /// Puts the run into stopping (or escalates a graceful stop in progress to force), as the
+    /// lifecycle decides.
+    fn begin_stop(&mut self, myself: &ActorRef<RunMsg>, cause: Ending, mode: StopMode) {
+        let reason = match &cause {
+            Ending::Stop(reason) => Some(*reason),
+            _ => None,
         };
-        if stopping.forced || self.ended {
-            return;
+        match self.lifecycle.stop(cause, mode, self.exec.is_idle()) {
+            StopStep::Ignore => {}
+            StopStep::Escalate => self.abort_running(myself),
+            StopStep::Begin {
+                force,
+                escalate_after,
+            } => {
+                if let Some(reason) = reason {
+                    tracing::info!(parent: &self.span, %reason, ?mode, "stopping");
+                    self.run.emit(RunEvent::Stopping { reason });
+                }
+                self.exec.halt(false);
+                if force {
+                    self.abort_running(myself);
+                } else if let Some(timeout) = escalate_after {
+                    self.timer(myself, timeout, || RunMsg::Escalate);
+                }
+            }
         }
-        stopping.forced = true;
+    }
+
+    /// The graceful timeout passed: aborts the nodes still running.
+    fn escalate(&mut self, myself: &ActorRef<RunMsg>) {
+        if self.lifecycle.escalate() {
+            self.abort_running(myself);
+        }
+    }
+
+    /// Aborts every running node; gives them a bounded time to hand over what they hold.
+    fn abort_running(&mut self, myself: &ActorRef<RunMsg>) {
         self.exec.halt(true);
         if !self.exec.is_idle() {
             self.timer(myself, FORCE_GRACE, || RunMsg::Deadline);
@@ -647,21 +620,12 @@ impl RunState {
 
     /// Ends the run when there is nothing left to wait for.
     async fn settle(&mut self, myself: &ActorRef<RunMsg>) {
-        if self.ended || !self.exec.is_idle() {
+        if self.lifecycle.is_ended() || !self.exec.is_idle() {
             return;
         }
-        if self.stopping.is_none() && (self.saving.is_some() || !self.held.is_empty()) {
+        if self.lifecycle.is_running() && self.gate.busy() {
             // Ready nodes wait for their progress to be stored.
             return;
-        }
-        if self.stopping.is_none() && !self.exec.is_done() {
-            // Nothing runs and nothing can start: a bug, never a hang.
-            let error =
-                RunError::Supervisor("no node can run, yet the workflow is not done".into());
-            self.stopping = Some(Stopping {
-                cause: Cause::Failure(error),
-                forced: false,
-            });
         }
         self.end_run().await;
         myself.stop(None);
@@ -669,29 +633,17 @@ impl RunState {
 
     /// Persists the run's end once: history, checkpoint, run record; publishes the outcome.
     async fn end_run(&mut self) {
-        if self.ended {
+        let Some(end) = self
+            .lifecycle
+            .finish(self.exec.is_done(), !self.exec.interrupted.is_empty())
+        else {
             return;
-        }
-        self.ended = true;
+        };
         for timer in self.timers.drain(..) {
             timer.abort();
         }
-        let mut stopping = self.stopping.take();
-        if matches!(stopping.as_ref().map(|s| &s.cause), Some(Cause::Stop(_)))
-            && self.exec.is_done()
-            && self.exec.interrupted.is_empty()
-        {
-            // The stop came while the last nodes were finishing and they all did: the run
-            // completed; there is nothing to resume. One final state, never both.
-            stopping = None;
-        }
         let history = self.persist_history().await;
-        let (status, stop_reason) = match stopping.as_ref().map(|s| &s.cause) {
-            None => (RunStatus::Succeeded, None),
-            Some(Cause::Failure(_)) => (RunStatus::Failed, None),
-            Some(Cause::Pause) => (RunStatus::AwaitingInput, None),
-            Some(Cause::Stop(reason)) => (reason.status(), Some(*reason)),
-        };
+        let (status, stop_reason) = (end.status(), end.stop_reason());
         let (checkpoint_id, checkpoint_error) = match self
             .write_checkpoint(status, stop_reason, &history)
             .await
@@ -713,8 +665,8 @@ impl RunState {
             + self
                 .storage_since
                 .map_or(Duration::ZERO, |since| since.elapsed());
-        let outcome = match stopping.map(|s| s.cause) {
-            None => RunOutcome::Completed {
+        let outcome = match end {
+            Final::Completed => RunOutcome::Completed {
                 run_id,
                 outputs,
                 variables: self.exec.env.clone(),
@@ -722,7 +674,7 @@ impl RunState {
                 usage,
                 storage_wait,
             },
-            Some(Cause::Failure(error)) => RunOutcome::Failed {
+            Final::Failed(error) => RunOutcome::Failed {
                 run_id,
                 error,
                 outputs,
@@ -730,7 +682,7 @@ impl RunState {
                 usage,
                 storage_wait,
             },
-            Some(Cause::Pause) => RunOutcome::AwaitingInput {
+            Final::Paused => RunOutcome::AwaitingInput {
                 run_id,
                 interactions: self.interactions.clone(),
                 outputs,
@@ -740,7 +692,7 @@ impl RunState {
                 usage,
                 storage_wait,
             },
-            Some(Cause::Stop(reason)) => {
+            Final::Stopped(reason) => {
                 let interrupted = std::mem::take(&mut self.exec.interrupted);
                 let partial: Vec<&str> = interrupted
                     .iter()
@@ -845,7 +797,7 @@ impl RunState {
 
     async fn persist_history(&mut self) -> HistoryFlush {
         let mut messages = std::mem::take(&mut self.start_messages);
-        messages.append(&mut self.exec.produced);
+        messages.extend(std::mem::take(&mut self.exec.produced));
         if messages.is_empty() {
             return HistoryFlush::default();
         }
@@ -889,7 +841,8 @@ impl RunState {
         stop_reason: Option<StopReason>,
         history: &HistoryFlush,
     ) -> Result<CheckpointId, String> {
-        let write = self.snapshot(status, stop_reason, history.not_persisted.clone());
+        let pending = history.not_persisted.iter().cloned().collect();
+        let write = self.snapshot(status, stop_reason, pending);
         self.run.services.save_awaited(write).await
     }
 
@@ -902,10 +855,9 @@ impl RunState {
             .map(|(id, c)| (id, c.clone()))
             .collect();
         let timeout = self.run.config().query_timeout;
-        let status = if self.stopping.is_some() {
-            "stopping".to_owned()
-        } else {
-            self.run.live().status.to_string()
+        let status = match self.lifecycle.describe() {
+            Some(doing) => doing.to_owned(),
+            None => self.run.live().status.to_string(),
         };
         let me = ActorTree {
             actor_id: myself.get_id().to_string(),

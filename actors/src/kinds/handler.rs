@@ -10,6 +10,7 @@ use std::fmt;
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 
 use async_trait::async_trait;
+use imbl::Vector;
 use tokio::sync::broadcast;
 use tokio_util::sync::CancellationToken;
 
@@ -106,7 +107,14 @@ pub struct NodeContext {
     path: NodePath,
     stop: CancellationToken,
     buffer: Arc<Mutex<NodeBuffer>>,
-    history: Arc<[Message]>,
+    history: Arc<HistoryView>,
+}
+
+/// The history a node sees: shared with the run (a persistent vector, so handing it to a node
+/// copies nothing), laid out as a slice only when the node asks for it.
+struct HistoryView {
+    shared: Vector<Message>,
+    slice: OnceLock<Vec<Message>>,
 }
 
 impl fmt::Debug for NodeContext {
@@ -125,7 +133,7 @@ impl NodeContext {
         node: NodeId,
         path: NodePath,
         stop: CancellationToken,
-        history: Arc<[Message]>,
+        history: Vector<Message>,
     ) -> Self {
         Self {
             run,
@@ -133,7 +141,10 @@ impl NodeContext {
             path,
             stop,
             buffer: Arc::default(),
-            history,
+            history: Arc::new(HistoryView {
+                shared: history,
+                slice: OnceLock::new(),
+            }),
         }
     }
 
@@ -165,7 +176,9 @@ impl NodeContext {
     /// The thread's history as this node sees it: what was persisted before the run, then the
     /// messages of the nodes that completed before this one started.
     pub fn history(&self) -> &[Message] {
-        &self.history
+        self.history
+            .slice
+            .get_or_init(|| self.history.shared.iter().cloned().collect())
     }
 
     /// Whether a stop was requested.

@@ -16,11 +16,18 @@
 //! before anything is allocated, and the checksum before anything is decoded. Decoding never
 //! panics: every problem is a [`SnapshotError`] naming what is wrong.
 
+use std::sync::Arc;
+
 use serde::{Deserialize, Serialize};
 
+pub use crate::core::{ItemError, IterationDetail};
 use crate::model::{
     Interaction, Map, Message, NodeId, Route, RunId, RunStatus, StopReason, ThreadId, Value,
 };
+/// The persistent vector snapshots hold growing lists in (iterations, items, messages): shared
+/// with the run's state, so taking a snapshot copies nothing. It encodes as a plain sequence.
+pub use imbl::Vector;
+
 /// The envelope's magic bytes.
 pub const MAGIC: [u8; 4] = *b"RVSN";
 /// The envelope layout version this build writes and reads.
@@ -87,24 +94,15 @@ pub struct LoopState {
     /// The loop variables as the current iteration left them.
     pub vars: Map,
     /// The `output` of each finished iteration.
-    pub history: Vec<Value>,
+    pub history: Vector<Value>,
     /// The body nodes that ran in each finished iteration.
-    pub details: Vec<IterationDetail>,
+    pub details: Vector<IterationDetail>,
     /// The items, in array mode.
-    pub items: Option<Vec<Value>>,
+    pub items: Option<Arc<[Value]>>,
     /// The current iteration's progress.
     pub body: GraphState,
     /// Assignments made in the loop to variables it does not own, in order.
     pub assigned: Vec<(String, Value)>,
-}
-
-/// The body nodes that ran in one iteration, in completion order.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct IterationDetail {
-    /// The iteration (from 0).
-    pub index: u32,
-    /// The body nodes, in completion order (nodes completed before a pause included).
-    pub nodes: Vec<NodeId>,
 }
 
 /// What a parallel node keeps: finished items are never run again; items in progress continue
@@ -112,17 +110,18 @@ pub struct IterationDetail {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct ParallelState {
     /// The items.
-    pub items: Vec<Value>,
+    pub items: Arc<[Value]>,
     /// The `output` of each finished item, by input index.
-    pub results: Vec<Option<Value>>,
+    pub results: Vector<Option<Value>>,
     /// Whether each item has finished (succeeded or failed).
-    pub done: Vec<bool>,
-    /// The errors of failed items (with `on_error: collect`).
-    pub errors: Vec<ItemError>,
+    pub done: Vector<bool>,
+    /// The errors of failed items.
+    pub errors: Vector<ItemError>,
     /// Items in progress.
     pub in_progress: Vec<ItemState>,
-    /// Assignments each finished item made to variables the node does not own.
-    pub assigned: Vec<(u32, Vec<(String, Value)>)>,
+    /// Assignments each item made to variables the node does not own (for items in progress,
+    /// what they assigned so far).
+    pub assigned: Vector<(u32, Vec<(String, Value)>)>,
 }
 
 /// A parallel item in progress.
@@ -132,15 +131,6 @@ pub struct ItemState {
     pub index: u32,
     /// Its progress.
     pub body: GraphState,
-}
-
-/// A parallel item that failed.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct ItemError {
-    /// The item's input index.
-    pub index: u32,
-    /// What failed.
-    pub error: String,
 }
 
 /// The state of a run at a checkpoint: enough to continue it in another run (or process).
@@ -177,7 +167,7 @@ pub struct Snapshot {
     /// Interactions waiting for an answer.
     pub interactions: Vec<Interaction>,
     /// Messages the history store has not confirmed; a resume persists them first.
-    pub pending_messages: Vec<Message>,
+    pub pending_messages: Vector<Message>,
     /// The ids the run's stop and cancel flags are named by; a resume keeps them.
     pub labels: crate::model::RunLabels,
 }
@@ -336,19 +326,20 @@ mod tests {
                     state: FrameState::Loop(LoopState {
                         iteration: 0,
                         vars: Map::new(),
-                        history: vec![Value::Bool(false)],
+                        history: vec![Value::Bool(false)].into(),
                         details: vec![IterationDetail {
                             index: 0,
                             nodes: vec![node("c")],
-                        }],
-                        items: Some(vec![Value::Int(0), Value::from("")]),
+                        }]
+                        .into(),
+                        items: Some(vec![Value::Int(0), Value::from("")].into()),
                         body: GraphState::default(),
                         assigned: vec![("x".into(), Value::Int(0))],
                     }),
                 }],
             },
             interactions: Vec::new(),
-            pending_messages: vec![Message::assistant("partial")],
+            pending_messages: vec![Message::assistant("partial")].into(),
             labels: crate::model::RunLabels::app_chat("a", "c"),
         }
     }

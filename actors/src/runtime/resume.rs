@@ -210,7 +210,10 @@ impl Runtime {
             // persisted now (idempotent), so none is lost.
             if !snapshot.pending_messages.is_empty() {
                 self.history_store()
-                    .append(&thread, &snapshot.pending_messages)
+                    .append(
+                        &thread,
+                        &Vec::from_iter(snapshot.pending_messages.iter().cloned()),
+                    )
                     .await
                     .map_err(ResumeError::Store)?;
             }
@@ -294,7 +297,10 @@ impl Runtime {
             // them with this run's messages so its end retries.
             match self
                 .history_store()
-                .append(&thread, &snapshot.pending_messages)
+                .append(
+                    &thread,
+                    &Vec::from_iter(snapshot.pending_messages.iter().cloned()),
+                )
                 .await
             {
                 Ok(()) => history = self.load_history(&thread).await?,

@@ -160,6 +160,7 @@ impl Runtime {
             ),
             labels,
             services: self.services.clone(),
+            retry_failed: false,
         });
         let args = RunArgs {
             plan,

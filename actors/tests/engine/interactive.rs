@@ -248,7 +248,7 @@ async fn scenario_3_a_pause_in_iteration_2_of_5() {
     assert_eq!(l.iteration, 1);
     assert_eq!(
         l.history,
-        [val(json!({"i": 0, "item": null, "answer": null}))]
+        [val(json!({"i": 0, "item": null, "answer": null}))].into()
     );
     assert_eq!(done_nodes(&l.body), ["w1", "gate"]);
     let calls_at_pause = b.tally.total_calls();
@@ -335,6 +335,7 @@ async fn scenario_4_pauses_in_an_array_loop_over_falsy_items() {
             val(json!({"i": 0, "item": 0, "answer": "keep"})),
             val(json!({"i": 1, "item": "", "answer": null}))
         ]
+        .into()
     );
 
     let outcome = answer(&b.rt, &t, asked.id, val(json!("drop"))).await;
@@ -513,7 +514,10 @@ async fn scenario_6_a_pause_in_a_parallel_item_in_a_loop() {
     assert_eq!(snapshot.interactions, std::slice::from_ref(&asked));
     let l = loop_frame(&snapshot.graph, "l");
     assert_eq!(l.iteration, 1);
-    assert_eq!(l.history, [val(json!(["0/0:", "0/1:", "0/2:", "0/3:"]))]);
+    assert_eq!(
+        l.history,
+        [val(json!(["0/0:", "0/1:", "0/2:", "0/3:"]))].into()
+    );
     let p = parallel_frame(&l.body, "p");
     let item = p
         .in_progress

@@ -540,7 +540,7 @@ async fn a_stop_inside_an_iteration_resumes_without_rerunning_finished_iteration
     assert_eq!(snapshot.graph.frontier.len(), 1);
     let l = loop_frame(&snapshot.graph, "l");
     assert_eq!(l.iteration, 2);
-    assert_eq!(l.history, [val(json!("w0")), val(json!("x1"))]);
+    assert_eq!(l.history, [val(json!("w0")), val(json!("x1"))].into());
     assert_eq!(l.details.len(), 2);
     assert_eq!(done_nodes(&l.body), ["a"]);
     assert_eq!(l.body.frontier.len(), 1);

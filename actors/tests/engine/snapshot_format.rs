@@ -99,7 +99,7 @@ fn base(status: RunStatus, workflow: &str) -> Snapshot {
         variables: Map::new(),
         graph: GraphState::default(),
         interactions: Vec::new(),
-        pending_messages: Vec::new(),
+        pending_messages: Vec::new().into(),
         labels: RunLabels::default(),
     }
 }
@@ -165,7 +165,8 @@ fn stopped() -> Snapshot {
                 T0,
             ),
             truncated,
-        ],
+        ]
+        .into(),
         labels: RunLabels::app_chat("app-1", "chat-9"),
         ..base(
             RunStatus::Stopped,
@@ -180,9 +181,9 @@ fn awaiting_loop() -> Snapshot {
     let inner = LoopState {
         iteration: 0,
         vars: map([("draft", Value::from(""))]),
-        history: Vec::new(),
-        details: Vec::new(),
-        items: Some(vec![Value::from("a"), Value::from("b")]),
+        history: Vec::new().into(),
+        details: Vec::new().into(),
+        items: Some(vec![Value::from("a"), Value::from("b")].into()),
         body: GraphState {
             completed: vec![done(
                 "write",
@@ -197,7 +198,7 @@ fn awaiting_loop() -> Snapshot {
     let outer = LoopState {
         iteration: 2,
         vars: map([("round", Value::Int(2)), ("done", Value::Bool(false))]),
-        history: vec![Value::Int(0), Value::Object(Map::new())],
+        history: vec![Value::Int(0), Value::Object(Map::new())].into(),
         details: vec![
             IterationDetail {
                 index: 0,
@@ -207,7 +208,8 @@ fn awaiting_loop() -> Snapshot {
                 index: 1,
                 nodes: vec![node("plan"), node("inner")],
             },
-        ],
+        ]
+        .into(),
         items: None,
         body: GraphState {
             completed: vec![done("plan", Route::All, Value::from("step 3"))],
@@ -311,18 +313,21 @@ fn parallel() -> Snapshot {
             Value::from("beta"),
             Value::from("gamma"),
             Value::from("delta"),
-        ],
+        ]
+        .into(),
         results: vec![
             Some(Value::Object(map([("len", Value::Int(5))]))),
             None,
             None,
             Some(Value::Null),
-        ],
-        done: vec![true, false, false, true],
+        ]
+        .into(),
+        done: vec![true, false, false, true].into(),
         errors: vec![ItemError {
             index: 3,
             error: "node `fetch` failed: timeout".to_owned(),
-        }],
+        }]
+        .into(),
         in_progress: vec![
             ItemState {
                 index: 1,
@@ -341,7 +346,7 @@ fn parallel() -> Snapshot {
                 },
             },
         ],
-        assigned: vec![(0, vec![("seen".to_owned(), Value::Int(1))])],
+        assigned: vec![(0, vec![("seen".to_owned(), Value::Int(1))])].into(),
     };
     Snapshot {
         sequence: u64::MAX - 1,
@@ -361,7 +366,8 @@ fn parallel() -> Snapshot {
             "fetched 5 bytes: \u{1f600}",
             Some("fetch"),
             T0 + 3_599_000,
-        )],
+        )]
+        .into(),
         // The usual form: the definition is stored apart, named by its hash.
         workflow: None,
         ..base(RunStatus::Stopped, r#"{"id":"fan-out"}"#)
