@@ -9,6 +9,7 @@ mod event;
 mod ids;
 mod interaction;
 mod labels;
+mod map;
 mod message;
 mod node;
 mod outcome;
@@ -28,6 +29,7 @@ pub use interaction::{
     AnswerError, FieldType, FormField, Interaction, InteractionKind, SelectOption,
 };
 pub use labels::RunLabels;
+pub use map::ObjectMap;
 pub(crate) use message::now_ms;
 pub use message::{Message, Role};
 pub use node::{NodeError, NodeOutput, StopRequested};

@@ -5,14 +5,15 @@
 //! for human-readable formats and as a tagged enum for binary ones, so both work. Falsy values
 //! (`0`, `""`, `false`, `[]`) are ordinary values: nothing here treats them as missing.
 
-use std::collections::BTreeMap;
 use std::fmt;
 
 use serde::de::{MapAccess, SeqAccess, Visitor};
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
 
-/// An object: keys in sorted order, so rendering and snapshots are deterministic.
-pub type Map = BTreeMap<String, Value>;
+use super::map::ObjectMap;
+
+/// An object: text keys in sorted order, so rendering and snapshots are deterministic.
+pub type Map = ObjectMap<Value>;
 
 /// A dynamic value.
 #[derive(Debug, Clone, PartialEq, Default)]
@@ -386,11 +387,13 @@ impl<'de> Visitor<'de> for JsonVisitor {
     }
 
     fn visit_map<A: MapAccess<'de>>(self, mut access: A) -> Result<Value, A::Error> {
-        let mut m = Map::new();
-        while let Some((k, v)) = access.next_entry::<String, Value>()? {
-            m.insert(k, v);
+        // Collected, then sorted once: objects with many keys in any order build in
+        // O(n log n).
+        let mut entries = Vec::with_capacity(access.size_hint().unwrap_or(0).min(4096));
+        while let Some(entry) = access.next_entry::<String, Value>()? {
+            entries.push(entry);
         }
-        Ok(Value::Object(m))
+        Ok(Value::Object(entries.into_iter().collect()))
     }
 }
 
