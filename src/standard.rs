@@ -433,7 +433,7 @@ mod tests {
         (run.wait().await, seen)
     }
 
-    #[tokio::test]
+    #[tokio::test(start_paused = true)]
     async fn stream_text_streams_appends_and_outputs_the_text() {
         let (outcome, events) = run_one(serde_json::json!({
             "id": "node", "kind": "stream_text",
@@ -493,7 +493,7 @@ mod tests {
         assert!(error.contains("`chunk`"), "{error}");
     }
 
-    #[tokio::test]
+    #[tokio::test(start_paused = true)]
     async fn sleep_outputs_the_time_slept() {
         let (outcome, _) = run_one(serde_json::json!({
             "id": "node", "kind": "sleep", "params": {"duration": "20ms"}
@@ -506,7 +506,9 @@ mod tests {
     }
 
     /// A runtime whose stop requests come from a script, graceful with a long timeout: a
-    /// handler that ignored the stop would be aborted (`forced`) only after it.
+    /// handler that ignored the stop would be aborted (`forced`) only after it. The tests
+    /// using it run on the paused clock, where that timeout and the handlers' pauses are
+    /// timers: whichever comes first decides the outcome, however fast the machine.
     fn scripted(interrupt: Interrupt) -> Runtime {
         let script = Script::new().interrupt(interrupt.graceful(Duration::from_secs(20)));
         script
@@ -514,10 +516,10 @@ mod tests {
             .build()
     }
 
-    #[tokio::test]
+    #[tokio::test(start_paused = true)]
     async fn a_stop_cuts_stream_text_in_its_pause_and_keeps_what_it_streamed() {
-        // Stopped after the first chunk, while pausing an hour before the second: only
-        // honouring the stop ends this test in time.
+        // Stopped after the first chunk, while pausing an hour before the second: ignoring
+        // the stop, it would be forced when the graceful timeout (20 s) runs out.
         let runtime = scripted(Interrupt::after_chunks("node", 1));
         let (outcome, _) = run_on(
             &runtime,
@@ -542,7 +544,7 @@ mod tests {
         assert_eq!(assistant, vec![("one", true)], "only the truncated text");
     }
 
-    #[tokio::test]
+    #[tokio::test(start_paused = true)]
     async fn a_stop_ends_sleep_at_once() {
         let runtime = scripted(Interrupt::during("node"));
         let (outcome, _) = run_on(

@@ -2,12 +2,12 @@
 //! its 60 s TTL, absent and deleted flags, notices on `<p>:signals`, broken subscriptions,
 //! errors instead of panics), stop requests that wait for the run's end or time out, flags
 //! set by another process (a raw connection, no notice) or published, RAGFlow cancel flags,
-//! an outage while runs are live, 10,000 live runs read in one round trip per tick, and two
-//! runtimes sharing one Redis.
+//! an outage while runs are live, the flags of 10,000 live runs read in full `MGET` batches,
+//! and two runtimes sharing one Redis.
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicUsize, Ordering};
-use std::time::{Duration, Instant};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::time::Duration;
 
 use futures::StreamExt;
 use runvisor::redis::RedisStores;
@@ -178,14 +178,26 @@ async fn next_notice(notices: &mut NoticeStream) -> Notice {
         .expect("the subscription is open")
 }
 
-/// `calls` of one command in `INFO commandstats`.
-async fn command_calls(con: &mut ::redis::aio::MultiplexedConnection, command: &str) -> u64 {
-    let info: String = cmd(con, &["INFO", "commandstats"]).await;
-    let prefix = format!("cmdstat_{command}:calls=");
-    info.lines()
-        .find_map(|line| line.strip_prefix(&prefix))
-        .and_then(|rest| rest.split(',').next())
-        .map_or(0, |n| n.parse().expect("a call count"))
+/// Key reads so far, from one `INFO` (one consistent snapshot).
+struct KeyReads {
+    /// `MGET` commands run.
+    mgets: u64,
+    /// Keys looked up and not found (every flag of a live, unstopped run).
+    missed: u64,
+}
+
+async fn key_reads(con: &mut ::redis::aio::MultiplexedConnection) -> KeyReads {
+    let info: String = cmd(con, &["INFO", "stats", "commandstats"]).await;
+    let field = |prefix: &str, end: char| {
+        info.lines()
+            .find_map(|line| line.strip_prefix(prefix))
+            .and_then(|rest| rest.split(end).next())
+            .map_or(0, |n| n.trim().parse().expect("a count"))
+    };
+    KeyReads {
+        mgets: field("cmdstat_mget:calls=", ','),
+        missed: field("keyspace_misses:", '\r'),
+    }
 }
 
 // ---- The signal source's contract (the seed's Redis function tests) ----
@@ -374,20 +386,32 @@ async fn every_call_fails_with_a_store_error_while_redis_is_down() {
     };
     let s = &stores.signals;
 
+    // A frozen server never answers: each call ends with an error (its timeout is 1 s in the
+    // test config) instead of hanging.
     server.freeze();
-    let started = Instant::now();
     assert!(matches!(
-        s.read(&keys).await,
+        within("a read while frozen", s.read(&keys)).await,
         Err(StoreError::Timeout(_) | StoreError::Unavailable(_))
     ));
-    assert!(s.raise(FASTGPT_KEY, MINUTE).await.is_err());
-    assert!(s.clear(&keys).await.is_err());
-    assert!(s.notify(&notice).await.is_err());
-    assert!(s.subscribe().await.is_err());
-    // Five calls, each bounded by the call timeout (1 s in the test config).
     assert!(
-        started.elapsed() < Duration::from_secs(6),
-        "calls are bounded"
+        within("a raise while frozen", s.raise(FASTGPT_KEY, MINUTE))
+            .await
+            .is_err()
+    );
+    assert!(
+        within("a clear while frozen", s.clear(&keys))
+            .await
+            .is_err()
+    );
+    assert!(
+        within("a notify while frozen", s.notify(&notice))
+            .await
+            .is_err()
+    );
+    assert!(
+        within("a subscribe while frozen", s.subscribe())
+            .await
+            .is_err()
     );
     server.thaw();
 
@@ -422,17 +446,26 @@ async fn a_stop_request_returns_once_the_flag_is_deleted() {
     let stores = stores(&server).await;
     let runtime = redis_runtime(&stores, Idle::default(), SignalConfig::default());
     let mut con = raw(&server).await;
-    // The run's end, as another process would do it: a plain DEL after 500 ms, no notice.
-    let deleter = tokio::spawn(async move {
-        tokio::time::sleep(Duration::from_millis(500)).await;
-        let _: i64 = cmd(&mut con, &["DEL", FASTGPT_KEY]).await;
+    // The run's end, as another process would do it: a plain DEL a little later, no notice.
+    let deleting = Arc::new(AtomicBool::new(false));
+    let deleter = tokio::spawn({
+        let deleting = deleting.clone();
+        async move {
+            tokio::time::sleep(Duration::from_millis(500)).await;
+            deleting.store(true, Ordering::SeqCst);
+            let _: i64 = cmd(&mut con, &["DEL", FASTGPT_KEY]).await;
+        }
     });
     let request = within("stop request", runtime.request_stop("app", "chat")).await;
+    // It answered because of the DEL, not before it.
+    assert!(
+        deleting.load(Ordering::SeqCst),
+        "answered before the flag was deleted: {request:?}"
+    );
     deleter.await.expect("deleter");
     assert_eq!(request.key, FASTGPT_KEY);
     assert!(request.ended, "{request:?}");
     assert_eq!(request.error, None);
-    assert!(request.waited >= Duration::from_millis(500), "{request:?}");
     assert_eq!(
         stores
             .signals
@@ -456,10 +489,11 @@ async fn a_stop_request_for_no_run_answers_after_the_configured_wait() {
             ..SignalConfig::default()
         },
     );
+    // (That it waits exactly its configured wait is proved on the paused clock, in the
+    // engine's tests: the waiting is the engine's, Redis only holds the flag.)
     let request = within("stop request", runtime.request_stop("app", "chat")).await;
     assert!(!request.ended, "{request:?}");
     assert_eq!(request.error, None);
-    assert!(request.waited >= wait, "{request:?}");
     // The flag stays for the run, whenever it looks (and expires by itself).
     let mut con = raw(&server).await;
     let pttl: i64 = cmd(&mut con, &["PTTL", FASTGPT_KEY]).await;
@@ -539,10 +573,8 @@ async fn a_flag_set_by_another_process_without_a_notice_stops_the_run() {
     talk.wait_started(1).await;
     // FastGPT's setAgentRuntimeStop: SETEX, nothing published. The tick (100 ms) finds it.
     let mut con = raw(&server).await;
-    let set = Instant::now();
     let _: String = cmd(&mut con, &["SETEX", FASTGPT_KEY, "60", "1"]).await;
     let outcome = ended(&run, PATIENCE).await;
-    let took = set.elapsed();
     assert_eq!(outcome.status(), RunStatus::Stopped);
     assert_eq!(stop_reason(&outcome), Some(StopReason::UserInterrupted));
     let stop = outcome.stop_result().expect("stopped");
@@ -555,7 +587,6 @@ async fn a_flag_set_by_another_process_without_a_notice_stops_the_run() {
     // The run deleted its flag when it ended (FastGPT's delAgentRuntimeStopSign).
     let exists: i64 = cmd(&mut con, &["EXISTS", FASTGPT_KEY]).await;
     assert_eq!(exists, 0);
-    eprintln!("unpublished flag -> run ended in {took:?} (tick 100ms)");
 }
 
 #[tokio::test]
@@ -583,7 +614,6 @@ async fn a_published_flag_stops_the_run_between_ticks() {
     wait_subscribed(&mut con, "runvisor:signals").await;
     // Another process stops it by hand, the way `request_stop` does: SETEX, then PUBLISH.
     let mut notices = stores.signals.subscribe().await.expect("subscribe");
-    let set = Instant::now();
     let _: String = cmd(&mut con, &["SETEX", FASTGPT_KEY, "60", "1"]).await;
     let _: i64 = cmd(
         &mut con,
@@ -595,7 +625,6 @@ async fn a_published_flag_stops_the_run_between_ticks() {
     )
     .await;
     let outcome = ended(&run, PATIENCE).await;
-    let took = set.elapsed();
     assert_eq!(stop_reason(&outcome), Some(StopReason::UserInterrupted));
     // The run cleared its flag and said so on the channel.
     let exists: i64 = cmd(&mut con, &["EXISTS", FASTGPT_KEY]).await;
@@ -608,7 +637,6 @@ async fn a_published_flag_stops_the_run_between_ticks() {
         while next_notice(&mut notices).await != cleared {}
     })
     .await;
-    eprintln!("published flag -> run ended in {took:?} (tick 1h)");
 }
 
 #[tokio::test]
@@ -701,7 +729,6 @@ async fn runs_go_on_while_redis_is_down_and_a_flag_set_after_the_restart_is_hono
         .expect("start");
     long.wait_started(1).await;
     let mut con = raw(&server).await;
-    let set = Instant::now();
     let _: String = cmd(
         &mut con,
         &["SETEX", "agent_runtime_stopping:app:after", "60", "1"],
@@ -709,23 +736,21 @@ async fn runs_go_on_while_redis_is_down_and_a_flag_set_after_the_restart_is_hono
     .await;
     let outcome = ended(&run, Duration::from_secs(15)).await;
     assert_eq!(stop_reason(&outcome), Some(StopReason::UserInterrupted));
-    eprintln!(
-        "{errors} signal errors during the outage; flag after the restart -> run ended in {:?}",
-        set.elapsed()
-    );
 }
 
+/// The watcher's reads of 10,000 live runs on Redis: every flag by `MGET`, in full batches,
+/// over and over. (That it reads once per tick, each time every flag in one read, is the
+/// engine's part, proved on the paused clock in its own tests.)
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn ten_thousand_live_runs_are_read_in_one_round_trip_per_tick() {
+async fn ten_thousand_live_runs_are_read_in_full_mget_batches() {
     const RUNS: usize = 10_000;
     let server = RedisServer::start();
     let stores = stores(&server).await;
     let idle = Idle::default();
-    // Memory stores: what is measured is the watcher's reads. No labels: each run has its
-    // two native flags (stop and cancel), so a tick reads 20,000 keys.
+    // Memory stores: what is observed is the watcher's reads. No labels: each run has its
+    // two native flags (stop and cancel), so a full read is of 20,000 keys.
     let runtime = signals_only_runtime(&stores, idle.clone(), SignalConfig::default());
     let wf = workflow(&runtime);
-    let started = Instant::now();
     let mut runs = Vec::with_capacity(RUNS);
     for i in 0..RUNS {
         runs.push(
@@ -742,9 +767,8 @@ async fn ten_thousand_live_runs_are_read_in_one_round_trip_per_tick() {
     })
     .await
     .expect("10,000 runs reach their node within a minute");
-    let start_time = started.elapsed();
 
-    // One tick's read of every flag, timed as the watcher does it.
+    // One read of every flag, as the watcher does it.
     let config = SignalConfig::default();
     let keys: Vec<String> = runs
         .iter()
@@ -763,39 +787,37 @@ async fn ten_thousand_live_runs_are_read_in_one_round_trip_per_tick() {
         })
         .collect();
     assert_eq!(keys.len(), 2 * RUNS);
-    let read = Instant::now();
     let flags = stores.signals.read(&keys).await.expect("read");
-    let read = read.elapsed();
+    assert_eq!(flags.len(), keys.len());
     assert!(flags.iter().all(|f| !f));
+
+    // Then only the watcher reads: Redis counts a miss per absent key an `MGET` asks for, so
+    // misses per `MGET` is the batch size. Observed until every flag was read twice more
+    // (a check of progress, not of speed).
     let mut con = raw(&server).await;
-    let batches_per_tick = (2 * RUNS).div_ceil(READ_BATCH) as u64;
-    let before = command_calls(&mut con, "mget").await;
-    let window = Instant::now();
-    tokio::time::sleep(Duration::from_millis(1000)).await;
-    let after = command_calls(&mut con, "mget").await;
-    let window = window.elapsed();
-    let reads = after - before;
-    // A tick every 100 ms after the previous read; the watcher also reads everything when
-    // its subscription (re)starts and re-arms its timer then, so allow twice the rate. (INFO
-    // may land inside a tick's pipeline, so `reads` need not be a whole number of ticks.)
-    let max_ticks = 2 * (window.as_millis() / 100) as u64 + 2;
-    let ticks = reads as f64 / batches_per_tick as f64;
-    eprintln!(
-        "{RUNS} live runs started in {start_time:?}; {reads} MGETs in {window:?} \
-         ({ticks:.1} ticks of {batches_per_tick} batched MGETs, one pipeline each); \
-         one read of {} keys: {read:?}",
-        keys.len()
-    );
-    // Read per run, it would be at least 10,000 commands per tick.
-    assert!(
-        (batches_per_tick / 2..=(max_ticks + 1) * batches_per_tick).contains(&reads),
-        "{reads} MGETs in {window:?}: not one batched read per tick"
+    let before = key_reads(&mut con).await;
+    let after = tokio::time::timeout(Duration::from_secs(60), async {
+        loop {
+            let now = key_reads(&mut con).await;
+            if now.missed - before.missed >= 2 * keys.len() as u64 {
+                return now;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    })
+    .await
+    .expect("the watcher reads every flag twice within a minute");
+    let (mgets, missed) = (after.mgets - before.mgets, after.missed - before.missed);
+    // Read per run, it would be 20,000 commands of one or two keys for each full read.
+    assert_eq!(
+        missed,
+        mgets * READ_BATCH as u64,
+        "{mgets} MGETs read {missed} keys: not in full batches of {READ_BATCH}"
     );
     // (A read slower than the watcher's deadline, on an overloaded machine, counts as an
     // error: not asserted.)
     eprintln!("signal errors: {}", runtime.signal_errors());
 
-    let stopping = Instant::now();
     let stops = tokio::time::timeout(Duration::from_secs(60), runtime.shutdown())
         .await
         .expect("10,000 runs shut down within a minute");
@@ -806,7 +828,6 @@ async fn ten_thousand_live_runs_are_read_in_one_round_trip_per_tick() {
             Some(StopReason::Shutdown)
         );
     }
-    eprintln!("{RUNS} runs shut down in {:?}", stopping.elapsed());
 }
 
 #[tokio::test]
@@ -840,8 +861,4 @@ async fn a_runtime_stops_a_run_of_another_runtime_sharing_redis() {
         .expect("read")
         .expect("recorded by the worker");
     assert_eq!(record.status, RunStatus::Stopped);
-    eprintln!(
-        "cross-runtime stop request answered in {:?}",
-        request.waited
-    );
 }

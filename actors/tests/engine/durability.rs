@@ -162,7 +162,9 @@ async fn exit_writes_only_the_final_checkpoint() {
     assert_eq!(store.list(&t).await.expect("list").len(), 1);
 }
 
-#[tokio::test]
+/// On the paused clock the store's retries and the awaited write's timeout are timers: the
+/// run waits through any number of them.
+#[tokio::test(start_paused = true)]
 async fn a_failing_store_makes_a_sync_run_wait_and_go_on_when_it_is_back() {
     let flaky = Arc::new(Flaky::default());
     flaky.broken.store(true, Ordering::SeqCst);
@@ -207,7 +209,7 @@ async fn a_failing_store_makes_a_sync_run_wait_and_go_on_when_it_is_back() {
     );
     assert!(!rt.registry().contains(&run.run_id()));
     // The result says the run waited for the store.
-    assert!(outcome.storage_wait() > Duration::ZERO);
+    assert_ne!(outcome.storage_wait(), Duration::ZERO);
 }
 
 #[tokio::test]
@@ -363,15 +365,18 @@ async fn a_progress_snapshot_keeps_a_loops_finished_iterations() {
     assert_eq!(seen, [0, 1, 2, 2, 3, 4]);
 }
 
-#[tokio::test]
+/// On the paused clock: the run is live just before its deadline and stopped at it, long
+/// before its node (50 words, 10 ms apart) would have finished.
+#[tokio::test(start_paused = true)]
 async fn a_run_past_its_deadline_stops_with_reason_timeout_and_stays_resumable() {
     use runvisor_actors::testkit::Streamer;
     use runvisor_actors::{ResumeInput, StopReason};
+    const DEADLINE: Duration = Duration::from_millis(60);
     let streamer = Streamer::new(&"word ".repeat(50), Duration::from_millis(10));
     let rt = Runtime::builder()
         .handler("llm", streamer.clone())
         .config(RuntimeConfig {
-            run_timeout: Some(Duration::from_millis(60)),
+            run_timeout: Some(DEADLINE),
             ..RuntimeConfig::default()
         })
         .build();
@@ -384,11 +389,19 @@ async fn a_run_past_its_deadline_stops_with_reason_timeout_and_stays_resumable()
     );
     let t = thread("deadline");
     let run = rt.start(&wf, inputs([]), t.clone()).await.expect("start");
+    tokio::time::sleep(DEADLINE - Duration::from_millis(1)).await;
+    assert!(run.outcome().is_none(), "stopped before its deadline");
     let outcome = finish(&run).await;
     let stop = outcome.stop_result().expect("stopped by its deadline");
     assert_eq!(stop.reason, StopReason::Timeout);
     assert_eq!(outcome.status(), RunStatus::Stopped);
-    assert!(stop.partial_response.is_some());
+    // What it streamed until then is kept; the rest never came.
+    let words = stop.partial_response.as_deref().map(str::split_whitespace);
+    assert!(
+        words.is_some_and(|w| (1..50).contains(&w.count())),
+        "{stop:#?}"
+    );
+    assert!(outcome.output("llm").is_none());
     // Resumable: the resumed run has the same deadline, so it is cut again, from the start of
     // the interrupted node.
     let resumed = rt.resume(t, ResumeInput::Continue).await.expect("resumes");

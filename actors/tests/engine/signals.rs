@@ -1,15 +1,19 @@
 //! Stop from anywhere: flags in the signal source (FastGPT and RAGFlow key formats, native
-//! keys) stop runs through the watcher; stop requests wait for the run to end; a failing
-//! source never stops a run.
+//! keys) stop runs through the watcher, which reads every watched flag in one read per tick;
+//! stop requests wait for the run to end, or for their configured wait; a failing source never
+//! stops a run. All on tokio's paused clock: ticks and waits are timers, not wall time.
 
-use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use runvisor_actors::store::memory::MemorySignalSource;
 use runvisor_actors::store::{Notice, NoticeStream, SignalSource};
 use runvisor_actors::testkit::Streamer;
-use runvisor_actors::{RunLabels, RunStatus, Runtime, StopReason, StoreError, async_trait};
+use runvisor_actors::{
+    NodeContext, NodeError, NodeHandler, NodeOutput, RunLabels, RunStatus, Runtime, SignalConfig,
+    StopReason, StoreError, Value, async_trait,
+};
 use serde_json::json;
 
 use super::support::*;
@@ -34,7 +38,7 @@ fn workflow(rt: &Runtime) -> runvisor_actors::Workflow {
     )
 }
 
-#[tokio::test]
+#[tokio::test(start_paused = true)]
 async fn a_fastgpt_stop_flag_stops_the_run_and_the_request_waits_for_its_end() {
     let source = Arc::new(MemorySignalSource::new());
     let rt = streaming_runtime(source.clone());
@@ -70,7 +74,7 @@ async fn a_fastgpt_stop_flag_stops_the_run_and_the_request_waits_for_its_end() {
     assert_eq!(flags, [false]);
 }
 
-#[tokio::test]
+#[tokio::test(start_paused = true)]
 async fn a_ragflow_cancel_flag_cancels_the_run() {
     let source = Arc::new(MemorySignalSource::new());
     let rt = streaming_runtime(source.clone());
@@ -92,21 +96,121 @@ async fn a_ragflow_cancel_flag_cancels_the_run() {
     );
 }
 
-#[tokio::test]
+#[tokio::test(start_paused = true)]
 async fn a_stop_request_for_no_run_answers_after_the_wait() {
+    const WAIT: Duration = Duration::from_millis(200);
     let rt = Runtime::builder()
         .config(runvisor_actors::RuntimeConfig {
-            signals: runvisor_actors::SignalConfig {
-                request_wait: Duration::from_millis(200),
+            signals: SignalConfig {
+                request_wait: WAIT,
                 ..Default::default()
             },
             ..Default::default()
         })
         .build();
-    let request = within("stop request", rt.request_stop("nobody", "none")).await;
+    let request = tokio::spawn({
+        let rt = rt.clone();
+        async move { rt.request_stop("nobody", "none").await }
+    });
+    // Nobody clears the flag: just before its wait is over, the request still waits.
+    tokio::time::sleep(WAIT - Duration::from_millis(1)).await;
+    assert!(!request.is_finished(), "answered before its wait was over");
+    let request = within("stop request", request).await.expect("request task");
     assert!(!request.ended);
-    assert!(request.waited >= Duration::from_millis(200));
+    assert_eq!(request.waited, WAIT, "{request:?}");
     assert_eq!(request.error, None);
+}
+
+/// A signal source that records how many keys each read asked for.
+#[derive(Debug, Default)]
+struct Counting {
+    inner: MemorySignalSource,
+    reads: Mutex<Vec<usize>>,
+}
+
+impl Counting {
+    fn reads(&self) -> Vec<usize> {
+        self.reads.lock().expect("not poisoned").clone()
+    }
+}
+
+#[async_trait]
+impl SignalSource for Counting {
+    async fn read(&self, keys: &[String]) -> Result<Vec<bool>, StoreError> {
+        self.reads.lock().expect("not poisoned").push(keys.len());
+        self.inner.read(keys).await
+    }
+    async fn raise(&self, key: &str, ttl: Duration) -> Result<(), StoreError> {
+        self.inner.raise(key, ttl).await
+    }
+    async fn clear(&self, keys: &[String]) -> Result<(), StoreError> {
+        self.inner.clear(keys).await
+    }
+    async fn notify(&self, notice: &Notice) -> Result<(), StoreError> {
+        self.inner.notify(notice).await
+    }
+    async fn subscribe(&self) -> Result<NoticeStream, StoreError> {
+        self.inner.subscribe().await
+    }
+}
+
+/// Waits for the stop and returns `Stopped`: a live run that does nothing.
+struct Idle;
+
+#[async_trait]
+impl NodeHandler for Idle {
+    async fn run(&self, _input: Value, ctx: NodeContext) -> Result<NodeOutput, NodeError> {
+        ctx.stopped().await;
+        Err(NodeError::Stopped)
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn each_tick_reads_every_watched_flag_in_one_read() {
+    const RUNS: usize = 50;
+    const TICKS: u32 = 10;
+    let source = Arc::new(Counting::default());
+    let rt = Runtime::builder()
+        .handler("idle", Idle)
+        .signal_source(source.clone())
+        .build();
+    let tick = rt.config().signals.tick;
+    let wf = load(
+        &rt,
+        json!({"id": "w", "nodes": [
+            {"id": "start", "kind": "begin"},
+            {"id": "idle", "kind": "idle"}
+        ], "edges": [{"from": "start", "to": "idle"}]}),
+    );
+    let mut runs = Vec::new();
+    for i in 0..RUNS {
+        runs.push(
+            rt.start(&wf, inputs([]), thread(&format!("idle{i}")))
+                .await
+                .expect("start"),
+        );
+    }
+    // Each run has its native stop and cancel flags (no labels for the other formats).
+    let every_flag = 2 * RUNS;
+    within("a read of every run's flags", async {
+        while source.reads().last() != Some(&every_flag) {
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
+    })
+    .await;
+    // Within a millisecond of a full read: the next TICKS ticks fall in the window, the one
+    // after it does not.
+    let before = source.reads().len();
+    tokio::time::sleep(tick * TICKS + tick / 2).await;
+    let reads = source.reads().split_off(before);
+    assert_eq!(
+        reads,
+        vec![every_flag; TICKS as usize],
+        "one read of every flag per tick"
+    );
+    assert!(runs.iter().all(|run| run.outcome().is_none()));
+    let stops = within("shutdown", rt.shutdown()).await;
+    assert_eq!(stops.len(), RUNS);
 }
 
 /// A signal source whose reads fail while `broken` is set.
@@ -138,7 +242,7 @@ impl SignalSource for Flaky {
     }
 }
 
-#[tokio::test]
+#[tokio::test(start_paused = true)]
 async fn a_failing_source_never_stops_a_run_and_a_flag_set_after_recovery_is_honoured() {
     let flaky = Arc::new(Flaky {
         inner: MemorySignalSource::new(),

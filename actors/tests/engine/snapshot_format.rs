@@ -570,9 +570,9 @@ fn check(case: &str, bytes: &[u8], ok_allowed: bool) {
     }
 }
 
+/// A fixed seed and fixed counts of cases: the same inputs, and the same work, on every run.
 #[test]
 fn the_decoder_survives_garbage_damage_and_lying_headers() {
-    let started = std::time::Instant::now();
     let mut rng = Rng(0x5eed_0fc0_ffee);
     let encoded: Vec<Vec<u8>> = samples()
         .iter()
@@ -700,6 +700,4 @@ fn the_decoder_survives_garbage_damage_and_lying_headers() {
     // Re-sealed mutations mostly break the payload; the few that decode are valid snapshots
     // (a flipped character in a string, say). Neither extreme would mean much.
     assert!(decoded_ok < 1800, "{decoded_ok} of 1800 mutations decoded");
-    let took = started.elapsed();
-    eprintln!("decoder fuzz: {took:?}, {decoded_ok} resealed mutations decoded");
 }

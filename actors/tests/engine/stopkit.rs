@@ -1,6 +1,7 @@
 //! Helpers for the stop and resume tests: a runtime with the testkit's `Streamer` and
 //! `Stubborn` and host kinds that cooperate with, finish through, linger on, ignore or panic on
-//! a stop, each counting its invocations; and readers of what the stores hold.
+//! a stop, each counting its invocations and the stubborn ones marking how their call ended
+//! (finished or dropped); and readers of what the stores hold.
 
 use std::collections::{BTreeMap, HashSet};
 use std::sync::{Arc, Mutex};
@@ -13,7 +14,7 @@ use runvisor_actors::{
     async_trait, store::RunRecord,
 };
 
-use super::support::{Log, PATIENCE, within};
+use super::support::{DropMark, Log, PATIENCE, within};
 
 /// The words the `llm` kind streams, one chunk per word.
 pub(crate) const WORDS: &str = "one two three four five six seven eight";
@@ -23,6 +24,9 @@ pub(crate) const WORD_INTERVAL: Duration = Duration::from_millis(20);
 
 /// How long the `slow_llm` kind waits between two words.
 pub(crate) const SLOW_WORD_INTERVAL: Duration = Duration::from_millis(200);
+
+/// How long the `stubborn` and `append_sleep` kinds sleep, ignoring stops.
+pub(crate) const STUBBORN_SLEEP: Duration = Duration::from_secs(10);
 
 /// Invocation counts by node id, and the histories `record` nodes saw.
 #[derive(Debug, Default)]
@@ -56,14 +60,16 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 /// A runtime with a script installed and these kinds:
 /// - `llm`: the testkit [`Streamer`] of [`WORDS`], a word every [`WORD_INTERVAL`];
 /// - `slow_llm`: the same words, a word every [`SLOW_WORD_INTERVAL`];
-/// - `stubborn`: the testkit [`Stubborn`], sleeping 10 s whatever happens;
+/// - `stubborn`: the testkit [`Stubborn`], sleeping [`STUBBORN_SLEEP`] whatever happens,
+///   [watched](Watched): marks `NODE:started`, then `NODE:finished` or `NODE:dropped`;
 /// - `count`: appends the assistant message `NODE done`, outputs `{"node": NODE}`;
 /// - `finish_on_stop`: marks `NODE:started`, waits for the stop, then still returns its
 ///   output `{"finished_after_stop": true}`;
 /// - `linger`: marks `NODE:started`, waits for the stop, takes `ms` (default 300) to wind
 ///   down, then returns `Stopped`;
 /// - `append_sleep`: appends the assistant message `message`, marks `NODE:started`, then
-///   sleeps 10 s ignoring stops;
+///   sleeps [`STUBBORN_SLEEP`] ignoring stops and marks `NODE:finished`; marks `NODE:dropped`
+///   if cut short;
 /// - `panic_on_stop`: marks `NODE:started`, waits for the stop, then panics with
 ///   `NODE panicked on stop`;
 /// - `record`: records the history it sees (whole messages), outputs `{"count": n}`.
@@ -91,7 +97,7 @@ pub(crate) fn kit_with(
     let calls = Arc::new(Calls::default());
     let streamer = Streamer::new(WORDS, WORD_INTERVAL);
     let slow_streamer = Streamer::new(WORDS, SLOW_WORD_INTERVAL);
-    let stubborn = Stubborn::new(Duration::from_secs(10));
+    let stubborn = Stubborn::new(STUBBORN_SLEEP);
     let kind = |behaviour| Kind {
         behaviour,
         log: log.clone(),
@@ -101,7 +107,13 @@ pub(crate) fn kit_with(
         .install(Runtime::builder())
         .handler("llm", streamer.clone())
         .handler("slow_llm", slow_streamer.clone())
-        .handler("stubborn", stubborn.clone())
+        .handler(
+            "stubborn",
+            Watched {
+                inner: stubborn.clone(),
+                log: log.clone(),
+            },
+        )
         .handler("count", kind(Behaviour::Count))
         .handler("finish_on_stop", kind(Behaviour::FinishOnStop))
         .handler("linger", kind(Behaviour::Linger))
@@ -180,9 +192,12 @@ impl NodeHandler for Kind {
                     .and_then(Value::as_str)
                     .unwrap_or("working")
                     .to_owned();
+                let guard = DropMark::new(self.log.clone(), &node);
                 ctx.append_message(Message::assistant(text));
                 self.log.mark(format!("{node}:started"));
-                tokio::time::sleep(Duration::from_secs(10)).await;
+                tokio::time::sleep(STUBBORN_SLEEP).await;
+                guard.defuse();
+                self.log.mark(format!("{node}:finished"));
                 Ok(NodeOutput::new(object([("slept", Value::Bool(true))])))
             }
             Behaviour::PanicOnStop => {
@@ -199,6 +214,28 @@ impl NodeHandler for Kind {
                 Ok(NodeOutput::new(object([("count", Value::from(count))])))
             }
         }
+    }
+}
+
+/// The testkit's [`Stubborn`], its calls leaving marks: `NODE:started` when called,
+/// `NODE:finished` when its sleep ended, `NODE:dropped` when the call was dropped before
+/// (aborted). A call aborted before it was first polled leaves no mark at all.
+#[derive(Debug)]
+struct Watched {
+    inner: Stubborn,
+    log: Arc<Log>,
+}
+
+#[async_trait]
+impl NodeHandler for Watched {
+    async fn run(&self, input: Value, ctx: NodeContext) -> Result<NodeOutput, NodeError> {
+        let node = ctx.node_id().as_str().to_owned();
+        let guard = DropMark::new(self.log.clone(), &node);
+        self.log.mark(format!("{node}:started"));
+        let result = self.inner.run(input, ctx).await;
+        guard.defuse();
+        self.log.mark(format!("{node}:finished"));
+        result
     }
 }
 

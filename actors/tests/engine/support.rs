@@ -291,9 +291,24 @@ impl NodeHandler for Panic {
 }
 
 /// Marks `NODE:dropped` unless defused: proves a handler future was dropped (aborted).
-struct DropMark {
+pub(crate) struct DropMark {
     log: Arc<Log>,
     name: Option<String>,
+}
+
+impl DropMark {
+    /// Sets the mark `NODE:dropped` when dropped before [`DropMark::defuse`].
+    pub(crate) fn new(log: Arc<Log>, node: &str) -> Self {
+        Self {
+            log,
+            name: Some(format!("{node}:dropped")),
+        }
+    }
+
+    /// The guarded work completed: dropping sets no mark.
+    pub(crate) fn defuse(mut self) {
+        self.name = None;
+    }
 }
 
 impl Drop for DropMark {
@@ -311,17 +326,14 @@ impl NodeHandler for Sleep {
     async fn run(&self, input: Value, ctx: NodeContext) -> Result<NodeOutput, NodeError> {
         self.0.record(&ctx, &input);
         let node = ctx.node_id().as_str().to_owned();
-        let mut guard = DropMark {
-            log: self.0.clone(),
-            name: Some(format!("{node}:dropped")),
-        };
+        let guard = DropMark::new(self.0.clone(), &node);
         if let Some(message) = param_str(&input, "message") {
             ctx.append_message(Message::assistant(message));
         }
         self.0.mark(format!("{node}:started"));
         let ms = input.get("ms").and_then(Value::as_i64).unwrap_or(60_000);
         tokio::time::sleep(Duration::from_millis(u64::try_from(ms).unwrap_or(0))).await;
-        guard.name = None;
+        guard.defuse();
         self.0.mark(format!("{node}:finished"));
         Ok(NodeOutput::new(input))
     }
