@@ -9,7 +9,7 @@
 //! file, invalid workflow, bad `--input`, ...), 130 the run was stopped (Ctrl-C: graceful,
 //! twice: forced). Every bad input is one `error: ...` line on stderr, never a panic.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::HashMap;
 use std::io::{self, Write};
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
@@ -427,7 +427,9 @@ async fn follow(
     let mut out = io::stdout().lock();
     if json {
         let document = OutcomeDocument::new(workflow_id, run.thread(), &outcome);
-        writeln!(out, "{}", serde_json::to_string_pretty(&document)?)?;
+        // Streamed: a large outcome is never held twice as text.
+        serde_json::to_writer_pretty(&mut out, &document).map_err(io::Error::from)?;
+        writeln!(out)?;
     } else {
         match &outcome {
             RunOutcome::Stopped(stop) => print_stop(&mut out, stop)?,
@@ -436,8 +438,9 @@ async fn follow(
             }
             _ => {}
         }
-        let outputs = serde_json::to_string_pretty(outcome.outputs())?;
-        writeln!(out, "outputs:\n{outputs}")?;
+        writeln!(out, "outputs:")?;
+        serde_json::to_writer_pretty(&mut out, outcome.outputs()).map_err(io::Error::from)?;
+        writeln!(out)?;
     }
     out.flush()?;
     if let (Some(error), false) = (outcome.error(), json) {
@@ -583,7 +586,7 @@ struct OutcomeDocument<'a> {
     status: RunStatus,
     /// `null` when the run failed.
     error: Option<String>,
-    outputs: &'a BTreeMap<NodeId, Value>,
+    outputs: &'a runvisor::Outputs,
     /// The workflow variables at the end; `null` when the run failed.
     variables: Option<&'a Map>,
     /// The messages the run persisted to the thread's history.

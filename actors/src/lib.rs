@@ -29,9 +29,10 @@ pub use kinds::{
 pub use model::{
     ActorTree, AnswerError, CheckpointId, FieldType, FinishedRun, FormField, Frame, HistoryFlush,
     Interaction, InteractionId, InteractionKind, Interrupted, InvalidId, Map, Message, MessageId,
-    NodeError, NodeId, NodeOutput, NodePath, ObjectMap, ResolveError, Role, Route, RunError,
-    RunEvent, RunId, RunLabels, RunOutcome, RunRecord, RunStatus, SelectOption, StopError,
-    StopMode, StopReason, StopReply, StopRequested, StopResult, StoreError, ThreadId, Usage, Value,
+    NodeError, NodeId, NodeOutput, NodePath, ObjectMap, Outputs, ResolveError, Role, Route,
+    RunError, RunEvent, RunId, RunLabels, RunOutcome, RunRecord, RunStatus, SelectOption,
+    StopError, StopMode, StopReason, StopReply, StopRequested, StopResult, StoreError, ThreadId,
+    Usage, Value,
 };
 pub use persist::{Durability, SignalConfig, render_key};
 pub use runtime::{

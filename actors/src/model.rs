@@ -34,7 +34,8 @@ pub(crate) use message::now_ms;
 pub use message::{Message, Role};
 pub use node::{NodeError, NodeOutput, StopRequested};
 pub use outcome::{
-    FinishedRun, HistoryFlush, Interrupted, RunError, RunOutcome, StopError, StopReply, StopResult,
+    FinishedRun, HistoryFlush, Interrupted, Outputs, RunError, RunOutcome, StopError, StopReply,
+    StopResult,
 };
 pub use path::{Frame, NodePath};
 pub use record::RunRecord;

@@ -51,6 +51,8 @@ pub(crate) enum BodyMsg {
     Describe(RpcReplyPort<ActorTree>),
     /// Aborted children did not all report in time.
     Deadline,
+    /// The coalescing window passed: hand the run the progress made since the last report.
+    ReportProgress,
 }
 
 pub(crate) struct BodyActor;
@@ -121,6 +123,10 @@ pub(crate) struct BodyState {
     requested_stop: ProbeStop,
     end: Option<NodeEnd>,
     deadline: Option<tokio::task::JoinHandle<()>>,
+    /// When progress was last handed to the run, and whether newer progress waits for the
+    /// next window (`async` durability reports at most once per coalescing window).
+    reported_at: Option<tokio::time::Instant>,
+    report_waiting: bool,
     span: tracing::Span,
 }
 
@@ -176,6 +182,8 @@ impl Actor for BodyActor {
             requested_stop: None,
             end: None,
             deadline: None,
+            reported_at: None,
+            report_waiting: false,
             span,
         })
     }
@@ -214,6 +222,12 @@ impl Actor for BodyActor {
                 state.settle(&myself).await;
             }
             BodyMsg::Describe(reply) => state.describe(&myself, reply),
+            BodyMsg::ReportProgress => {
+                if state.report_waiting && !state.stopping && state.end.is_none() {
+                    state.report_waiting = false;
+                    state.send_progress();
+                }
+            }
             BodyMsg::Deadline => {
                 let cell = myself.get_cell();
                 let run = state.run.clone();
@@ -752,7 +766,7 @@ impl BodyState {
         let machine = l.machine.as_mut()?;
         let step = machine.iteration_done(end);
         if matches!(step, LoopStep::Start { .. }) {
-            self.report_progress();
+            self.report_progress(cell);
         }
         Some(self.loop_step(cell, step).await)
     }
@@ -816,7 +830,7 @@ impl BodyState {
             return None;
         }
         if progressed {
-            self.report_progress();
+            self.report_progress(cell);
         }
         let events = self.start_items(cell).await;
         if events.is_empty() && !progressed {
@@ -828,11 +842,40 @@ impl BodyState {
     /// Hands the run what this top-level body has finished (iterations, items) and the
     /// messages they produced, so the run's progress snapshots hold them: a crash then reruns
     /// only the iteration or items in flight. Nested bodies are saved by their parent's stop.
-    /// Cheap: the progress shares its vectors with the machine.
-    fn report_progress(&self) {
-        if self.path.frames().len() != 1 || self.run.config().durability == Durability::Exit {
+    /// Cheap: the progress shares its vectors with the machine. In `async` mode at most one
+    /// report goes per coalescing window (a shared vector is copied on its next change, so
+    /// fewer reports also mean fewer copies); `sync` reports every step.
+    fn report_progress(&mut self, cell: &ActorCell) {
+        if self.path.frames().len() != 1 {
             return;
         }
+        let config = self.run.config();
+        match config.durability {
+            Durability::Exit => return,
+            Durability::Sync => {}
+            Durability::Async => {
+                let window = config.checkpoint_coalesce;
+                let now = tokio::time::Instant::now();
+                if self.reported_at.is_some_and(|at| now < at + window) {
+                    if !self.report_waiting {
+                        self.report_waiting = true;
+                        let me: ActorRef<BodyMsg> = cell.clone().into();
+                        let at = self.reported_at.map_or(now, |at| at + window);
+                        tokio::spawn(async move {
+                            tokio::time::sleep_until(at).await;
+                            let _ = me.send_message(BodyMsg::ReportProgress);
+                        });
+                    }
+                    return;
+                }
+            }
+        }
+        self.send_progress();
+    }
+
+    /// Hands the run this body's progress now.
+    fn send_progress(&mut self) {
+        self.reported_at = Some(tokio::time::Instant::now());
         let frame = match &self.work {
             Work::Loop(l) => match &l.machine {
                 Some(m) => loop_state(m.progress(), GraphState::default()),

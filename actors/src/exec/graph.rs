@@ -350,12 +350,13 @@ impl GraphExec {
             .collect()
     }
 
-    /// The outputs of the nodes that completed, by id.
-    pub(crate) fn outputs(&self) -> impl Iterator<Item = (&NodeId, &Value)> {
+    /// The outputs of the nodes that completed, shared (nothing is copied).
+    pub(crate) fn shared_outputs(&self) -> crate::model::Outputs {
         self.outputs
             .iter()
             .enumerate()
-            .filter_map(|(i, v)| Some((self.node_id(i), v.as_deref()?)))
+            .filter_map(|(i, v)| Some((self.node_id(i).clone(), v.clone()?)))
+            .collect()
     }
 
     /// The outputs of the graph's sink nodes (no outgoing edges) that ran, as an object.

@@ -12,7 +12,7 @@
 //! record) and publishes its outcome. Meanwhile a second stop can escalate graceful to force,
 //! and timers bound both.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -27,9 +27,8 @@ use crate::core::NodeIndex;
 use crate::core::lifecycle::{Ending, Final, Lifecycle, StopStep};
 use crate::core::save_gate::{ReadyStep, SaveGate};
 use crate::model::{
-    ActorTree, CheckpointId, HistoryFlush, Interaction, Map, Message, NodeId, NodePath, RunError,
-    RunEvent, RunId, RunOutcome, RunRecord, RunStatus, StopMode, StopReason, StopResult, Value,
-    now_ms,
+    ActorTree, CheckpointId, HistoryFlush, Interaction, Map, Message, NodePath, RunError, RunEvent,
+    RunId, RunOutcome, RunRecord, RunStatus, StopMode, StopReason, StopResult, Value, now_ms,
 };
 use crate::persist::snapshot::{GraphState, SnapshotWrite};
 use crate::persist::{Durability, Notice, Snapshot};
@@ -654,11 +653,7 @@ impl RunState {
                 (None, Some(e))
             }
         };
-        let outputs: BTreeMap<NodeId, Value> = self
-            .exec
-            .outputs()
-            .map(|(id, v)| (id.clone(), v.clone()))
-            .collect();
+        let outputs = self.exec.shared_outputs();
         let run_id = self.run.run_id;
         let usage = self.exec.usage.clone();
         let storage_wait = self.storage_waited

@@ -4,36 +4,36 @@
 //! Objects in workflows are mostly small (a node's output, a form's answer), and a run may hold
 //! hundreds of thousands of them (a loop's history, a parallel's results). A `BTreeMap` spends
 //! several hundred bytes on a one-field object; this map keeps its entries in one sorted vector
-//! (a [`LiteMap`]), so a small object costs little more than its entries. Lookups are binary
-//! searches; building an object in key order, or in bulk from any order, is `O(n log n)` at
-//! worst. Keys are always in sorted order, so rendering and snapshots are deterministic.
+//! whose capacity starts at one entry and grows by half, so a small object costs little more
+//! than its entries. Lookups are binary searches; inserting in key order is amortized `O(1)`,
+//! building in bulk from any order `O(n log n)`. Keys are always in sorted order, so rendering
+//! and snapshots are deterministic.
 
 use std::fmt;
 
-use litemap::LiteMap;
 use serde::de::{MapAccess, Visitor};
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
 
 /// An object: text keys in sorted order. `Value`'s objects are `ObjectMap<Value>`, named
 /// `Map`.
 #[derive(Clone, PartialEq)]
-pub struct ObjectMap<Value>(LiteMap<String, Value>);
+pub struct ObjectMap<Value>(Vec<(String, Value)>);
 
 impl<Value> Default for ObjectMap<Value> {
     fn default() -> Self {
-        Self(LiteMap::new())
+        Self(Vec::new())
     }
 }
 
 impl<Value> ObjectMap<Value> {
     /// An empty object.
     pub fn new() -> Self {
-        Self(LiteMap::new())
+        Self(Vec::new())
     }
 
     /// An empty object with room for `capacity` entries.
     pub fn with_capacity(capacity: usize) -> Self {
-        Self(LiteMap::with_capacity(capacity))
+        Self(Vec::with_capacity(capacity))
     }
 
     /// The number of entries.
@@ -46,29 +46,43 @@ impl<Value> ObjectMap<Value> {
         self.0.is_empty()
     }
 
+    fn find(&self, key: &str) -> Result<usize, usize> {
+        self.0.binary_search_by(|(k, _)| k.as_str().cmp(key))
+    }
+
     /// The value of a key.
     pub fn get(&self, key: &str) -> Option<&Value> {
-        self.0.get(key)
+        self.find(key).ok().map(|i| &self.0[i].1)
     }
 
     /// The value of a key, to change it.
     pub fn get_mut(&mut self, key: &str) -> Option<&mut Value> {
-        self.0.get_mut(key)
+        self.find(key).ok().map(|i| &mut self.0[i].1)
     }
 
     /// Whether a key is present.
     pub fn contains_key(&self, key: &str) -> bool {
-        self.0.contains_key(key)
+        self.find(key).is_ok()
     }
 
     /// Sets a key; returns its previous value.
     pub fn insert(&mut self, key: String, value: Value) -> Option<Value> {
-        self.0.insert(key, value)
+        match self.find(&key) {
+            Ok(i) => Some(std::mem::replace(&mut self.0[i].1, value)),
+            Err(i) => {
+                if self.0.len() == self.0.capacity() {
+                    // Grow by half (at least one): small objects stay exact.
+                    self.0.reserve_exact((self.0.len() / 2).max(1));
+                }
+                self.0.insert(i, (key, value));
+                None
+            }
+        }
     }
 
     /// Removes a key; returns its value.
     pub fn remove(&mut self, key: &str) -> Option<Value> {
-        self.0.remove(key)
+        self.find(key).ok().map(|i| self.0.remove(i).1)
     }
 
     /// Removes every entry.
@@ -78,19 +92,19 @@ impl<Value> ObjectMap<Value> {
 
     /// Keeps the entries the predicate accepts.
     pub fn retain(&mut self, mut keep: impl FnMut(&String, &Value) -> bool) {
-        self.0.retain(|k, v| keep(k, v));
+        self.0.retain(|(k, v)| keep(k, v));
     }
 
     /// The entries, in key order.
     pub fn iter(&self) -> impl DoubleEndedIterator<Item = (&String, &Value)> + ExactSizeIterator {
-        self.0.iter()
+        self.0.iter().map(|(k, v)| (k, v))
     }
 
     /// The entries, in key order, values mutable.
     pub fn iter_mut(
         &mut self,
     ) -> impl DoubleEndedIterator<Item = (&String, &mut Value)> + ExactSizeIterator {
-        self.0.iter_mut()
+        self.0.iter_mut().map(|(k, v)| (&*k, v))
     }
 
     /// The keys, in order.
@@ -110,14 +124,6 @@ impl<Value> ObjectMap<Value> {
         self.0.iter_mut().map(|(_, v)| v)
     }
 
-    /// Frees spare room (a map that will not grow any more).
-    pub fn shrink_to_fit(&mut self) {
-        let entries = std::mem::take(&mut self.0).into_tuple_vec();
-        let mut entries = entries;
-        entries.shrink_to_fit();
-        self.0 = LiteMap::from_sorted_store_unchecked(entries);
-    }
-
     /// Builds a map from entries in any order; a repeated key keeps its last value.
     fn from_entries(mut entries: Vec<(String, Value)>) -> Self {
         if !entries.is_sorted_by(|a, b| a.0 < b.0) {
@@ -132,7 +138,8 @@ impl<Value> ObjectMap<Value> {
             }
             entries = deduped;
         }
-        Self(LiteMap::from_sorted_store_unchecked(entries))
+        entries.shrink_to_fit();
+        Self(entries)
     }
 }
 
@@ -142,7 +149,7 @@ impl<Value> std::ops::Index<&str> for ObjectMap<Value> {
     /// The value of a key. Panics when the key is missing, as `BTreeMap` does; use
     /// [`ObjectMap::get`] for keys that may be absent.
     fn index(&self, key: &str) -> &Value {
-        match self.0.get(key) {
+        match self.get(key) {
             Some(v) => v,
             None => panic!("no key {key:?} in the map"),
         }
@@ -151,7 +158,7 @@ impl<Value> std::ops::Index<&str> for ObjectMap<Value> {
 
 impl<Value: fmt::Debug> fmt::Debug for ObjectMap<Value> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_map().entries(self.0.iter()).finish()
+        f.debug_map().entries(self.iter()).finish()
     }
 }
 
@@ -180,7 +187,7 @@ impl<Value> IntoIterator for ObjectMap<Value> {
     type IntoIter = std::vec::IntoIter<(String, Value)>;
 
     fn into_iter(self) -> Self::IntoIter {
-        self.0.into_tuple_vec().into_iter()
+        self.0.into_iter()
     }
 }
 
@@ -189,14 +196,14 @@ impl<'a, Value> IntoIterator for &'a ObjectMap<Value> {
     type IntoIter = Box<dyn DoubleEndedIterator<Item = (&'a String, &'a Value)> + 'a>;
 
     fn into_iter(self) -> Self::IntoIter {
-        Box::new(self.0.iter())
+        Box::new(self.iter())
     }
 }
 
 impl<Value: Serialize> Serialize for ObjectMap<Value> {
     /// As a map, in key order (the same encoding as a `BTreeMap`, in every format).
     fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
-        serializer.collect_map(self.0.iter())
+        serializer.collect_map(self.iter())
     }
 }
 
@@ -241,6 +248,18 @@ mod tests {
         assert_eq!(m.remove("a"), Some(2));
         assert_eq!(m.len(), 2);
         assert_eq!(m["b"], 3);
+    }
+
+    #[test]
+    fn small_objects_stay_exact_and_large_ones_grow_by_half() {
+        let mut m = Map::new();
+        m.insert("a".into(), 1);
+        assert_eq!(m.0.capacity(), 1);
+        for i in 0..1000 {
+            m.insert(format!("k{i:04}"), i);
+        }
+        assert_eq!(m.len(), 1001);
+        assert!(m.0.capacity() < 1001 * 2);
     }
 
     #[test]

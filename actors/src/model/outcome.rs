@@ -2,6 +2,7 @@
 //! persisted of the run's history.
 
 use std::collections::BTreeMap;
+use std::sync::Arc;
 
 use super::ids::{CheckpointId, NodeId, RunId};
 use super::interaction::Interaction;
@@ -13,6 +14,10 @@ use super::status::RunStatus;
 use super::stop::StopReason;
 use super::usage::Usage;
 use super::value::{Map, Value};
+
+/// The outputs of a run's nodes, by id. Shared with the run's state: an outcome holds the
+/// outputs, it does not copy them.
+pub type Outputs = BTreeMap<NodeId, Arc<Value>>;
 
 /// Why a run failed.
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
@@ -51,7 +56,7 @@ pub enum RunOutcome {
         /// The run.
         run_id: RunId,
         /// The output of every node that ran (skipped nodes have none).
-        outputs: BTreeMap<NodeId, Value>,
+        outputs: Outputs,
         /// The workflow variables at the end.
         variables: Map,
         /// The run's messages.
@@ -70,7 +75,7 @@ pub enum RunOutcome {
         /// What failed.
         error: RunError,
         /// The outputs of the nodes that completed before the failure.
-        outputs: BTreeMap<NodeId, Value>,
+        outputs: Outputs,
         /// The run's messages (kept even though the run failed).
         history: HistoryFlush,
         /// What the nodes that ran in this run consumed.
@@ -87,7 +92,7 @@ pub enum RunOutcome {
         /// The interactions waiting for an answer (usually one), each with its full path.
         interactions: Vec<Interaction>,
         /// The outputs of the nodes that completed so far.
-        outputs: BTreeMap<NodeId, Value>,
+        outputs: Outputs,
         /// The run's messages.
         history: HistoryFlush,
         /// The checkpoint holding the pause.
@@ -126,7 +131,7 @@ impl RunOutcome {
     }
 
     /// The node outputs.
-    pub fn outputs(&self) -> &BTreeMap<NodeId, Value> {
+    pub fn outputs(&self) -> &Outputs {
         match self {
             RunOutcome::Completed { outputs, .. }
             | RunOutcome::Failed { outputs, .. }
@@ -137,7 +142,7 @@ impl RunOutcome {
 
     /// The output of one node, looked up by id text.
     pub fn output(&self, node: &str) -> Option<&Value> {
-        self.outputs().get(node)
+        self.outputs().get(node).map(|v| &**v)
     }
 
     /// What became of the run's messages.
@@ -230,7 +235,7 @@ pub struct StopResult {
     /// The nodes a resume will start: the interrupted ones and the ready ones not yet started.
     pub frontier: Vec<NodeId>,
     /// The outputs of the finished nodes.
-    pub outputs: BTreeMap<NodeId, Value>,
+    pub outputs: Outputs,
     /// The streamed text of the interrupted node(s), marked truncated in history.
     pub partial_response: Option<String>,
     /// What became of the run's messages: persisted (count and content) or not (and why).

@@ -16,18 +16,41 @@ use super::ports::{
 };
 use crate::model::{CheckpointId, Message, MessageId, RunId, ThreadId};
 use crate::model::{RunRecord, StoreError};
-/// Checkpoints in memory, per thread, ordered by id.
-#[derive(Debug, Default)]
+/// How many checkpoints a thread keeps by default: the newest 20.
+pub const DEFAULT_KEEP_CHECKPOINTS: usize = 20;
+
+/// Checkpoints in memory, per thread, ordered by id. Each thread keeps its newest checkpoints
+/// (20 by default): a write past that drops the oldest, so a long run's progress snapshots do
+/// not pile up in memory.
+#[derive(Debug)]
 pub struct MemoryCheckpointStore {
     threads: DashMap<ThreadId, BTreeMap<CheckpointId, StoredCheckpoint>>,
     sequences: DashMap<RunId, u64>,
     workflows: DashMap<(ThreadId, String), Arc<str>>,
+    keep: Option<usize>,
+}
+
+impl Default for MemoryCheckpointStore {
+    fn default() -> Self {
+        Self::keeping(Some(DEFAULT_KEEP_CHECKPOINTS))
+    }
 }
 
 impl MemoryCheckpointStore {
-    /// An empty store.
+    /// An empty store keeping the newest [`DEFAULT_KEEP_CHECKPOINTS`] checkpoints per thread.
     pub fn new() -> Self {
         Self::default()
+    }
+
+    /// An empty store keeping the newest `keep` checkpoints per thread (`None`: all of them).
+    /// A thread always keeps at least its newest checkpoint.
+    pub fn keeping(keep: Option<usize>) -> Self {
+        Self {
+            threads: DashMap::new(),
+            sequences: DashMap::new(),
+            workflows: DashMap::new(),
+            keep: keep.map(|n| n.max(1)),
+        }
     }
 }
 
@@ -49,10 +72,13 @@ impl CheckpointStore for MemoryCheckpointStore {
             }
             dashmap::Entry::Vacant(slot) => slot.insert(checkpoint.sequence),
         };
-        self.threads
-            .entry(thread.clone())
-            .or_default()
-            .insert(checkpoint.id, checkpoint);
+        let mut stored = self.threads.entry(thread.clone()).or_default();
+        stored.insert(checkpoint.id, checkpoint);
+        if let Some(keep) = self.keep {
+            while stored.len() > keep {
+                stored.pop_first();
+            }
+        }
         Ok(())
     }
 

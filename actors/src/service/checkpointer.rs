@@ -9,6 +9,11 @@
 //!   write stays pending and is retried with backoff, so when the store comes back the newest
 //!   state lands; the store's sequence check refuses anything older than what it holds.
 //!
+//! Background writes are paced by their cost: after a run's snapshot took `t` to encode and
+//! store, its next one waits `PACE × t` (at most [`MAX_PACE`]), newer snapshots replacing it
+//! meanwhile. A run whose state grows large (a long loop's history) is then saved less often,
+//! and the time spent saving stays a small, fixed share of the run's time.
+//!
 //! Pending bytes are counted; a run whose background snapshot would exceed the configured
 //! buffer waits for an awaited write instead, so a long outage slows runs down rather than
 //! losing their state or growing memory without bound.
@@ -19,6 +24,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use ractor::{Actor, ActorProcessingErr, ActorRef, RpcReplyPort};
+use tokio::time::Instant;
 
 use crate::model::{CheckpointId, RunId, StoreError};
 use crate::persist::snapshot::SnapshotWrite;
@@ -38,11 +44,11 @@ impl Backlog {
 /// Messages the checkpointer handles.
 #[derive(Debug)]
 pub(crate) enum CheckpointMsg {
-    /// SnapshotWrite now and answer when stored (or when the flush timeout passed).
+    /// Write now and answer when stored (or when the flush timeout passed).
     Awaited(SnapshotWrite, RpcReplyPort<Result<CheckpointId, String>>),
-    /// SnapshotWrite in the background; a newer snapshot of the same run replaces this one.
+    /// Write in the background; a newer snapshot of the same run replaces this one.
     Background(SnapshotWrite),
-    /// SnapshotWrite what is pending.
+    /// Write what is pending (what is due).
     Flush,
 }
 
@@ -72,13 +78,20 @@ pub(crate) struct CheckpointerState {
     backlog: Arc<Backlog>,
     flush_timeout: Duration,
     pending: HashMap<RunId, Pending>,
-    flush_scheduled: bool,
+    /// When each run's next background write may start (pacing, or a retry after a failure).
+    due: HashMap<RunId, Instant>,
+    /// The flush timer: when it fires, and its task.
+    timer: Option<(Instant, tokio::task::JoinHandle<()>)>,
     retry_delay: Duration,
     failures: u64,
 }
 
 const FIRST_RETRY: Duration = Duration::from_millis(50);
 const MAX_RETRY: Duration = Duration::from_secs(2);
+/// A run's next background write waits this many times as long as its last one took.
+const PACE: u32 = 9;
+/// The longest a run's background writes are held back by pacing.
+pub(crate) const MAX_PACE: Duration = Duration::from_secs(1);
 
 impl Actor for Checkpointer {
     type Msg = CheckpointMsg;
@@ -95,7 +108,8 @@ impl Actor for Checkpointer {
             backlog: args.backlog,
             flush_timeout: args.flush_timeout,
             pending: HashMap::new(),
-            flush_scheduled: false,
+            due: HashMap::new(),
+            timer: None,
             retry_delay: FIRST_RETRY,
             failures: 0,
         })
@@ -112,6 +126,7 @@ impl Actor for Checkpointer {
                 // Anything older of the same run is superseded by this write. The write runs
                 // in its own task so one run's retries never hold up another's.
                 state.drop_pending(&write.run);
+                state.due.remove(&write.run);
                 let store = state.store.clone();
                 let timeout = state.flush_timeout;
                 tokio::spawn(async move {
@@ -134,46 +149,78 @@ impl Actor for Checkpointer {
                         id: CheckpointId::new(),
                     },
                 );
-                if !state.flush_scheduled {
-                    state.flush_scheduled = true;
-                    let _ = myself.send_message(CheckpointMsg::Flush);
-                }
+                state.schedule(&myself);
             }
             CheckpointMsg::Flush => {
-                state.flush_scheduled = false;
+                state.timer = None;
                 state.flush().await;
-                if !state.pending.is_empty() && !state.flush_scheduled {
-                    // The store failed: retry later, backing off.
-                    state.flush_scheduled = true;
-                    let delay = state.retry_delay;
-                    state.retry_delay = (state.retry_delay * 2).min(MAX_RETRY);
-                    let me = myself.clone();
-                    tokio::spawn(async move {
-                        tokio::time::sleep(delay).await;
-                        let _ = me.send_message(CheckpointMsg::Flush);
-                    });
-                }
+                state.schedule(&myself);
             }
         }
         Ok(())
     }
 }
 
+impl Drop for CheckpointerState {
+    fn drop(&mut self) {
+        if let Some((_, task)) = self.timer.take() {
+            task.abort();
+        }
+    }
+}
+
 impl CheckpointerState {
+    /// Arms the flush timer for the earliest pending write that is due (at once when one is
+    /// due now); an earlier timer stays.
+    fn schedule(&mut self, myself: &ActorRef<CheckpointMsg>) {
+        let now = Instant::now();
+        let Some(at) = self
+            .pending
+            .keys()
+            .map(|run| self.due.get(run).copied().unwrap_or(now).max(now))
+            .min()
+        else {
+            return;
+        };
+        if self.timer.as_ref().is_some_and(|(when, _)| *when <= at) {
+            return;
+        }
+        if let Some((_, old)) = self.timer.take() {
+            old.abort();
+        }
+        let me = myself.clone();
+        let task = tokio::spawn(async move {
+            tokio::time::sleep_until(at).await;
+            let _ = me.send_message(CheckpointMsg::Flush);
+        });
+        self.timer = Some((at, task));
+    }
+
     fn drop_pending(&mut self, run: &RunId) {
         if let Some(old) = self.pending.remove(run) {
             self.backlog.bytes.fetch_sub(old.held(), Ordering::Relaxed);
         }
     }
 
-    /// SnapshotWrites every pending snapshot once; failed ones stay pending (encoded, counted in the
+    /// Writes every pending snapshot that is due once; failed ones stay pending (encoded, counted in the
     /// backlog) unless a newer snapshot of their run arrived meanwhile.
     async fn flush(&mut self) {
-        let batch: Vec<Pending> = self.pending.drain().map(|(_, p)| p).collect();
+        let now = Instant::now();
+        let due: Vec<RunId> = self
+            .pending
+            .keys()
+            .filter(|run| self.due.get(run).is_none_or(|at| *at <= now))
+            .copied()
+            .collect();
+        let batch: Vec<Pending> = due
+            .iter()
+            .filter_map(|run| self.pending.remove(run))
+            .collect();
         let store = self.store.clone();
         let results = futures::future::join_all(batch.into_iter().map(|mut p| {
             let store = store.clone();
             async move {
+                let started = Instant::now();
                 let held = p.held();
                 let bytes = match p.bytes.take() {
                     Some(bytes) => bytes,
@@ -193,19 +240,26 @@ impl CheckpointerState {
                 };
                 let result = store.put(&p.write.thread, stored.clone()).await;
                 p.bytes = Some(stored.bytes);
-                (p, held, Some(result))
+                (p, held, Some((result, started.elapsed())))
             }
         }))
         .await;
+        let done = Instant::now();
         for (p, held, result) in results {
             match result {
-                None | Some(Ok(())) | Some(Err(StoreError::StaleSequence { .. })) => {
+                None | Some((Ok(()), _)) | Some((Err(StoreError::StaleSequence { .. }), _)) => {
                     // Stored, superseded, or unencodable (logged): nothing left to hold.
                     self.backlog.bytes.fetch_sub(held, Ordering::Relaxed);
                     self.retry_delay = FIRST_RETRY;
+                    let cost = result.map_or(Duration::ZERO, |(_, took)| took);
+                    self.due
+                        .insert(p.write.run, done + (cost * PACE).min(MAX_PACE));
                 }
-                Some(Err(e)) => {
+                Some((Err(e), _)) => {
                     self.failures += 1;
+                    // The store failed: this run's write is retried later, backing off.
+                    self.due.insert(p.write.run, done + self.retry_delay);
+                    self.retry_delay = (self.retry_delay * 2).min(MAX_RETRY);
                     if self.failures.is_power_of_two() {
                         tracing::warn!(error = %e, failures = self.failures, "checkpoint write failed; will retry");
                     }
@@ -224,7 +278,7 @@ impl CheckpointerState {
     }
 }
 
-/// SnapshotWrites one snapshot, retrying with backoff until it is stored or `timeout` passed.
+/// Writes one snapshot, retrying with backoff until it is stored or `timeout` passed.
 async fn write_until(
     store: Arc<dyn CheckpointStore>,
     timeout: Duration,
