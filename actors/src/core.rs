@@ -11,6 +11,8 @@ pub(crate) mod items;
 pub(crate) mod iteration;
 pub(crate) mod lifecycle;
 pub(crate) mod save_gate;
+#[cfg(test)]
+mod testing;
 
 pub(crate) use dag::{NodeIndex, NodeState, Schedule};
 pub use items::ItemError;

@@ -329,3 +329,6 @@ impl ParallelMachine {
         output
     }
 }
+
+#[cfg(test)]
+mod tests;

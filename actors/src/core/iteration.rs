@@ -344,3 +344,6 @@ pub(crate) fn items_of(input: &Value) -> Result<Vec<Value>, NodeError> {
         None => Err(NodeError::invalid_input("items", "is required")),
     }
 }
+
+#[cfg(test)]
+mod tests;

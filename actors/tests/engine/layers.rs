@@ -33,6 +33,13 @@ impl Module {
         self.0.first().map_or("crate root", String::as_str)
     }
 
+    /// Unit test modules (`foo/tests.rs`) and their helpers (`testing.rs`).
+    fn is_test_only(&self) -> bool {
+        self.0
+            .last()
+            .is_some_and(|last| last == "tests" || last == "testing")
+    }
+
     fn name(&self) -> String {
         if self.0.is_empty() {
             "lib.rs".to_owned()
@@ -274,6 +281,11 @@ fn import_graph() -> BTreeMap<Module, BTreeSet<Module>> {
     let mut graph = BTreeMap::new();
     for file in &list {
         let module = module_of(&src, file);
+        if module.is_test_only() {
+            // Unit tests sit beside their code and read it from below; they are not part of
+            // the engine's structure.
+            continue;
+        }
         let text = std::fs::read_to_string(file)
             .unwrap_or_else(|e| panic!("cannot read {}: {e}", file.display()));
         let code = code_only(&text);
@@ -288,7 +300,10 @@ fn import_graph() -> BTreeMap<Module, BTreeSet<Module>> {
             if let Some(name) = decl.and_then(|d| d.strip_suffix(';')) {
                 let mut child = module.0.clone();
                 child.push(name.trim().to_owned());
-                targets.insert(Module(child));
+                let child = Module(child);
+                if !child.is_test_only() {
+                    targets.insert(child);
+                }
             }
         }
         for (inline, path) in paths(&code) {
