@@ -340,7 +340,7 @@ mod tests {
             },
             interactions: Vec::new(),
             pending_messages: vec![Message::assistant("partial")].into(),
-            labels: crate::model::RunLabels::app_chat("a", "c"),
+            labels: crate::model::RunLabels::app_chat("a", "c").expect("valid labels"),
         }
     }
 
