@@ -139,7 +139,7 @@ impl Setup {
                 &self.measured,
                 Map::new(),
                 ThreadId::new(format!("bench-{i}")).expect("valid thread id"),
-                RunLabels::app_chat("bench", chat.clone()),
+                RunLabels::app_chat("bench", chat.clone()).expect("valid labels"),
             )
             .await
             .expect("run starts");

@@ -330,11 +330,8 @@ async fn run(runtime: &Runtime, args: RunArgs) -> anyhow::Result<ExitCode> {
         Some(id) => ThreadId::new(id).context("bad --thread")?,
         None => ThreadId::generate(),
     };
-    let labels = RunLabels {
-        app_id: args.app,
-        chat_id: args.chat,
-        task_id: args.task,
-    };
+    let labels =
+        RunLabels::new(args.app, args.chat, args.task).context("bad --app, --chat or --task")?;
     let run = runtime
         .start_with(&workflow, inputs, thread, labels)
         .await

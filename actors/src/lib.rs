@@ -28,16 +28,16 @@ pub use kinds::{
 };
 pub use model::{
     ActorTree, AnswerError, CheckpointId, FieldType, FinishedRun, FormField, Frame, HistoryFlush,
-    Interaction, InteractionId, InteractionKind, Interrupted, InvalidId, Map, Message, MessageId,
-    NodeError, NodeId, NodeOutput, NodePath, ObjectMap, Outputs, ResolveError, Role, Route,
-    RunError, RunEvent, RunId, RunLabels, RunOutcome, RunRecord, RunStatus, SelectOption,
+    Interaction, InteractionId, InteractionKind, Interrupted, InvalidId, MAX_DEPTH, Map, Message,
+    MessageId, NodeError, NodeId, NodeOutput, NodePath, ObjectMap, Outputs, ResolveError, Role,
+    Route, RunError, RunEvent, RunId, RunLabels, RunOutcome, RunRecord, RunStatus, SelectOption,
     StopError, StopMode, StopReason, StopReply, StopRequested, StopResult, StoreError, ThreadId,
-    Usage, Value,
+    TooDeep, Usage, Value,
 };
 pub use persist::{Durability, SignalConfig, render_key};
 pub use runtime::{
-    EventStream, QueryError, ResumeError, ResumeFrom, ResumeInput, RunHandle, Runtime,
-    RuntimeBuilder, StartError, StopRequest,
+    EventStream, QueryError, ResumeError, ResumeFrom, ResumeInput, ResumeOptions, RunHandle,
+    Runtime, RuntimeBuilder, StartError, StopRequest,
 };
 pub use service::{RunRegistry, RunSummary};
 pub use workflow::{

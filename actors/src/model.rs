@@ -45,4 +45,5 @@ pub use stop::{StopMode, StopReason};
 pub use tree::ActorTree;
 pub use usage::Usage;
 pub(crate) use usage::add_usage;
-pub use value::{Map, Value};
+pub(crate) use value::watch_depth;
+pub use value::{MAX_DEPTH, Map, TooDeep, Value};

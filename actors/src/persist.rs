@@ -5,12 +5,14 @@
 //! The engine reaches everything outside the process through these ports; the `runvisor`
 //! crate implements them on Redis.
 
+mod check;
 mod durability;
 mod keys;
 pub mod memory;
 mod ports;
 pub(crate) mod snapshot;
 
+pub(crate) use check::check_graph;
 pub use durability::Durability;
 pub(crate) use keys::WatchedKeys;
 pub use keys::{SignalConfig, render_key};

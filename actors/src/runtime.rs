@@ -35,5 +35,5 @@ pub use builder::RuntimeBuilder;
 pub use errors::{QueryError, StartError};
 pub use facade::Runtime;
 pub use handle::{EventStream, RunHandle};
-pub use resume::{ResumeError, ResumeFrom, ResumeInput};
+pub use resume::{ResumeError, ResumeFrom, ResumeInput, ResumeOptions};
 pub use signals::StopRequest;

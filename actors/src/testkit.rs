@@ -42,6 +42,9 @@ pub enum At {
     AfterChunks(String, u64),
     /// At the instant the node's completion is recorded, before its successors start.
     OnCompletion(String),
+    /// Right after the node's handler returned, before its actor learns of it: the stop
+    /// reaches the node first (a force stop aborts it), racing the handler's result.
+    OnReturn(String),
 }
 
 /// One scripted stop. Fires once.
@@ -92,6 +95,15 @@ impl Interrupt {
     /// Stop at the instant `node` completes.
     pub fn on_completion(node: impl Into<String>) -> Self {
         Self::new(At::OnCompletion(node.into()))
+    }
+
+    /// Stop right after `node`'s handler returned, before the node's actor learns of it. With
+    /// [`force`](Self::force), the abort reaches the node while its result is on its way: the
+    /// race between a handler's return and a force stop, made to happen every time. A handler
+    /// that returned is finished, so the node completes (its output and messages kept) and a
+    /// resume never runs it again.
+    pub fn on_return(node: impl Into<String>) -> Self {
+        Self::new(At::OnReturn(node.into()))
     }
 
     /// Make it a force stop (default: graceful, 30 s).
@@ -177,6 +189,10 @@ impl Probe for Script {
 
     fn node_completed(&self, _run: RunId, path: &NodePath) -> ProbeStop {
         self.check(At::OnCompletion(leaf(path)))
+    }
+
+    fn handler_returned(&self, _run: RunId, path: &NodePath) -> ProbeStop {
+        self.check(At::OnReturn(leaf(path)))
     }
 }
 

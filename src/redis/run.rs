@@ -87,9 +87,9 @@ fn fields(record: &RunRecord) -> (Vec<(&'static str, String)>, Vec<&'static str>
         ("stop_reason", record.stop_reason.clone()),
         ("failure_reason", record.failure_reason.clone()),
         ("unpersisted", record.unpersisted.clone()),
-        ("app_id", record.labels.app_id.clone()),
-        ("chat_id", record.labels.chat_id.clone()),
-        ("task_id", record.labels.task_id.clone()),
+        ("app_id", record.labels.app_id().map(str::to_owned)),
+        ("chat_id", record.labels.chat_id().map(str::to_owned)),
+        ("task_id", record.labels.task_id().map(str::to_owned)),
         ("not_resumable", record.not_resumable.clone()),
     ];
     for (name, value) in optional {
@@ -128,11 +128,12 @@ fn record(run_id: RunId, fields: &Fields<'_>, key: &str) -> Result<Option<RunRec
         failure_reason: fields.optional_text("failure_reason")?.map(str::to_owned),
         stop_reason: fields.optional_text("stop_reason")?.map(str::to_owned),
         unpersisted: fields.optional_text("unpersisted")?.map(str::to_owned),
-        labels: runvisor_actors::RunLabels {
-            app_id: fields.optional_text("app_id")?.map(str::to_owned),
-            chat_id: fields.optional_text("chat_id")?.map(str::to_owned),
-            task_id: fields.optional_text("task_id")?.map(str::to_owned),
-        },
+        labels: runvisor_actors::RunLabels::new(
+            fields.optional_text("app_id")?.map(str::to_owned),
+            fields.optional_text("chat_id")?.map(str::to_owned),
+            fields.optional_text("task_id")?.map(str::to_owned),
+        )
+        .map_err(|e| corrupt(key, format!("labels: {e}")))?,
         not_resumable: fields.optional_text("not_resumable")?.map(str::to_owned),
     }))
 }

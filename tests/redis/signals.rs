@@ -535,7 +535,7 @@ async fn concurrent_stop_requests_set_one_flag_and_all_return() {
     let run = start(
         &runtime,
         &workflow(&runtime),
-        RunLabels::app_chat("app", "chat"),
+        RunLabels::app_chat("app", "chat").expect("valid labels"),
     )
     .await;
     talk.wait_started(1).await;
@@ -567,7 +567,7 @@ async fn a_flag_set_by_another_process_without_a_notice_stops_the_run() {
     let run = start(
         &runtime,
         &workflow(&runtime),
-        RunLabels::app_chat("app", "chat"),
+        RunLabels::app_chat("app", "chat").expect("valid labels"),
     )
     .await;
     talk.wait_started(1).await;
@@ -606,7 +606,7 @@ async fn a_published_flag_stops_the_run_between_ticks() {
     let run = start(
         &runtime,
         &workflow(&runtime),
-        RunLabels::app_chat("app", "chat"),
+        RunLabels::app_chat("app", "chat").expect("valid labels"),
     )
     .await;
     talk.wait_started(1).await;
@@ -645,7 +645,12 @@ async fn a_ragflow_cancel_flag_cancels_the_run() {
     let stores = stores(&server).await;
     let talk = Talk::endless();
     let runtime = redis_runtime(&stores, talk.clone(), SignalConfig::default());
-    let run = start(&runtime, &workflow(&runtime), RunLabels::task("T42")).await;
+    let run = start(
+        &runtime,
+        &workflow(&runtime),
+        RunLabels::task("T42").expect("valid labels"),
+    )
+    .await;
     talk.wait_started(1).await;
     // RAGFlow's `REDIS_CONN.set(f"{task_id}-cancel", "x")`: no TTL, no notice.
     let mut con = raw(&server).await;
@@ -666,7 +671,12 @@ async fn a_ragflow_cancel_flag_cancels_the_run() {
     // `request_cancel` does the same from any runtime and waits for the end.
     let talk = Talk::endless();
     let runtime = redis_runtime(&stores, talk.clone(), SignalConfig::default());
-    let run = start(&runtime, &workflow(&runtime), RunLabels::task("T43")).await;
+    let run = start(
+        &runtime,
+        &workflow(&runtime),
+        RunLabels::task("T43").expect("valid labels"),
+    )
+    .await;
     talk.wait_started(1).await;
     let request = within("cancel request", runtime.request_cancel("T43")).await;
     assert_eq!(request.key, "T43-cancel");
@@ -690,7 +700,7 @@ async fn runs_go_on_while_redis_is_down_and_a_flag_set_after_the_restart_is_hono
     let wf = workflow(&runtime);
     let mut runs = Vec::new();
     for i in 0..3 {
-        let labels = RunLabels::app_chat("app", format!("chat{i}"));
+        let labels = RunLabels::app_chat("app", format!("chat{i}")).expect("valid labels");
         runs.push(
             runtime
                 .start_with(&wf, Map::new(), thread(&format!("t{i}")), labels)
@@ -723,7 +733,7 @@ async fn runs_go_on_while_redis_is_down_and_a_flag_set_after_the_restart_is_hono
             &wf,
             Map::new(),
             thread("after"),
-            RunLabels::app_chat("app", "after"),
+            RunLabels::app_chat("app", "after").expect("valid labels"),
         )
         .await
         .expect("start");
@@ -840,7 +850,7 @@ async fn a_runtime_stops_a_run_of_another_runtime_sharing_redis() {
     let run = start(
         &worker,
         &workflow(&worker),
-        RunLabels::app_chat("app", "chat"),
+        RunLabels::app_chat("app", "chat").expect("valid labels"),
     )
     .await;
     talk.wait_started(1).await;

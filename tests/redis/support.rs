@@ -264,7 +264,7 @@ pub(crate) fn run_record(run: RunId, thread: &ThreadId) -> RunRecord {
         failure_reason: None,
         stop_reason: None,
         unpersisted: None,
-        labels: runvisor::RunLabels::app_chat("app", "chat"),
+        labels: runvisor::RunLabels::app_chat("app", "chat").expect("valid labels"),
         not_resumable: None,
     }
 }

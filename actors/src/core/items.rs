@@ -214,6 +214,16 @@ impl ParallelMachine {
         if !self.running.remove(&index) {
             return ItemStep::Continue;
         }
+        let output = output.map_err(NodeError::Resolve).and_then(|v| {
+            // Kept and saved: it must not nest past the limit.
+            match v.check_depth() {
+                Ok(()) => Ok(v),
+                Err(e) => {
+                    v.dismantle();
+                    Err(NodeError::too_deep("the item's output", e))
+                }
+            }
+        });
         match output {
             Ok(v) => {
                 self.results.set(index as usize, Some(v));
@@ -221,12 +231,9 @@ impl ParallelMachine {
                 self.mark_done(index);
                 ItemStep::Continue
             }
-            Err(e) if self.spec.fail_fast => {
-                self.record_failure(index, e.to_string(), assigned);
-                ItemStep::Fail {
-                    index,
-                    error: NodeError::Resolve(e),
-                }
+            Err(error) if self.spec.fail_fast => {
+                self.record_failure(index, error.to_string(), assigned);
+                ItemStep::Fail { index, error }
             }
             Err(e) => {
                 self.record_failure(index, e.to_string(), assigned);

@@ -217,7 +217,17 @@ impl LoopMachine {
             nodes: end.nodes,
         });
         match end.output {
-            Ok(entry) => self.history.push_back(entry),
+            Ok(entry) => {
+                // Kept and saved: it must not nest past the limit.
+                if let Err(e) = entry.check_depth() {
+                    entry.dismantle();
+                    return LoopStep::Fail {
+                        iteration: Some(index),
+                        error: NodeError::too_deep("the iteration's output", e),
+                    };
+                }
+                self.history.push_back(entry);
+            }
             Err(e) => {
                 return LoopStep::Fail {
                     iteration: Some(index),

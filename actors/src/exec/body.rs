@@ -500,7 +500,7 @@ impl BodyState {
                 self.launch_iteration(cell, index, restored).await
             }
             LoopStep::Finish(output) => {
-                self.end = Some(NodeEnd::Completed(output));
+                self.end = Some(NodeEnd::checked(output));
                 Vec::new()
             }
             LoopStep::Fail { iteration, error } => {
@@ -825,7 +825,7 @@ impl BodyState {
             if p.draining.is_empty()
                 && let Some(machine) = p.machine.as_mut()
             {
-                self.end = Some(NodeEnd::Completed(machine.finish()));
+                self.end = Some(NodeEnd::checked(machine.finish()));
             }
             return None;
         }

@@ -38,6 +38,10 @@ pub struct RuntimeConfig {
     pub checkpoint_flush_timeout: Duration,
     /// Stop and cancel flags: key formats and timings.
     pub signals: SignalConfig,
+    /// How many finished runs keep their outcome in memory, so a stop that arrives after a run
+    /// ended still gets its outcome (past that, it gets the run's record). Each kept outcome
+    /// holds the run's outputs; 0 keeps none.
+    pub finished_outcomes: usize,
 }
 
 impl Default for RuntimeConfig {
@@ -52,6 +56,7 @@ impl Default for RuntimeConfig {
             checkpoint_coalesce: Duration::from_millis(20),
             checkpoint_flush_timeout: Duration::from_secs(10),
             signals: SignalConfig::default(),
+            finished_outcomes: 1024,
         }
     }
 }

@@ -7,25 +7,38 @@
 //! and every message appended. Only a kill skips `post_stop`; the parent then sees the channel
 //! closed and knows the node's buffer is lost, which is why the engine never kills a node
 //! before asking it to stop.
+//!
+//! A handler that has returned is finished, even when a force stop lands in the same instant:
+//! its task puts the result in a slot shared with the actor before it tells the actor, and an
+//! abort (or a stop from outside) reads that slot once the task is gone. Its output is kept,
+//! with its messages, and it never runs again. An output nested deeper than
+//! [`MAX_DEPTH`](crate::model::MAX_DEPTH) fails the node ([`NodeError::TooDeep`]) and is
+//! dismantled in the task, never dropped by recursion.
 
 use std::panic::AssertUnwindSafe;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use futures::FutureExt;
 use ractor::{Actor, ActorProcessingErr, ActorRef, RpcReplyPort};
-use tokio::sync::oneshot;
+use tokio::sync::{Notify, oneshot};
 use tokio::task::JoinHandle;
 use tracing::Instrument;
 
 use crate::core::NodeIndex;
 use crate::kinds::{NodeContext, NodeHandler};
-use crate::model::{Interaction, Message, NodeError, NodeOutput, NodePath, Usage, Value};
+use crate::model::{Interaction, Message, NodeError, NodeOutput, NodePath, StopMode, Usage, Value};
 use crate::persist::snapshot::FrameState;
 /// How long `post_stop` waits for an aborted handler task to unwind before reading its
 /// buffer. A handler blocking its thread without awaiting cannot be cancelled at all; this
 /// bound keeps the flush from hanging on it.
 const ABORT_GRACE: Duration = Duration::from_millis(200);
+/// How long a handler task that a probe stopped at its return waits for the stop to reach its
+/// actor before it delivers its result anyway.
+const PROBE_WAIT: Duration = Duration::from_secs(5);
+
+/// What the handler returned, put there by its task before it tells the actor.
+type Returned = Arc<Mutex<Option<Result<NodeOutput, NodeError>>>>;
 
 /// How a node's execution ended.
 #[derive(Debug)]
@@ -70,6 +83,27 @@ impl NodeEnd {
             frame: None,
         }
     }
+
+    /// A completed output, or the node's failure when the output (or a variable it assigns)
+    /// nests deeper than [`MAX_DEPTH`](crate::model::MAX_DEPTH); a refused output is
+    /// dismantled without recursion.
+    pub(crate) fn checked(output: NodeOutput) -> Self {
+        match checked_output(output) {
+            Ok(output) => NodeEnd::Completed(output),
+            Err(error) => NodeEnd::failed(error),
+        }
+    }
+}
+
+/// The output, or [`NodeError::TooDeep`] (the output dismantled) when it nests too deep.
+fn checked_output(output: NodeOutput) -> Result<NodeOutput, NodeError> {
+    match output.check_depth() {
+        Ok(()) => Ok(output),
+        Err(error) => {
+            output.dismantle();
+            Err(error)
+        }
+    }
 }
 
 /// What a node hands its parent when it ends.
@@ -92,8 +126,8 @@ pub(crate) struct NodeReport {
 /// Messages a node actor handles.
 #[derive(Debug)]
 pub(crate) enum NodeMsg {
-    /// The handler task ended.
-    Finished(Result<NodeOutput, NodeError>),
+    /// The handler task ended; its result is in the slot.
+    Finished,
     /// Abort the handler task now and end (a force stop).
     Abort,
     /// Describe this actor for a tree query.
@@ -136,6 +170,27 @@ pub(crate) struct NodeState {
     task: Option<JoinHandle<()>>,
     start: Option<(Arc<dyn NodeHandler>, Value, tracing::Span)>,
     end: Option<NodeEnd>,
+    /// What the handler returned, once it has.
+    returned: Returned,
+    /// Told when an abort begins (a probe that stopped the run at the handler's return waits
+    /// for it, so the abort meets a handler that has returned).
+    aborting: Arc<Notify>,
+}
+
+impl NodeState {
+    /// How the node ended, from what its handler returned; `None` if it has not returned.
+    fn take_returned(&self) -> Option<NodeEnd> {
+        let result = self
+            .returned
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .take()?;
+        Some(match result {
+            Ok(output) => NodeEnd::Completed(output),
+            Err(NodeError::Stopped) if self.ctx.stop_requested() => NodeEnd::interrupted(false),
+            Err(error) => NodeEnd::failed(error),
+        })
+    }
 }
 
 impl Actor for NodeActor {
@@ -155,6 +210,8 @@ impl Actor for NodeActor {
             task: None,
             start: Some((args.handler, args.input, args.span)),
             end: None,
+            returned: Arc::default(),
+            aborting: Arc::new(Notify::new()),
         })
     }
 
@@ -167,14 +224,31 @@ impl Actor for NodeActor {
             return Ok(());
         };
         let ctx = state.ctx.clone();
+        let returned = state.returned.clone();
+        let aborting = state.aborting.clone();
         state.task = Some(tokio::spawn(
             async move {
-                let result = AssertUnwindSafe(handler.run(input, ctx))
+                let result = AssertUnwindSafe(handler.run(input, ctx.clone()))
                     .catch_unwind()
                     .await
-                    .unwrap_or_else(|panic| Err(NodeError::Panicked(panic_message(&*panic))));
+                    .unwrap_or_else(|panic| Err(NodeError::Panicked(panic_message(&*panic))))
+                    .and_then(checked_output);
+                // No await between the handler's return and this: an abort either came before
+                // the return or finds the result here.
+                *returned.lock().unwrap_or_else(|e| e.into_inner()) = Some(result);
+                if let Some((mode, _)) = ctx.probe_returned() {
+                    // A probe stopped the run at this instant: let the stop reach the actor
+                    // before the result does (a force stop aborts this task meanwhile).
+                    let _ = tokio::time::timeout(PROBE_WAIT, async {
+                        match mode {
+                            StopMode::Force => aborting.notified().await,
+                            StopMode::Graceful { .. } => ctx.stopped().await,
+                        }
+                    })
+                    .await;
+                }
                 // The actor may be gone already (aborted run): nothing to tell then.
-                let _ = myself.send_message(NodeMsg::Finished(result));
+                let _ = myself.send_message(NodeMsg::Finished);
             }
             .instrument(span),
         ));
@@ -188,21 +262,19 @@ impl Actor for NodeActor {
         state: &mut Self::State,
     ) -> Result<(), ActorProcessingErr> {
         match message {
-            NodeMsg::Finished(result) => {
+            NodeMsg::Finished => {
                 state.task = None;
-                state.end = Some(match result {
-                    Ok(output) => NodeEnd::Completed(output),
-                    Err(NodeError::Stopped) if state.ctx.stop_requested() => {
-                        NodeEnd::interrupted(false)
-                    }
-                    Err(error) => NodeEnd::failed(error),
-                });
+                if state.end.is_none() {
+                    state.end = state.take_returned();
+                }
                 myself.stop(None);
             }
             NodeMsg::Abort => {
                 if state.end.is_none() {
+                    state.aborting.notify_one();
                     abort_task(state).await;
-                    state.end = Some(NodeEnd::interrupted(true));
+                    // A handler that returned before the abort took effect is finished.
+                    state.end = Some(state.take_returned().unwrap_or(NodeEnd::interrupted(true)));
                 }
                 myself.stop(Some("aborted".into()));
             }
@@ -224,10 +296,15 @@ impl Actor for NodeActor {
         state: &mut Self::State,
     ) -> Result<(), ActorProcessingErr> {
         if state.end.is_none() {
-            // Stopped from outside before the handler returned.
+            // Stopped from outside before the actor learnt of the handler's return: the
+            // handler may still have returned before its task was aborted.
             let forced = state.task.is_some();
             abort_task(state).await;
-            state.end = Some(NodeEnd::interrupted(forced));
+            state.end = Some(
+                state
+                    .take_returned()
+                    .unwrap_or(NodeEnd::interrupted(forced)),
+            );
         }
         let (partial, chunks, messages, requested_stop) = {
             let mut buffer = state.ctx.buffer().lock().unwrap_or_else(|e| e.into_inner());

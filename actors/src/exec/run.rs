@@ -42,8 +42,9 @@ pub(crate) trait RunServices: Send + Sync + 'static {
     async fn unwatch(&self, run: RunId);
     /// Lists a live run.
     fn register(&self, run: RunId, entry: LiveRun);
-    /// The run ended: keep listing it without actors (it waits for input), or drop it.
-    fn unregister(&self, run: RunId, waiting: bool);
+    /// The run ended with `outcome`: keep listing it without actors (it waits for input), or
+    /// drop it; either way its thread is free again.
+    fn unregister(&self, run: RunId, waiting: bool, outcome: Arc<RunOutcome>);
 }
 
 /// The part of a live run that changes while it runs.

@@ -745,13 +745,14 @@ impl RunState {
             live.running.clear();
         }
         tracing::info!(parent: &self.span, %status, "run ended");
-        if status == RunStatus::AwaitingInput {
-            // A waiting run holds no actors; the registry keeps showing it until it resumes.
-            self.run.services.unregister(run_id, true);
-        } else {
-            self.run.services.unregister(run_id, false);
-        }
-        self.outcome.send_replace(Some(Arc::new(outcome)));
+        // A waiting run holds no actors; the registry keeps showing it until it resumes. The
+        // outcome is kept there first, so a stop that misses the live run still gets it.
+        let outcome = Arc::new(outcome);
+        let waiting = status == RunStatus::AwaitingInput;
+        self.run
+            .services
+            .unregister(run_id, waiting, outcome.clone());
+        self.outcome.send_replace(Some(outcome));
         self.run.emit(RunEvent::RunFinished { run_id, status });
     }
 

@@ -238,6 +238,18 @@ impl NodeContext {
         self.lock().partial.clone()
     }
 
+    /// The handler returned: asks the run's probe whether to stop the run at this instant,
+    /// and requests that stop if it says so.
+    pub(crate) fn probe_returned(&self) -> ProbeStop {
+        let (mode, reason) = self
+            .run
+            .probe
+            .as_ref()
+            .and_then(|p| p.handler_returned(self.run.run_id, &self.path))?;
+        self.run.request_stop(mode, reason);
+        Some((mode, reason))
+    }
+
     pub(crate) fn buffer(&self) -> &Arc<Mutex<NodeBuffer>> {
         &self.buffer
     }

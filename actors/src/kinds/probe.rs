@@ -29,6 +29,16 @@ pub trait Probe: std::fmt::Debug + Send + Sync + 'static {
         None
     }
 
+    /// A node's handler has returned (its result is kept, whatever comes next) and the node's
+    /// actor has not learnt of it yet. A stop requested here lands in that instant: the
+    /// handler's task waits until the stop reaches its actor (a force stop: the abort begins;
+    /// graceful: the node's stop flag is raised, at most 5 s) before it delivers the result.
+    /// It exists to test the race between a handler's return and a stop.
+    fn handler_returned(&self, run: RunId, path: &NodePath) -> ProbeStop {
+        let _ = (run, path);
+        None
+    }
+
     /// A node completed and its output was recorded; its successors have not started yet.
     fn node_completed(&self, run: RunId, path: &NodePath) -> ProbeStop {
         let _ = (run, path);

@@ -1,8 +1,10 @@
 //! Identifier newtypes: runs, threads, nodes, checkpoints, messages.
 //!
 //! Run, checkpoint and message ids are UUIDv7: time-ordered, so their text order is their
-//! creation order. Thread ids come from the host (a chat id, a session id) and are free text,
-//! checked to be non-empty and printable so they can name keys safely.
+//! creation order. Thread ids come from the host (a chat id, a session id) and node ids from
+//! workflow definitions; both are free text, checked by one rule (`TextIdRule`) so they can name
+//! keys and show in logs safely: non-empty, bounded, and without whitespace, control,
+//! bidirectional-override or zero-width characters (text that could hide what it says).
 
 use std::fmt;
 use std::str::FromStr;
@@ -20,6 +22,59 @@ pub struct InvalidId {
     pub value: String,
     /// Why it was refused.
     pub reason: &'static str,
+}
+
+/// Characters that change how text around them is shown (bidirectional embeddings, overrides,
+/// isolates and marks) or are not shown at all (zero-width spaces, joiners, the BOM).
+fn is_hidden_format(c: char) -> bool {
+    matches!(
+        c,
+        '\u{202A}'..='\u{202E}'
+            | '\u{2066}'..='\u{2069}'
+            | '\u{200E}'
+            | '\u{200F}'
+            | '\u{061C}'
+            | '\u{200B}'..='\u{200D}'
+            | '\u{2060}'
+            | '\u{FEFF}'
+    )
+}
+
+/// What host-given id text must be: non-empty, at most `max` bytes, and without whitespace,
+/// control, bidirectional or zero-width characters.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct TextIdRule {
+    /// Which kind of id, for errors (`"thread id"`).
+    pub(crate) what: &'static str,
+    /// The longest accepted, in bytes.
+    pub(crate) max: usize,
+    /// The reason given for a longer one (`"is longer than 256 bytes"`).
+    pub(crate) too_long: &'static str,
+}
+
+impl TextIdRule {
+    /// Checks an id against the rule.
+    pub(crate) fn check(&self, id: &str) -> Result<(), InvalidId> {
+        let reason = if id.is_empty() {
+            Some("is empty")
+        } else if id.len() > self.max {
+            Some(self.too_long)
+        } else if id.chars().any(|c| c.is_whitespace() || c.is_control()) {
+            Some("contains whitespace or a control character")
+        } else if id.chars().any(is_hidden_format) {
+            Some("contains a bidirectional or zero-width character")
+        } else {
+            None
+        };
+        match reason {
+            Some(reason) => Err(InvalidId {
+                what: self.what,
+                value: id.to_owned(),
+                reason,
+            }),
+            None => Ok(()),
+        }
+    }
 }
 
 macro_rules! uuid_id {
@@ -104,22 +159,16 @@ macro_rules! text_id {
         impl $name {
             /// Checks and wraps an id: non-empty, at most
             #[doc = concat!(stringify!($max))]
-            /// bytes, no whitespace or control characters.
+            /// bytes, no whitespace, control, bidirectional or zero-width characters.
             pub fn new(id: impl AsRef<str>) -> Result<Self, InvalidId> {
                 let id = id.as_ref();
-                let reason = if id.is_empty() {
-                    Some("is empty")
-                } else if id.len() > $max {
-                    Some(concat!("is longer than ", stringify!($max), " bytes"))
-                } else if id.chars().any(|c| c.is_whitespace() || c.is_control()) {
-                    Some("contains whitespace or a control character")
-                } else {
-                    None
+                const RULE: TextIdRule = TextIdRule {
+                    what: $what,
+                    max: $max,
+                    too_long: concat!("is longer than ", stringify!($max), " bytes"),
                 };
-                match reason {
-                    Some(reason) => Err(InvalidId { what: $what, value: id.to_owned(), reason }),
-                    None => Ok(Self(Arc::from(id))),
-                }
+                RULE.check(id)?;
+                Ok(Self(Arc::from(id)))
             }
 
             /// The id as text.
@@ -202,6 +251,37 @@ mod tests {
         assert!(NodeId::new("x".repeat(129)).is_err());
         assert!(ThreadId::new("chat:42").is_ok());
         let err: Result<NodeId, _> = serde_json::from_str("\"a\\nb\"");
+        assert!(err.is_err());
+    }
+
+    #[test]
+    fn hidden_and_invisible_characters_are_refused() {
+        for bad in [
+            "a\u{202E}b",
+            "a\u{202A}",
+            "\u{2066}x",
+            "x\u{2069}",
+            "a\u{200E}",
+            "a\u{200F}",
+            "a\u{061C}",
+            "a\u{200B}b",
+            "a\u{200D}",
+            "\u{2060}a",
+            "\u{FEFF}a",
+            "a\u{7}",
+            "a\u{2028}b",
+            "a\tb",
+        ] {
+            let err = ThreadId::new(bad).expect_err(bad);
+            assert_eq!(err.what, "thread id");
+            assert!(NodeId::new(bad).is_err(), "{bad:?}");
+        }
+        assert!(ThreadId::new("chat:é-中文").is_ok());
+        assert_eq!(
+            ThreadId::new("x".repeat(257)).map_err(|e| e.reason),
+            Err("is longer than 256 bytes")
+        );
+        let err: Result<ThreadId, _> = serde_json::from_str("\"a\\u202eb\"");
         assert!(err.is_err());
     }
 

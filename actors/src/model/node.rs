@@ -6,7 +6,7 @@ use std::fmt;
 use super::error::ResolveError;
 use super::route::Route;
 use super::usage::Usage;
-use super::value::Value;
+use super::value::{TooDeep, Value};
 
 /// What a node produced.
 #[derive(Debug, Clone, PartialEq)]
@@ -57,6 +57,30 @@ impl NodeOutput {
     }
 }
 
+impl NodeOutput {
+    /// Checks the output's value and every variable it assigns against
+    /// [`MAX_DEPTH`](super::value::MAX_DEPTH), without recursion.
+    pub fn check_depth(&self) -> Result<(), NodeError> {
+        self.value
+            .check_depth()
+            .map_err(|e| NodeError::too_deep("the output", e))?;
+        for (name, value) in &self.variables {
+            value
+                .check_depth()
+                .map_err(|e| NodeError::too_deep(format!("variable `{name}`"), e))?;
+        }
+        Ok(())
+    }
+
+    /// Drops the output without recursion (see [`Value::dismantle`]).
+    pub fn dismantle(self) {
+        self.value.dismantle();
+        for (_, value) in self.variables {
+            value.dismantle();
+        }
+    }
+}
+
 impl From<Value> for NodeOutput {
     fn from(value: Value) -> Self {
         Self::new(value)
@@ -87,12 +111,29 @@ pub enum NodeError {
     /// The handler panicked.
     #[error("handler panicked: {0}")]
     Panicked(String),
+    /// A value the node produced nests deeper than the limit,
+    /// [`MAX_DEPTH`](super::value::MAX_DEPTH).
+    #[error("{what} is nested deeper than {limit} levels of arrays and objects (the limit)")]
+    TooDeep {
+        /// What was too deep: `the output`, `variable `x``, `the iteration's output`.
+        what: String,
+        /// The limit.
+        limit: usize,
+    },
 }
 
 impl NodeError {
     /// A failure with a message.
     pub fn failed(message: impl fmt::Display) -> Self {
         NodeError::Failed(message.to_string())
+    }
+
+    /// A value nested past the limit.
+    pub fn too_deep(what: impl Into<String>, error: TooDeep) -> Self {
+        NodeError::TooDeep {
+            what: what.into(),
+            limit: error.limit,
+        }
     }
 
     /// An invalid input field.

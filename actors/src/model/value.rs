@@ -4,7 +4,14 @@
 //! needs `deserialize_any`), so snapshots could not hold it. [`Value`] serializes as plain JSON
 //! for human-readable formats and as a tagged enum for binary ones, so both work. Falsy values
 //! (`0`, `""`, `false`, `[]`) are ordinary values: nothing here treats them as missing.
+//!
+//! Values nest at most [`MAX_DEPTH`] levels. Deeper ones are refused wherever they enter (run
+//! inputs, handler outputs, answers, decoding) because everything that walks a value by
+//! recursion (clone, compare, encode, drop) would otherwise overflow the stack. Decoding counts
+//! the nesting itself, for every deserializer; [`Value::depth`], [`Value::check_depth`] and
+//! [`Value::dismantle`] work without recursion, so they are safe on a value of any depth.
 
+use std::cell::Cell;
 use std::fmt;
 
 use serde::de::{MapAccess, SeqAccess, Visitor};
@@ -14,6 +21,27 @@ use super::map::ObjectMap;
 
 /// An object: text keys in sorted order, so rendering and snapshots are deterministic.
 pub type Map = ObjectMap<Value>;
+
+/// How many arrays and objects a value may nest, one in another. A scalar nests 0 levels,
+/// `[]` one, `[[1]]` two. Run inputs count as one object, so each input may nest one level
+/// less. serde_json refuses JSON text nested 128 levels or more by its own recursion limit.
+pub const MAX_DEPTH: usize = 128;
+
+/// A value nested deeper than [`MAX_DEPTH`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+#[error("nested deeper than {limit} levels of arrays and objects (the limit)")]
+#[non_exhaustive]
+pub struct TooDeep {
+    /// The limit that was passed: [`MAX_DEPTH`].
+    pub limit: usize,
+}
+
+impl TooDeep {
+    /// The error for the value limit, [`MAX_DEPTH`].
+    pub const fn value() -> Self {
+        Self { limit: MAX_DEPTH }
+    }
+}
 
 /// A dynamic value.
 #[derive(Debug, Clone, PartialEq, Default)]
@@ -152,6 +180,60 @@ impl Value {
         let mut out = String::new();
         self.render_into(&mut out);
         out
+    }
+
+    /// How many arrays and objects nest in this value on its deepest path (0 for a scalar).
+    /// Walks the value without recursion, so any depth is safe.
+    pub fn depth(&self) -> usize {
+        self.deepest(usize::MAX)
+    }
+
+    /// Checks that the value nests at most [`MAX_DEPTH`] levels. Stops at the first path that
+    /// goes deeper; no recursion, so any depth is safe.
+    pub fn check_depth(&self) -> Result<(), TooDeep> {
+        self.check_depth_within(MAX_DEPTH)
+    }
+
+    /// Checks that the value nests at most `limit` levels (see [`Value::check_depth`]).
+    pub fn check_depth_within(&self, limit: usize) -> Result<(), TooDeep> {
+        if self.deepest(limit) > limit {
+            Err(TooDeep { limit })
+        } else {
+            Ok(())
+        }
+    }
+
+    /// The depth, or any depth past `limit` as soon as one path passes it.
+    fn deepest(&self, limit: usize) -> usize {
+        let mut deepest = 0;
+        // Each value with the number of arrays and objects around it.
+        let mut pending: Vec<(&Value, usize)> = vec![(self, 0)];
+        while let Some((value, around)) = pending.pop() {
+            let level = around + 1;
+            match value {
+                Value::Array(items) => pending.extend(items.iter().map(|v| (v, level))),
+                Value::Object(m) => pending.extend(m.values().map(|v| (v, level))),
+                _ => continue,
+            }
+            deepest = deepest.max(level);
+            if deepest > limit {
+                break;
+            }
+        }
+        deepest
+    }
+
+    /// Drops the value without recursion. Dropping a value the ordinary way recurses once per
+    /// level; use this for a value that may be deeper than [`MAX_DEPTH`] (one just refused).
+    pub fn dismantle(self) {
+        let mut pending = vec![self];
+        while let Some(value) = pending.pop() {
+            match value {
+                Value::Array(items) => pending.extend(items),
+                Value::Object(m) => pending.extend(m.into_iter().map(|(_, v)| v)),
+                _ => {}
+            }
+        }
     }
 
     /// Converts to a `serde_json::Value` (non-finite floats become `null`, as in JSON).
@@ -317,20 +399,77 @@ impl Serialize for Value {
 }
 
 impl<'de> Deserialize<'de> for Value {
+    /// Decodes a value, refusing one nested deeper than [`MAX_DEPTH`] before recursing any
+    /// further, whatever the deserializer.
     fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
-        if deserializer.is_human_readable() {
-            return deserializer.deserialize_any(JsonVisitor);
-        }
-        Ok(match Tagged::deserialize(deserializer)? {
-            Tagged::Null => Value::Null,
-            Tagged::Bool(b) => Value::Bool(b),
-            Tagged::Int(i) => Value::Int(i),
-            Tagged::Float(f) => Value::Float(f),
-            Tagged::String(s) => Value::String(s.into_owned()),
-            Tagged::Array(items) => Value::Array(items.into_owned()),
-            Tagged::Object(m) => Value::Object(m.into_owned()),
-        })
+        let level = DecodeLevel::enter::<D::Error>()?;
+        let value = if deserializer.is_human_readable() {
+            deserializer.deserialize_any(JsonVisitor)?
+        } else {
+            match Tagged::deserialize(deserializer)? {
+                Tagged::Null => Value::Null,
+                Tagged::Bool(b) => Value::Bool(b),
+                Tagged::Int(i) => Value::Int(i),
+                Tagged::Float(f) => Value::Float(f),
+                Tagged::String(s) => Value::String(s.into_owned()),
+                Tagged::Array(items) => Value::Array(items.into_owned()),
+                Tagged::Object(m) => Value::Object(m.into_owned()),
+            }
+        };
+        level.leave(&value)?;
+        Ok(value)
     }
+}
+
+thread_local! {
+    /// How many values this thread is decoding, one inside another.
+    static DECODING: Cell<usize> = const { Cell::new(0) };
+    /// Whether a value was refused for its depth since [`watch_depth`] last looked.
+    static REFUSED: Cell<bool> = const { Cell::new(false) };
+}
+
+/// One level of value decoding on this thread. Entered before a value is decoded; a value is
+/// refused as soon as it sits inside `MAX_DEPTH` others (its inner values are never decoded),
+/// and an array or object inside `MAX_DEPTH` values (an empty one) when it is left.
+struct DecodeLevel {
+    around: usize,
+}
+
+impl DecodeLevel {
+    fn enter<E: serde::de::Error>() -> Result<Self, E> {
+        let around = DECODING.get();
+        if around > MAX_DEPTH {
+            return Err(refuse());
+        }
+        DECODING.set(around + 1);
+        Ok(Self { around })
+    }
+
+    fn leave<E: serde::de::Error>(self, value: &Value) -> Result<(), E> {
+        if self.around >= MAX_DEPTH && matches!(value, Value::Array(_) | Value::Object(_)) {
+            return Err(refuse());
+        }
+        Ok(())
+    }
+}
+
+impl Drop for DecodeLevel {
+    fn drop(&mut self) {
+        DECODING.set(self.around);
+    }
+}
+
+fn refuse<E: serde::de::Error>() -> E {
+    REFUSED.set(true);
+    E::custom(TooDeep::value())
+}
+
+/// Runs a decode on this thread and tells whether it refused a value for its depth: codecs
+/// such as postcard drop the message of a custom error, and this names it anyway.
+pub(crate) fn watch_depth<T>(decode: impl FnOnce() -> T) -> (T, bool) {
+    REFUSED.set(false);
+    let out = decode();
+    (out, REFUSED.replace(false))
 }
 
 struct JsonVisitor;
@@ -456,6 +595,68 @@ mod tests {
         assert_eq!(Value::from("x").render(), "x");
         assert_eq!(Value::from(vec![1, 2]).render(), "[1,2]");
         assert_eq!(Value::Float(1.5).render(), "1.5");
+    }
+
+    /// `[[...[null]...]]`, `levels` arrays deep, in postcard's encoding of the tagged form:
+    /// variant 5 (array) and length 1 per level, then variant 0 (null).
+    fn postcard_nested(levels: usize, innermost: &[u8]) -> Vec<u8> {
+        let mut bytes = [5u8, 1].repeat(levels);
+        bytes.extend_from_slice(innermost);
+        bytes
+    }
+
+    fn nested(levels: usize) -> Value {
+        let mut v = Value::Null;
+        for _ in 0..levels {
+            v = Value::Array(vec![v]);
+        }
+        v
+    }
+
+    #[test]
+    fn depth_counts_arrays_and_objects_without_recursion() {
+        assert_eq!(Value::Int(1).depth(), 0);
+        assert_eq!(Value::Array(vec![]).depth(), 1);
+        assert_eq!(sample().depth(), 3);
+        let deep = nested(10_000);
+        assert_eq!(deep.depth(), 10_000);
+        assert_eq!(deep.check_depth(), Err(TooDeep { limit: MAX_DEPTH }));
+        assert_eq!(deep.check_depth_within(10_000), Ok(()));
+        deep.dismantle();
+        assert_eq!(nested(MAX_DEPTH).check_depth(), Ok(()));
+        assert!(nested(MAX_DEPTH + 1).check_depth().is_err());
+    }
+
+    #[test]
+    fn decoding_refuses_values_past_the_limit_for_every_codec() {
+        // At the limit: decodes, with an empty array or a scalar innermost.
+        let at: Value = postcard::from_bytes(&postcard_nested(MAX_DEPTH, &[0])).expect("decode");
+        assert_eq!(at.depth(), MAX_DEPTH);
+        at.dismantle();
+        let empty = postcard_nested(MAX_DEPTH - 1, &[5, 0]);
+        assert!(postcard::from_bytes::<Value>(&empty).is_ok());
+        // One past: refused, also when the innermost array is empty.
+        for bytes in [
+            postcard_nested(MAX_DEPTH + 1, &[0]),
+            postcard_nested(MAX_DEPTH, &[5, 0]),
+            postcard_nested(100_000, &[0]),
+        ] {
+            let (result, refused) = watch_depth(|| postcard::from_bytes::<Value>(&bytes));
+            assert!(result.is_err());
+            assert!(refused);
+        }
+        // The thread's count is back to zero after a refusal.
+        assert!(postcard::from_bytes::<Value>(&postcard_nested(MAX_DEPTH, &[0])).is_ok());
+        // JSON: serde_json's own limit, and ours for a deserializer without one.
+        let text = format!("{}{}", "[".repeat(10_000), "]".repeat(10_000));
+        assert!(serde_json::from_str::<Value>(&text).is_err());
+        let mut json = serde_json::Value::Null;
+        for _ in 0..MAX_DEPTH + 5 {
+            json = serde_json::Value::Array(vec![json]);
+        }
+        let (result, refused) = watch_depth(|| Value::deserialize(&json));
+        assert!(result.is_err());
+        assert!(refused);
     }
 
     #[test]

@@ -83,9 +83,9 @@ pub fn render_key(
             let end = tail.find('}')?;
             let value = match &tail[1..end] {
                 "prefix" => Some(prefix.to_owned()),
-                "app_id" => labels.app_id.clone(),
-                "chat_id" => labels.chat_id.clone(),
-                "task_id" => labels.task_id.clone(),
+                "app_id" => labels.app_id().map(str::to_owned),
+                "chat_id" => labels.chat_id().map(str::to_owned),
+                "task_id" => labels.task_id().map(str::to_owned),
                 "thread" => thread.map(ToString::to_string),
                 "run_id" => run.map(|r| r.to_string()),
                 _ => None,
@@ -138,7 +138,7 @@ mod tests {
 
     #[test]
     fn templates_render_labels_and_literal_braces() {
-        let labels = RunLabels::app_chat("app1", "chat9");
+        let labels = RunLabels::app_chat("app1", "chat9").expect("valid labels");
         let thread = ThreadId::new("t1").expect("id");
         let run = RunId::new();
         assert_eq!(
@@ -169,7 +169,7 @@ mod tests {
         assert_eq!(render_key("a}b", "p", &labels, None, None), None);
         let keys = WatchedKeys::for_run(
             &SignalConfig::default(),
-            &RunLabels::task("T"),
+            &RunLabels::task("T").expect("valid label"),
             &thread,
             run,
         );

@@ -14,15 +14,21 @@
 //!
 //! The length is checked against [`MAX_SNAPSHOT_BYTES`] and against the bytes actually present
 //! before anything is allocated, and the checksum before anything is decoded. Decoding never
-//! panics: every problem is a [`SnapshotError`] naming what is wrong.
+//! panics and never recurses without bound: values nested deeper than
+//! [`MAX_DEPTH`](crate::model::MAX_DEPTH) and loop and parallel frames nested deeper than
+//! [`MAX_FRAME_DEPTH`] are refused as they are read. Every problem is a [`SnapshotError`]
+//! naming what is wrong. What a decoded snapshot says (nodes, indices, counts) is checked against
+//! its workflow before a run restores it (`check.rs`).
 
+use std::cell::Cell;
 use std::sync::Arc;
 
-use serde::{Deserialize, Serialize};
+use serde::{Deserialize, Deserializer, Serialize};
 
 pub use crate::core::{ItemError, IterationDetail};
 use crate::model::{
-    Interaction, Map, Message, NodeId, Route, RunId, RunStatus, StopReason, ThreadId, Value,
+    Interaction, MAX_DEPTH, Map, Message, NodeId, Route, RunId, RunStatus, StopReason, ThreadId,
+    Value, watch_depth,
 };
 /// The persistent vector snapshots hold growing lists in (iterations, items, messages): shared
 /// with the run's state, so taking a snapshot copies nothing. It encodes as a plain sequence.
@@ -38,6 +44,10 @@ pub const SCHEMA_VERSION: u16 = 1;
 pub const CODEC_POSTCARD: u8 = 1;
 /// The largest payload accepted (64 MiB).
 pub const MAX_SNAPSHOT_BYTES: usize = 64 * 1024 * 1024;
+
+/// How many loop and parallel frames a snapshot may nest, one inside another (a loop in a
+/// parallel in a loop...). Deeper ones are refused when decoding.
+pub const MAX_FRAME_DEPTH: usize = 128;
 
 const HEADER_LEN: usize = 4 + 2 + 2 + 1 + 4 + 4;
 // Slice-by-16 tables: the same checksum as byte-at-a-time, several times faster.
@@ -72,8 +82,36 @@ pub struct GraphState {
 pub struct SavedFrame {
     /// The loop or parallel node.
     pub node: NodeId,
-    /// Its progress.
+    /// Its progress. Every nesting of frames passes through here: decoding counts it.
+    #[serde(deserialize_with = "nested_frame")]
     pub state: FrameState,
+}
+
+thread_local! {
+    /// How many frames this thread is decoding, one inside another.
+    static FRAMES: Cell<usize> = const { Cell::new(0) };
+    /// Whether frames were refused for their nesting since the last decode began.
+    static FRAMES_REFUSED: Cell<bool> = const { Cell::new(false) };
+}
+
+/// Decodes a frame inside at most [`MAX_FRAME_DEPTH`] others.
+fn nested_frame<'de, D: Deserializer<'de>>(deserializer: D) -> Result<FrameState, D::Error> {
+    struct Level(usize);
+    impl Drop for Level {
+        fn drop(&mut self) {
+            FRAMES.set(self.0);
+        }
+    }
+    let around = FRAMES.get();
+    if around >= MAX_FRAME_DEPTH {
+        FRAMES_REFUSED.set(true);
+        return Err(serde::de::Error::custom(format!(
+            "loop and parallel frames nested deeper than {MAX_FRAME_DEPTH}"
+        )));
+    }
+    FRAMES.set(around + 1);
+    let _level = Level(around);
+    FrameState::deserialize(deserializer)
 }
 
 /// Loop or parallel progress.
@@ -221,6 +259,15 @@ pub enum SnapshotError {
     /// The snapshot could not be encoded.
     #[error("snapshot does not encode: {0}")]
     Encode(String),
+    /// The payload nests deeper than this build reads: a value past
+    /// [`MAX_DEPTH`](crate::model::MAX_DEPTH), or frames past [`MAX_FRAME_DEPTH`].
+    #[error("snapshot payload nests {what} deeper than {limit} levels (the limit)")]
+    TooDeep {
+        /// What nests too deep: `a value` or `loop and parallel frames`.
+        what: &'static str,
+        /// The limit.
+        limit: usize,
+    },
 }
 
 impl Snapshot {
@@ -279,8 +326,25 @@ impl Snapshot {
         if stored != computed {
             return Err(SnapshotError::Checksum { stored, computed });
         }
-        let (snapshot, rest) = postcard::take_from_bytes::<Snapshot>(payload)
-            .map_err(|e| SnapshotError::Decode(e.to_string()))?;
+        FRAMES_REFUSED.set(false);
+        let (decoded, value_too_deep) =
+            watch_depth(|| postcard::take_from_bytes::<Snapshot>(payload));
+        let frames_too_deep = FRAMES_REFUSED.replace(false);
+        let (snapshot, rest) = decoded.map_err(|e| {
+            if value_too_deep {
+                SnapshotError::TooDeep {
+                    what: "a value",
+                    limit: MAX_DEPTH,
+                }
+            } else if frames_too_deep {
+                SnapshotError::TooDeep {
+                    what: "loop and parallel frames",
+                    limit: MAX_FRAME_DEPTH,
+                }
+            } else {
+                SnapshotError::Decode(e.to_string())
+            }
+        })?;
         if !rest.is_empty() {
             return Err(SnapshotError::Decode(format!(
                 "{} trailing bytes after the snapshot",
@@ -340,7 +404,7 @@ mod tests {
             },
             interactions: Vec::new(),
             pending_messages: vec![Message::assistant("partial")].into(),
-            labels: crate::model::RunLabels::app_chat("a", "c"),
+            labels: crate::model::RunLabels::app_chat("a", "c").expect("valid labels"),
         }
     }
 

@@ -14,6 +14,25 @@ pub enum StartError {
         /// What is wrong.
         problem: String,
     },
+    /// An input nests deeper than `limit` levels of arrays and objects: the inputs count as
+    /// one object, nesting at most [`MAX_DEPTH`](crate::MAX_DEPTH) levels.
+    #[error(
+        "input `{input}` is nested deeper than {limit} levels of arrays and objects (the limit)"
+    )]
+    InputTooDeep {
+        /// The input's name.
+        input: String,
+        /// How deep an input may nest.
+        limit: usize,
+    },
+    /// A run of the thread is starting or live in this process.
+    #[error("thread `{thread}` has a live run {run}")]
+    ThreadBusy {
+        /// The thread.
+        thread: ThreadId,
+        /// The run holding it.
+        run: RunId,
+    },
     /// The workflow uses a kind this runtime does not know.
     #[error("node kind `{0}` is not registered on this runtime")]
     UnknownKind(String),

@@ -6,6 +6,11 @@
 //! idempotent by message id, and messages the store refused at the stop travel in the snapshot
 //! and are persisted first). Resuming from an older checkpoint of the thread forks: the
 //! original runs and checkpoints are untouched.
+//!
+//! A resume claims its thread before it reads the checkpoint: of concurrent resumes (or a
+//! resume and a start) of one thread in one process, exactly one goes on. Everything the
+//! checkpoint says is checked against its workflow before the run starts: nodes, completions,
+//! and every index and count of loop and parallel progress.
 
 use std::collections::HashMap;
 
@@ -13,14 +18,13 @@ use super::errors::StartError;
 use super::facade::Runtime;
 use super::handle::RunHandle;
 use super::start::Launch;
-use crate::core::Schedule;
 use crate::exec::Restore;
 use crate::model::{
     AnswerError, CheckpointId, Interaction, InteractionId, Message, RunId, RunStatus, StoreError,
-    ThreadId, Value,
+    ThreadId, TooDeep, Value,
 };
-use crate::persist::Snapshot;
 use crate::persist::snapshot::SnapshotError;
+use crate::persist::{Snapshot, check_graph};
 use crate::workflow::ValidationErrors;
 
 /// Where to resume from.
@@ -77,12 +81,13 @@ pub enum ResumeError {
         /// The checkpoint asked for.
         checkpoint: CheckpointId,
     },
-    /// A run of the thread is live in this process.
+    /// A run of the thread is starting or live in this process (a concurrent resume or start
+    /// claimed it first).
     #[error("thread `{thread}` has a live run {run}; stop it before resuming")]
     ThreadBusy {
         /// The thread.
         thread: ThreadId,
-        /// Its live run.
+        /// The run holding it.
         run: RunId,
     },
     /// The checkpoint's run completed: there is nothing left to run.
@@ -137,6 +142,15 @@ pub enum ResumeError {
         /// What is wrong with the answer.
         error: AnswerError,
     },
+    /// The answer nests deeper than [`MAX_DEPTH`](crate::MAX_DEPTH); the run stays resumable.
+    #[error("answer to interaction {interaction} refused: {error}")]
+    AnswerTooDeep {
+        /// The interaction.
+        interaction: InteractionId,
+        /// The limit it passed.
+        #[source]
+        error: TooDeep,
+    },
     /// The run waits for an answer; resume with `ResumeInput::Answer`.
     #[error("checkpoint {checkpoint} waits for an answer to interaction {} at `{}`", interaction.id, interaction.path)]
     AnswerRequired {
@@ -153,20 +167,80 @@ pub enum ResumeError {
     Start(#[from] StartError),
 }
 
+/// How to resume, beyond where from and with what.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[non_exhaustive]
+pub struct ResumeOptions {
+    /// Run failed parallel items (`on_error: collect`) again. By default an item that failed
+    /// stays failed on resume: only items that were interrupted, or had not started, run.
+    /// With this set, every failed item of a parallel still in progress at the checkpoint (at
+    /// any depth) runs again from its start. A parallel that had completed is not rerun.
+    pub retry_failed: bool,
+}
+
+impl ResumeOptions {
+    /// Whether failed parallel items run again (see [`ResumeOptions::retry_failed`]).
+    pub fn retry_failed(mut self, retry: bool) -> Self {
+        self.retry_failed = retry;
+        self
+    }
+}
+
 impl Runtime {
-    /// Resumes a thread from its newest checkpoint, or from a named one (a fork).
+    /// Resumes a thread from its newest checkpoint, or from a named one (a fork), with the
+    /// default [`ResumeOptions`].
     pub async fn resume(
         &self,
         from: impl Into<ResumeFrom>,
         input: ResumeInput,
     ) -> Result<RunHandle, ResumeError> {
+        self.resume_with(from, input, ResumeOptions::default())
+            .await
+    }
+
+    /// Resumes a thread from its newest checkpoint, or from a named one (a fork).
+    ///
+    /// Fails with [`ResumeError::ThreadBusy`] while another run of the thread is starting or
+    /// live in this process, and with [`ResumeError::Inconsistent`] when the checkpoint does
+    /// not fit its workflow (a node it names, an index or count of its loop or parallel
+    /// progress); neither changes anything.
+    pub async fn resume_with(
+        &self,
+        from: impl Into<ResumeFrom>,
+        input: ResumeInput,
+        options: ResumeOptions,
+    ) -> Result<RunHandle, ResumeError> {
         let from = from.into();
         let thread = match &from {
             ResumeFrom::Thread(t) | ResumeFrom::Checkpoint { thread: t, .. } => t.clone(),
         };
-        if let Some(run) = self.registry().active_on(&thread) {
-            return Err(ResumeError::ThreadBusy { thread, run });
-        }
+        let input = match input {
+            ResumeInput::Answer {
+                interaction_id,
+                value,
+            } => match value.check_depth() {
+                Ok(()) => ResumeInput::Answer {
+                    interaction_id,
+                    value,
+                },
+                Err(error) => {
+                    value.dismantle();
+                    return Err(ResumeError::AnswerTooDeep {
+                        interaction: interaction_id,
+                        error,
+                    });
+                }
+            },
+            other => other,
+        };
+        let run_id = RunId::new();
+        let claim =
+            self.registry()
+                .claim(&thread, run_id)
+                .map_err(|run| ResumeError::ThreadBusy {
+                    thread: thread.clone(),
+                    run,
+                })?;
         let stored = match &from {
             ResumeFrom::Thread(_) => self
                 .checkpoint_store()
@@ -241,16 +315,7 @@ impl Runtime {
             .load_json(&definition)
             .map_err(|errors| ResumeError::Workflow { checkpoint, errors })?;
         let plan = workflow.plan().clone();
-        let mut completions = Vec::with_capacity(snapshot.graph.completed.len());
-        for done in &snapshot.graph.completed {
-            let index =
-                *plan.graph.index.get(&done.node).ok_or_else(|| {
-                    inconsistent(format!("no node `{}` in its workflow", done.node))
-                })?;
-            completions.push((index, done.route.clone()));
-        }
-        Schedule::restore(plan.graph.shape.clone(), &completions)
-            .map_err(|e| inconsistent(format!("completions do not replay: {e}")))?;
+        check_graph(&plan.graph, &snapshot.graph, "").map_err(inconsistent)?;
 
         let mut answers = HashMap::new();
         match &input {
@@ -290,7 +355,6 @@ impl Runtime {
         }
 
         let mut history = self.load_history(&thread).await?;
-        let run_id = RunId::new();
         let mut produced = Vec::new();
         if !snapshot.pending_messages.is_empty() {
             // Messages the store refused at the stop: persist them now (idempotent), or keep
@@ -334,8 +398,10 @@ impl Runtime {
                 }),
                 answers,
                 labels: snapshot.labels,
+                retry_failed: options.retry_failed,
             })
             .await?;
+        claim.hand_over();
         Ok(handle)
     }
 }

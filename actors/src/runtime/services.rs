@@ -10,7 +10,7 @@ use async_trait::async_trait;
 use ractor::{Actor, ActorRef};
 
 use crate::exec::{LiveRun, RunMsg, RunServices, RuntimeConfig};
-use crate::model::{CheckpointId, RunId, StopMode};
+use crate::model::{CheckpointId, RunId, RunOutcome, StopMode};
 use crate::persist::snapshot::SnapshotWrite;
 use crate::persist::{CheckpointStore, HistoryStore, RunStore, SignalSource, WatchedKeys};
 use crate::service::RunRegistry;
@@ -46,8 +46,8 @@ impl Services {
             runs,
             checkpoints,
             signals,
+            registry: RunRegistry::new(config.finished_outcomes),
             config,
-            registry: RunRegistry::default(),
             checkpointer: tokio::sync::OnceCell::new(),
             backlog: Arc::default(),
             watcher: tokio::sync::OnceCell::new(),
@@ -165,12 +165,8 @@ impl RunServices for Services {
         self.registry.insert(run, entry);
     }
 
-    fn unregister(&self, run: RunId, waiting: bool) {
-        if waiting {
-            self.registry.detach(&run);
-        } else {
-            self.registry.remove(&run);
-        }
+    fn unregister(&self, run: RunId, waiting: bool, outcome: Arc<RunOutcome>) {
+        self.registry.finish(run, waiting, outcome);
     }
 }
 

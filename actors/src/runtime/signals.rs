@@ -26,8 +26,12 @@ impl Runtime {
     /// Asks the run of a FastGPT app and chat to stop (from any process sharing the signal
     /// source): sets `agent_runtime_stopping:{app_id}:{chat_id}` (per the configured stop
     /// templates), publishes it, and waits up to the configured time for the run to end.
+    /// An id that is not valid (see [`RunLabels`]) is reported in the answer's `error`.
     pub async fn request_stop(&self, app_id: &str, chat_id: &str) -> StopRequest {
-        let labels = RunLabels::app_chat(app_id, chat_id);
+        let labels = match RunLabels::app_chat(app_id, chat_id) {
+            Ok(labels) => labels,
+            Err(e) => return refused(e),
+        };
         match self.first_key(&self.config().signals.stop_keys, &labels) {
             Some(key) => self.request_flag(&key).await,
             None => no_template("stop", "app_id and chat_id"),
@@ -36,8 +40,12 @@ impl Runtime {
 
     /// Asks the run of a RAGFlow task to cancel: sets `{task_id}-cancel` (per the configured
     /// cancel templates), publishes it, and waits up to the configured time for the run to end.
+    /// An id that is not valid (see [`RunLabels`]) is reported in the answer's `error`.
     pub async fn request_cancel(&self, task_id: &str) -> StopRequest {
-        let labels = RunLabels::task(task_id);
+        let labels = match RunLabels::task(task_id) {
+            Ok(labels) => labels,
+            Err(e) => return refused(e),
+        };
         match self.first_key(&self.config().signals.cancel_keys, &labels) {
             Some(key) => self.request_flag(&key).await,
             None => no_template("cancel", "task_id"),
@@ -115,5 +123,14 @@ fn no_template(what: &str, labels: &str) -> StopRequest {
         ended: false,
         waited: Duration::ZERO,
         error: Some(format!("no {what} key template uses only {labels}")),
+    }
+}
+
+fn refused(error: crate::model::InvalidId) -> StopRequest {
+    StopRequest {
+        key: String::new(),
+        ended: false,
+        waited: Duration::ZERO,
+        error: Some(error.to_string()),
     }
 }

@@ -13,7 +13,8 @@ use super::handle::RunHandle;
 use crate::exec::{LiveState, Restore, RunArgs, RunInfo, RunSupervisor};
 use crate::kinds::RunScope;
 use crate::model::{
-    Map, Message, NodePath, RunId, RunLabels, RunRecord, RunStatus, ThreadId, Value, now_ms,
+    MAX_DEPTH, Map, Message, NodePath, RunId, RunLabels, RunRecord, RunStatus, ThreadId, Value,
+    now_ms,
 };
 use crate::persist::WatchedKeys;
 use crate::workflow::{Plan, Workflow};
@@ -35,6 +36,10 @@ impl Runtime {
 
     /// Starts a run with labels: the app, chat and task ids its stop and cancel flags are
     /// named by, so any process can stop it (see [`SignalConfig`](crate::SignalConfig)).
+    ///
+    /// Fails with [`StartError::ThreadBusy`] while another run of the thread is starting or
+    /// live in this process, and with [`StartError::InputTooDeep`] for an input nested past
+    /// the limit (the inputs count as one object nesting at most [`MAX_DEPTH`] levels).
     pub async fn start_with(
         &self,
         workflow: &Workflow,
@@ -42,9 +47,17 @@ impl Runtime {
         thread: ThreadId,
         labels: RunLabels,
     ) -> Result<RunHandle, StartError> {
+        let inputs = check_depth(inputs)?;
+        let run_id = RunId::new();
+        let claim =
+            self.registry()
+                .claim(&thread, run_id)
+                .map_err(|run| StartError::ThreadBusy {
+                    thread: thread.clone(),
+                    run,
+                })?;
         let inputs = check_inputs(workflow, inputs)?;
         let history = self.load_history(&thread).await?;
-        let run_id = RunId::new();
         let mut produced = Vec::new();
         if let Some(Value::String(query)) = inputs.get("query")
             && !query.is_empty()
@@ -53,18 +66,22 @@ impl Runtime {
             message.run_id = Some(run_id);
             produced.push(message);
         }
-        self.launch(Launch {
-            run_id,
-            plan: workflow.plan().clone(),
-            inputs,
-            thread,
-            history,
-            produced,
-            restore: None,
-            answers: HashMap::new(),
-            labels,
-        })
-        .await
+        let handle = self
+            .launch(Launch {
+                run_id,
+                plan: workflow.plan().clone(),
+                inputs,
+                thread,
+                history,
+                produced,
+                restore: None,
+                answers: HashMap::new(),
+                labels,
+                retry_failed: false,
+            })
+            .await?;
+        claim.hand_over();
+        Ok(handle)
     }
 
     pub(crate) async fn load_history(&self, thread: &ThreadId) -> Result<Vec<Message>, StartError> {
@@ -90,6 +107,7 @@ impl Runtime {
             restore,
             answers,
             labels,
+            retry_failed,
         } = launch;
         for node in &plan.graph.nodes {
             if self.kinds.get(&node.kind).is_none() {
@@ -160,7 +178,7 @@ impl Runtime {
             ),
             labels,
             services: self.services.clone(),
-            retry_failed: false,
+            retry_failed,
         });
         let args = RunArgs {
             plan,
@@ -199,6 +217,24 @@ pub(crate) struct Launch {
     /// Answers to interactions, by the path of their node.
     pub(crate) answers: HashMap<NodePath, Value>,
     pub(crate) labels: RunLabels,
+    /// Failed parallel items run again (a resume asked to retry failures).
+    pub(crate) retry_failed: bool,
+}
+
+/// Refuses inputs that nest too deep: the inputs are one object (the `begin` node's output),
+/// so each may nest one level less than [`MAX_DEPTH`]. Refused inputs are dismantled without
+/// recursion.
+fn check_depth(inputs: Map) -> Result<Map, StartError> {
+    let limit = MAX_DEPTH - 1;
+    let Some(input) = inputs
+        .iter()
+        .find(|(_, v)| v.check_depth_within(limit).is_err())
+        .map(|(name, _)| name.clone())
+    else {
+        return Ok(inputs);
+    };
+    Value::Object(inputs).dismantle();
+    Err(StartError::InputTooDeep { input, limit })
 }
 
 /// Applies defaults and checks types of the inputs the `begin` node declares.

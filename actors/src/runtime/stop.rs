@@ -12,9 +12,12 @@ impl Runtime {
         stop_run(&self.services, run_id, mode, StopReason::UserInterrupted).await
     }
 
-    /// Stops a live run: returns once it has stopped and persisted what it held. Concurrent
-    /// callers all get the same [`StopResult`](crate::StopResult); a run that already ended
-    /// (or ends on its own first) answers [`StopReply::AlreadyFinished`] with its final state.
+    /// Stops a live run: returns once it has stopped and persisted what it held. Every caller
+    /// of a stop gets the same [`StopResult`](crate::StopResult), also one arriving after the
+    /// run stopped; a run that ended otherwise (or ends on its own first) answers
+    /// [`StopReply::AlreadyFinished`] with its outcome while this process keeps it (the last
+    /// [`RuntimeConfig::finished_outcomes`](crate::RuntimeConfig::finished_outcomes) runs),
+    /// then with its record alone.
     pub async fn stop_for(
         &self,
         run_id: RunId,
@@ -43,7 +46,8 @@ impl Runtime {
     }
 }
 
-/// Stops a run of this process, or reports its recorded end.
+/// Stops a run of this process, or reports how it ended: from its outcome while the registry
+/// keeps it, then from its record.
 pub(crate) async fn stop_run(
     services: &Services,
     run_id: RunId,
@@ -61,20 +65,15 @@ pub(crate) async fn stop_run(
             .wait_for(Option::is_some)
             .await
             .ok()
-            .and_then(|o| o.as_deref().cloned());
-        match outcome {
-            Some(RunOutcome::Stopped(result)) => return Ok(StopReply::Stopped(result)),
-            Some(other) => {
-                let record = services.runs.get(run_id).await.ok().flatten();
-                return Ok(StopReply::AlreadyFinished(FinishedRun {
-                    run_id,
-                    status: other.status(),
-                    outcome: Some(other),
-                    record,
-                }));
-            }
-            None => {}
+            .and_then(|o| o.as_ref().cloned());
+        if let Some(outcome) = outcome {
+            return Ok(reply(services, run_id, &outcome).await);
         }
+    }
+    // Ended already: its outcome is kept before it stops being live, so a caller that missed
+    // the live run finds it here (unless enough runs ended since to push it out).
+    if let Some(outcome) = services.registry.outcome(&run_id) {
+        return Ok(reply(services, run_id, &outcome).await);
     }
     match services.runs.get(run_id).await {
         Ok(Some(record)) if record.status.is_terminal() => {
@@ -88,5 +87,22 @@ pub(crate) async fn stop_run(
         Ok(Some(record)) => Err(StopError::NotInThisProcess(run_id, record.status)),
         Ok(None) => Err(StopError::UnknownRun(run_id)),
         Err(e) => Err(StopError::Store(e.to_string())),
+    }
+}
+
+/// What a stop caller learns of a run that ended: the stop result every caller of that stop
+/// got, or the run's outcome and record.
+async fn reply(services: &Services, run_id: RunId, outcome: &RunOutcome) -> StopReply {
+    match outcome {
+        RunOutcome::Stopped(result) => StopReply::Stopped(result.clone()),
+        other => {
+            let record = services.runs.get(run_id).await.ok().flatten();
+            StopReply::AlreadyFinished(FinishedRun {
+                run_id,
+                status: other.status(),
+                outcome: Some(other.clone()),
+                record,
+            })
+        }
     }
 }

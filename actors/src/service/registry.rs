@@ -1,14 +1,21 @@
 //! `RunRegistry`: the live runs of this process, for ops tooling (`ps`, `tree`) and for
 //! addressing a run by id (stop, query). A run is in the registry from `start` until its
 //! supervisor has persisted its end.
+//!
+//! It also holds, per thread, the one run allowed to start or run on it in this process: a
+//! start or resume claims the thread atomically before it reads anything, so of concurrent
+//! resumes exactly one goes on. And it keeps the outcomes of recently finished runs, so a stop
+//! that arrives after a run ended still learns how it ended.
 
-use std::sync::Arc;
+use std::collections::{HashMap, VecDeque};
+use std::sync::{Arc, Mutex};
 
 use dashmap::DashMap;
+use dashmap::mapref::entry::Entry;
 use serde::Serialize;
 
 pub(crate) use crate::exec::LiveRun;
-use crate::model::{NodePath, RunId, RunStatus, ThreadId};
+use crate::model::{NodePath, RunId, RunOutcome, RunStatus, ThreadId};
 
 /// What ops tooling sees of a live run.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
@@ -29,40 +36,133 @@ pub struct RunSummary {
     pub waiting_for_storage: bool,
 }
 
-/// Live runs by id. Cheap to clone (shared).
-#[derive(Debug, Clone, Default)]
+/// Live runs by id, the run holding each thread, and the outcomes of recently finished runs.
+/// Cheap to clone (shared).
+#[derive(Debug, Clone)]
 pub struct RunRegistry {
     runs: Arc<DashMap<RunId, LiveRun>>,
+    /// The run starting or live on each thread in this process.
+    threads: Arc<DashMap<ThreadId, RunId>>,
+    finished: Arc<Mutex<Finished>>,
+}
+
+impl Default for RunRegistry {
+    fn default() -> Self {
+        Self::new(crate::exec::RuntimeConfig::default().finished_outcomes)
+    }
+}
+
+/// The outcomes of the last runs that ended, oldest first out.
+#[derive(Debug, Default)]
+struct Finished {
+    capacity: usize,
+    order: VecDeque<RunId>,
+    outcomes: HashMap<RunId, Arc<RunOutcome>>,
+}
+
+/// A thread claimed for a run that is starting. Dropping it gives the thread back; once the
+/// run is up, [`ThreadClaim::hand_over`] leaves it to the run, which gives it back when it
+/// ends (or pauses for input).
+#[derive(Debug)]
+#[must_use = "dropping the claim gives the thread back at once"]
+pub(crate) struct ThreadClaim {
+    threads: Arc<DashMap<ThreadId, RunId>>,
+    thread: ThreadId,
+    run: RunId,
+    held: bool,
+}
+
+impl ThreadClaim {
+    /// The run is up: it holds the thread from now on.
+    pub(crate) fn hand_over(mut self) {
+        self.held = false;
+    }
+}
+
+impl Drop for ThreadClaim {
+    fn drop(&mut self) {
+        if self.held {
+            self.threads
+                .remove_if(&self.thread, |_, run| *run == self.run);
+        }
+    }
 }
 
 impl RunRegistry {
+    /// A registry keeping the outcomes of the last `finished_outcomes` runs that ended.
+    pub(crate) fn new(finished_outcomes: usize) -> Self {
+        Self {
+            runs: Arc::default(),
+            threads: Arc::default(),
+            finished: Arc::new(Mutex::new(Finished {
+                capacity: finished_outcomes,
+                ..Finished::default()
+            })),
+        }
+    }
+
+    /// Claims `thread` for `run`, atomically: fails with the run that holds it (starting, or
+    /// live with actors) if one does.
+    pub(crate) fn claim(&self, thread: &ThreadId, run: RunId) -> Result<ThreadClaim, RunId> {
+        match self.threads.entry(thread.clone()) {
+            Entry::Occupied(holder) => Err(*holder.get()),
+            Entry::Vacant(free) => {
+                free.insert(run);
+                Ok(ThreadClaim {
+                    threads: self.threads.clone(),
+                    thread: thread.clone(),
+                    run,
+                    held: true,
+                })
+            }
+        }
+    }
+
+    /// The run holding a thread in this process (starting, or live with actors), if any.
+    pub fn holder(&self, thread: &ThreadId) -> Option<RunId> {
+        self.threads.get(thread).map(|run| *run)
+    }
+
     pub(crate) fn insert(&self, run_id: RunId, run: LiveRun) {
         self.runs.insert(run_id, run);
     }
 
-    pub(crate) fn remove(&self, run_id: &RunId) {
-        self.runs.remove(run_id);
+    /// A run ended (`waiting`: it paused for input and stays listed without actors): its
+    /// outcome is kept for late stop callers before it stops being live, and its thread is
+    /// given back.
+    pub(crate) fn finish(&self, run_id: RunId, waiting: bool, outcome: Arc<RunOutcome>) {
+        self.finished
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(run_id, outcome);
+        let thread = if waiting {
+            self.runs.get_mut(&run_id).map(|mut run| {
+                run.supervisor = None;
+                run.thread.clone()
+            })
+        } else {
+            self.runs.remove(&run_id).map(|(_, run)| run.thread)
+        };
+        if let Some(thread) = thread {
+            self.threads.remove_if(&thread, |_, run| *run == run_id);
+        }
     }
 
-    /// Keeps a run listed without actors (it waits for input).
-    pub(crate) fn detach(&self, run_id: &RunId) {
-        if let Some(mut run) = self.runs.get_mut(run_id) {
-            run.supervisor = None;
-        }
+    /// The outcome of a run that ended in this process, while it is among the last
+    /// [`RuntimeConfig::finished_outcomes`](crate::RuntimeConfig::finished_outcomes) to end.
+    pub fn outcome(&self, run_id: &RunId) -> Option<Arc<RunOutcome>> {
+        self.finished
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .outcomes
+            .get(run_id)
+            .cloned()
     }
 
     /// Forgets the waiting runs of a thread (it is being resumed).
     pub(crate) fn forget_waiting(&self, thread: &ThreadId) {
         self.runs
             .retain(|_, run| !(run.supervisor.is_none() && &run.thread == thread));
-    }
-
-    /// The live (not waiting) run of a thread, if there is one.
-    pub(crate) fn active_on(&self, thread: &ThreadId) -> Option<RunId> {
-        self.runs
-            .iter()
-            .find(|r| r.supervisor.is_some() && &r.thread == thread)
-            .map(|r| *r.key())
     }
 
     pub(crate) fn get(&self, run_id: &RunId) -> Option<LiveRun> {
@@ -116,5 +216,21 @@ fn summary(run_id: RunId, run: &LiveRun) -> RunSummary {
         started_at_ms: run.started_at_ms,
         running_nodes: state.running.iter().cloned().collect(),
         waiting_for_storage: state.waiting_for_storage,
+    }
+}
+
+impl Finished {
+    fn insert(&mut self, run_id: RunId, outcome: Arc<RunOutcome>) {
+        if self.capacity == 0 {
+            return;
+        }
+        if self.outcomes.insert(run_id, outcome).is_none() {
+            self.order.push_back(run_id);
+        }
+        while self.order.len() > self.capacity {
+            if let Some(oldest) = self.order.pop_front() {
+                self.outcomes.remove(&oldest);
+            }
+        }
     }
 }

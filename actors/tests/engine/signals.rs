@@ -48,7 +48,7 @@ async fn a_fastgpt_stop_flag_stops_the_run_and_the_request_waits_for_its_end() {
             &wf,
             inputs([]),
             thread("chat9"),
-            RunLabels::app_chat("app1", "chat9"),
+            RunLabels::app_chat("app1", "chat9").expect("valid labels"),
         )
         .await
         .expect("start");
@@ -80,7 +80,12 @@ async fn a_ragflow_cancel_flag_cancels_the_run() {
     let rt = streaming_runtime(source.clone());
     let wf = workflow(&rt);
     let run = rt
-        .start_with(&wf, inputs([]), thread("task"), RunLabels::task("T42"))
+        .start_with(
+            &wf,
+            inputs([]),
+            thread("task"),
+            RunLabels::task("T42").expect("valid labels"),
+        )
         .await
         .expect("start");
     // Set by a foreign process with no notice at all: the tick finds it.
@@ -257,7 +262,12 @@ async fn a_failing_source_never_stops_a_run_and_a_flag_set_after_recovery_is_hon
         ], "edges": [{"from": "start", "to": "a"}]}),
     );
     let run = rt
-        .start_with(&wf, inputs([]), thread("f"), RunLabels::app_chat("a", "f"))
+        .start_with(
+            &wf,
+            inputs([]),
+            thread("f"),
+            RunLabels::app_chat("a", "f").expect("valid labels"),
+        )
         .await
         .expect("start");
     assert_eq!(finish(&run).await.status(), RunStatus::Succeeded);
@@ -269,7 +279,7 @@ async fn a_failing_source_never_stops_a_run_and_a_flag_set_after_recovery_is_hon
             &long,
             inputs([]),
             thread("g"),
-            RunLabels::app_chat("a", "g"),
+            RunLabels::app_chat("a", "g").expect("valid labels"),
         )
         .await
         .expect("start");

@@ -167,7 +167,7 @@ fn stopped() -> Snapshot {
             truncated,
         ]
         .into(),
-        labels: RunLabels::app_chat("app-1", "chat-9"),
+        labels: RunLabels::app_chat("app-1", "chat-9").expect("valid labels"),
         ..base(
             RunStatus::Stopped,
             r#"{"id":"support","nodes":[{"id":"start","kind":"begin"}]}"#,
@@ -295,11 +295,7 @@ fn awaiting_loop() -> Snapshot {
             }],
         },
         interactions: vec![form, choice],
-        labels: RunLabels {
-            app_id: None,
-            chat_id: None,
-            task_id: Some("task-7".to_owned()),
-        },
+        labels: RunLabels::task("task-7").expect("valid label"),
         ..base(RunStatus::AwaitingInput, r#"{"id":"trip"}"#)
     }
 }
