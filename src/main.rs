@@ -611,7 +611,7 @@ struct StopDocument<'a> {
     /// Nodes whose handlers were aborted.
     forced: &'a [NodeId],
     checkpoint_id: Option<CheckpointId>,
-    checkpoint_error: Option<&'a str>,
+    checkpoint_error: Option<String>,
 }
 
 impl<'a> StopDocument<'a> {
@@ -624,7 +624,7 @@ impl<'a> StopDocument<'a> {
             frontier: &stop.frontier,
             forced: &stop.forced,
             checkpoint_id: stop.checkpoint_id,
-            checkpoint_error: stop.checkpoint_error.as_deref(),
+            checkpoint_error: stop.checkpoint_error.as_ref().map(ToString::to_string),
         }
     }
 }
@@ -845,7 +845,7 @@ mod tests {
             },
             RunEvent::NodeFailed {
                 path: node("last"),
-                error: "boom".into(),
+                error: runvisor::NodeError::failed("boom"),
             },
             RunEvent::RunFinished {
                 run_id: RunId::new(),

@@ -27,12 +27,12 @@ pub use kinds::{
     input_str,
 };
 pub use model::{
-    ActorTree, AnswerError, CheckpointId, FieldType, FinishedRun, FormField, Frame, HistoryFlush,
-    Interaction, InteractionId, InteractionKind, Interrupted, InvalidId, MAX_DEPTH, Map, Message,
-    MessageId, NodeError, NodeId, NodeOutput, NodePath, ObjectMap, Outputs, ResolveError, Role,
-    Route, RunError, RunEvent, RunId, RunLabels, RunOutcome, RunRecord, RunStatus, SelectOption,
-    StopError, StopMode, StopReason, StopReply, StopRequested, StopResult, StoreError, ThreadId,
-    TooDeep, Usage, Value,
+    ActorTree, AnswerError, CheckpointError, CheckpointId, FieldType, FinishedRun, FormField,
+    Frame, HistoryFlush, Interaction, InteractionId, InteractionKind, Interrupted, InvalidId,
+    MAX_DEPTH, Map, Message, MessageId, NodeError, NodeId, NodeOutput, NodePath, ObjectMap,
+    Outputs, ResolveError, Role, Route, RunError, RunEvent, RunId, RunLabels, RunOutcome,
+    RunRecord, RunStatus, SelectOption, StopError, StopMode, StopReason, StopReply, StopRequested,
+    StopResult, StoreError, ThreadId, TooDeep, Usage, Value,
 };
 pub use persist::{Durability, SignalConfig, render_key};
 pub use runtime::{

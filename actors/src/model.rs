@@ -22,7 +22,7 @@ mod tree;
 mod usage;
 mod value;
 
-pub use error::{ResolveError, StoreError};
+pub use error::{CheckpointError, ResolveError, StoreError};
 pub use event::RunEvent;
 pub use ids::{CheckpointId, InteractionId, InvalidId, MessageId, NodeId, RunId, ThreadId};
 pub use interaction::{

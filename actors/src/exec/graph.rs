@@ -491,7 +491,7 @@ impl GraphExec {
                             let error = NodeError::from(e);
                             host.run.emit(RunEvent::NodeFailed {
                                 path: path.clone(),
-                                error: error.to_string(),
+                                error: error.clone(),
                             });
                             events.push(ExecEvent::Failed { path, error });
                             break;
@@ -512,7 +512,7 @@ impl GraphExec {
                     if let Err(error) = self.spawn(host, node, &path, spec).await {
                         host.run.emit(RunEvent::NodeFailed {
                             path: path.clone(),
-                            error: error.to_string(),
+                            error: error.clone(),
                         });
                         events.push(ExecEvent::Failed { path, error });
                         break;
@@ -752,7 +752,7 @@ impl GraphExec {
                 let at = inner.unwrap_or_else(|| path.clone());
                 host.run.emit(RunEvent::NodeFailed {
                     path: at.clone(),
-                    error: error.to_string(),
+                    error: error.clone(),
                 });
                 if self.halted {
                     // Cut short while the run was already ending: kept, to run again.
@@ -761,7 +761,7 @@ impl GraphExec {
                         forced: false,
                         partial,
                         chunks: report.chunks,
-                        error: Some(error.to_string()),
+                        error: Some(error.clone()),
                     });
                 } else {
                     events.push(ExecEvent::Failed { path: at, error });
@@ -834,7 +834,9 @@ impl GraphExec {
                 forced: true,
                 partial: None,
                 chunks: 0,
-                error: Some(format!("node {why}; what it held is lost")),
+                error: Some(NodeError::Failed(format!(
+                    "node {why}; what it held is lost"
+                ))),
             });
             Vec::new()
         } else {

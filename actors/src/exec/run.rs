@@ -12,7 +12,8 @@ use super::config::RuntimeConfig;
 use super::supervisor::RunMsg;
 use crate::kinds::{Kinds, RunScope};
 use crate::model::{
-    CheckpointId, NodePath, RunEvent, RunId, RunLabels, RunOutcome, RunStatus, ThreadId, Value,
+    CheckpointError, CheckpointId, NodePath, RunEvent, RunId, RunLabels, RunOutcome, RunStatus,
+    ThreadId, Value,
 };
 use crate::persist::snapshot::SnapshotWrite;
 use crate::persist::{HistoryStore, RunStore, SignalSource, WatchedKeys};
@@ -35,7 +36,7 @@ pub(crate) trait RunServices: Send + Sync + 'static {
     async fn save_background(&self, write: SnapshotWrite);
     /// Writes a snapshot through the checkpointer and waits until it is stored, or until the
     /// checkpointer gave up (its flush timeout).
-    async fn save_awaited(&self, write: SnapshotWrite) -> Result<CheckpointId, String>;
+    async fn save_awaited(&self, write: SnapshotWrite) -> Result<CheckpointId, CheckpointError>;
     /// Watches a run's stop and cancel flags; a raised flag stops it through `supervisor`.
     async fn watch(&self, run: RunId, keys: WatchedKeys, supervisor: ActorRef<RunMsg>);
     /// Stops watching a run's flags.

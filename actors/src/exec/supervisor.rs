@@ -27,8 +27,9 @@ use crate::core::NodeIndex;
 use crate::core::lifecycle::{Ending, Final, Lifecycle, StopStep};
 use crate::core::save_gate::{ReadyStep, SaveGate};
 use crate::model::{
-    ActorTree, CheckpointId, HistoryFlush, Interaction, Map, Message, NodePath, RunError, RunEvent,
-    RunId, RunOutcome, RunRecord, RunStatus, StopMode, StopReason, StopResult, Value, now_ms,
+    ActorTree, CheckpointError, CheckpointId, HistoryFlush, Interaction, Map, Message, NodePath,
+    RunError, RunEvent, RunId, RunOutcome, RunRecord, RunStatus, StopMode, StopReason, StopResult,
+    Value, now_ms,
 };
 use crate::persist::snapshot::{GraphState, SnapshotWrite};
 use crate::persist::{Durability, Notice, Snapshot};
@@ -58,7 +59,7 @@ pub(crate) enum RunMsg {
     /// Save the run's progress now (async durability: at most once per coalescing window).
     SaveProgress,
     /// An awaited progress snapshot was stored (or failed after the store's retries).
-    Saved(Result<CheckpointId, String>),
+    Saved(Result<CheckpointId, CheckpointError>),
     /// Try the awaited progress snapshot again.
     RetrySave,
     /// A top-level loop or parallel finished iterations or items: what it has finished, and
@@ -478,7 +479,11 @@ impl RunState {
 
     /// An awaited progress snapshot came back: start the nodes it was holding, or, if the store
     /// kept failing, wait for it (the run pauses rather than going on unsaved) and try again.
-    async fn saved(&mut self, myself: &ActorRef<RunMsg>, result: Result<CheckpointId, String>) {
+    async fn saved(
+        &mut self,
+        myself: &ActorRef<RunMsg>,
+        result: Result<CheckpointId, CheckpointError>,
+    ) {
         let running = self.lifecycle.is_running();
         let step = self.gate.saved(result.is_ok(), running);
         match result {
@@ -823,7 +828,7 @@ impl RunState {
                 HistoryFlush {
                     persisted: Vec::new(),
                     not_persisted: messages,
-                    error: Some(e.to_string()),
+                    error: Some(e),
                 }
             }
         }
@@ -836,7 +841,7 @@ impl RunState {
         status: RunStatus,
         stop_reason: Option<StopReason>,
         history: &HistoryFlush,
-    ) -> Result<CheckpointId, String> {
+    ) -> Result<CheckpointId, CheckpointError> {
         let pending = history.not_persisted.iter().cloned().collect();
         let write = self.snapshot(status, stop_reason, pending);
         self.run.services.save_awaited(write).await

@@ -1,4 +1,7 @@
-//! Errors shared across layers: a store that failed, a reference that did not resolve.
+//! Errors shared across layers: a store that failed, a snapshot that could not be stored, a
+//! reference that did not resolve.
+
+use std::time::Duration;
 
 use super::ids::RunId;
 
@@ -30,6 +33,38 @@ pub enum StoreError {
         /// What was being read.
         key: String,
         /// Why it is unreadable.
+        reason: String,
+    },
+}
+
+/// Why a snapshot of a run could not be stored.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum CheckpointError {
+    /// The checkpoint store kept failing until the flush timeout.
+    #[error("checkpoint store kept failing for {waited:?} ({attempts} attempts): {last}")]
+    StoreFailed {
+        /// How many writes were tried.
+        attempts: u64,
+        /// How long they were tried for.
+        waited: Duration,
+        /// The store's last error.
+        #[source]
+        last: StoreError,
+    },
+    /// The checkpoint store refused the write for good (a newer snapshot of the run is stored).
+    #[error("checkpoint store refused the snapshot: {0}")]
+    Refused(#[source] StoreError),
+    /// The snapshot cannot be encoded (it is larger than a snapshot may be).
+    #[error("snapshot does not encode: {reason}")]
+    Encode {
+        /// What is wrong with it.
+        reason: String,
+    },
+    /// The runtime's checkpointer did not take or answer the write.
+    #[error("the checkpointer did not answer: {reason}")]
+    Unreachable {
+        /// What happened.
         reason: String,
     },
 }

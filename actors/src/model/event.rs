@@ -2,7 +2,9 @@
 
 use std::sync::Arc;
 
+use super::error::CheckpointError;
 use super::ids::{RunId, ThreadId};
+use super::node::NodeError;
 use super::path::NodePath;
 use super::status::RunStatus;
 use super::stop::StopReason;
@@ -50,7 +52,7 @@ pub enum RunEvent {
         /// Where.
         path: NodePath,
         /// Why.
-        error: String,
+        error: NodeError,
     },
     /// A node was cut short by a stop or by another node's failure; what it held is kept,
     /// and a resume runs it again.
@@ -77,7 +79,7 @@ pub enum RunEvent {
         /// Whether the run waits for the store.
         waiting: bool,
         /// The store's error, when it started waiting.
-        error: Option<String>,
+        error: Option<CheckpointError>,
     },
     /// A subscriber fell behind the event buffer and missed this many events.
     EventsMissed {

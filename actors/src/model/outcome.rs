@@ -4,6 +4,7 @@
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
+use super::error::{CheckpointError, StoreError};
 use super::ids::{CheckpointId, NodeId, RunId};
 use super::interaction::Interaction;
 use super::message::Message;
@@ -44,7 +45,7 @@ pub struct HistoryFlush {
     /// Messages the history store refused; they are also recorded in the run store.
     pub not_persisted: Vec<Message>,
     /// The history store's error, when there was one.
-    pub error: Option<String>,
+    pub error: Option<StoreError>,
 }
 
 /// How a run ended.
@@ -98,7 +99,7 @@ pub enum RunOutcome {
         /// The checkpoint holding the pause.
         checkpoint_id: Option<CheckpointId>,
         /// Why the checkpoint could not be written, if it could not.
-        checkpoint_error: Option<String>,
+        checkpoint_error: Option<CheckpointError>,
         /// What the nodes that ran in this run consumed.
         usage: Usage,
         /// How long the run waited for the checkpoint store (it was failing and nothing went
@@ -212,8 +213,9 @@ pub struct Interrupted {
     pub partial: Option<String>,
     /// How many chunks it had streamed.
     pub chunks: u64,
-    /// The error it returned while stopping, if it failed instead of stopping.
-    pub error: Option<String>,
+    /// The error it returned while stopping (it failed instead of stopping), or why what it
+    /// held was lost.
+    pub error: Option<NodeError>,
 }
 
 /// Everything a stop produced and persisted. Every caller of a stop of the same run gets the
@@ -244,7 +246,7 @@ pub struct StopResult {
     /// `checkpoint_error`).
     pub checkpoint_id: Option<CheckpointId>,
     /// Why the checkpoint could not be written, if it could not.
-    pub checkpoint_error: Option<String>,
+    pub checkpoint_error: Option<CheckpointError>,
     /// What the nodes that ran in this run consumed.
     pub usage: Usage,
     /// How long the run waited for a failing checkpoint store; zero when it never did.
@@ -299,5 +301,5 @@ pub enum StopError {
     NotInThisProcess(RunId, RunStatus),
     /// The run store could not be read to learn the run's state.
     #[error("could not read the run store: {0}")]
-    Store(String),
+    Store(#[source] StoreError),
 }

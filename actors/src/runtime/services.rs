@@ -10,7 +10,7 @@ use async_trait::async_trait;
 use ractor::{Actor, ActorRef};
 
 use crate::exec::{LiveRun, RunMsg, RunServices, RuntimeConfig};
-use crate::model::{CheckpointId, RunId, RunOutcome, StopMode};
+use crate::model::{CheckpointError, CheckpointId, RunId, RunOutcome, StopMode};
 use crate::persist::snapshot::SnapshotWrite;
 use crate::persist::{CheckpointStore, HistoryStore, RunStore, SignalSource, WatchedKeys};
 use crate::service::RunRegistry;
@@ -131,16 +131,23 @@ impl RunServices for Services {
         }
     }
 
-    async fn save_awaited(&self, write: SnapshotWrite) -> Result<CheckpointId, String> {
-        let checkpointer = self.checkpointer().await?;
+    async fn save_awaited(&self, write: SnapshotWrite) -> Result<CheckpointId, CheckpointError> {
+        let checkpointer = self
+            .checkpointer()
+            .await
+            .map_err(|reason| CheckpointError::Unreachable { reason })?;
         let timeout = self.config.checkpoint_flush_timeout + Duration::from_secs(1);
         match checkpointer
             .call(|reply| CheckpointMsg::Awaited(write, reply), Some(timeout))
             .await
         {
             Ok(ractor::rpc::CallResult::Success(result)) => result,
-            Ok(other) => Err(format!("checkpointer did not answer: {other:?}")),
-            Err(e) => Err(format!("checkpointer unreachable: {e}")),
+            Ok(other) => Err(CheckpointError::Unreachable {
+                reason: format!("{other:?}"),
+            }),
+            Err(e) => Err(CheckpointError::Unreachable {
+                reason: e.to_string(),
+            }),
         }
     }
 

@@ -86,7 +86,7 @@ pub(crate) async fn stop_run(
         }
         Ok(Some(record)) => Err(StopError::NotInThisProcess(run_id, record.status)),
         Ok(None) => Err(StopError::UnknownRun(run_id)),
-        Err(e) => Err(StopError::Store(e.to_string())),
+        Err(e) => Err(StopError::Store(e)),
     }
 }
 

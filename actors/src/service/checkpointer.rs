@@ -26,7 +26,7 @@ use std::time::Duration;
 use ractor::{Actor, ActorProcessingErr, ActorRef, RpcReplyPort};
 use tokio::time::Instant;
 
-use crate::model::{CheckpointId, RunId, StoreError};
+use crate::model::{CheckpointError, CheckpointId, RunId, StoreError};
 use crate::persist::snapshot::SnapshotWrite;
 use crate::persist::{CheckpointStore, StoredCheckpoint};
 /// Snapshot bytes waiting to be written, shared with the runs that read it.
@@ -45,7 +45,10 @@ impl Backlog {
 #[derive(Debug)]
 pub(crate) enum CheckpointMsg {
     /// Write now and answer when stored (or when the flush timeout passed).
-    Awaited(SnapshotWrite, RpcReplyPort<Result<CheckpointId, String>>),
+    Awaited(
+        SnapshotWrite,
+        RpcReplyPort<Result<CheckpointId, CheckpointError>>,
+    ),
     /// Write in the background; a newer snapshot of the same run replaces this one.
     Background(SnapshotWrite),
     /// Write what is pending (what is due).
@@ -132,7 +135,9 @@ impl Actor for Checkpointer {
                 tokio::spawn(async move {
                     let result = match write.snapshot.encode() {
                         Ok(bytes) => write_until(store, timeout, write, bytes).await,
-                        Err(e) => Err(format!("snapshot does not encode: {e}")),
+                        Err(e) => Err(CheckpointError::Encode {
+                            reason: e.to_string(),
+                        }),
                     };
                     let _ = reply.send(result);
                 });
@@ -284,9 +289,10 @@ async fn write_until(
     timeout: Duration,
     write: SnapshotWrite,
     bytes: Vec<u8>,
-) -> Result<CheckpointId, String> {
+) -> Result<CheckpointId, CheckpointError> {
     let id = CheckpointId::new();
-    let deadline = tokio::time::Instant::now() + timeout;
+    let started = tokio::time::Instant::now();
+    let deadline = started + timeout;
     let mut delay = FIRST_RETRY;
     let mut attempts = 0u64;
     loop {
@@ -306,13 +312,15 @@ async fn write_until(
             {
                 return Ok(id);
             }
-            Err(e @ StoreError::StaleSequence { .. }) => return Err(e.to_string()),
+            Err(e @ StoreError::StaleSequence { .. }) => return Err(CheckpointError::Refused(e)),
             Err(e) => {
                 attempts += 1;
                 if tokio::time::Instant::now() + delay > deadline {
-                    return Err(format!(
-                        "checkpoint store kept failing for {timeout:?} ({attempts} attempts): {e}"
-                    ));
+                    return Err(CheckpointError::StoreFailed {
+                        attempts,
+                        waited: started.elapsed(),
+                        last: e,
+                    });
                 }
                 if attempts.is_power_of_two() {
                     tracing::warn!(run = %write.run, error = %e, attempts, "checkpoint write failed; retrying");

@@ -184,7 +184,7 @@ async fn a_failing_store_makes_a_sync_run_wait_and_go_on_when_it_is_back() {
                     waiting: true,
                     error,
                 }) => {
-                    assert!(error.is_some_and(|e| e.contains("checkpoint store down")));
+                    assert!(error.is_some_and(|e| e.to_string().contains("checkpoint store down")));
                     break;
                 }
                 Some(RunEvent::NodeStarted { path, .. }) => {

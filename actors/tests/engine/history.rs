@@ -335,7 +335,7 @@ async fn messages_the_history_store_refuses_are_reported_not_lost() {
         [(Role::User, "world"), (Role::Assistant, "Hello, world!")]
     );
     assert_eq!(
-        flush.error.as_deref(),
+        flush.error.as_ref().map(ToString::to_string).as_deref(),
         Some("store unavailable: history store is failing appends")
     );
     let record = rt
