@@ -19,7 +19,6 @@ use anyhow::{Context, anyhow, bail};
 use clap::{Parser, Subcommand};
 use runvisor::InputDecl;
 use runvisor::redis::{RedisConfig, RedisStores};
-use runvisor::snapshot::Snapshot;
 use runvisor::{
     CheckpointId, Config, Durability, Interaction, InteractionId, InteractionKind, Map, Message,
     NodeId, NodePath, ResumeFrom, ResumeInput, RunEvent, RunHandle, RunId, RunLabels, RunOutcome,
@@ -280,44 +279,26 @@ fn describe_input(decl: &InputDecl) -> String {
     }
 }
 
-/// Reads `--input KEY=VALUE` flags, each typed by the begin node's declaration. When the
-/// workflow declares no inputs, any name is accepted and values are strings.
-fn parse_inputs(declared: &[InputDecl], args: &[String]) -> anyhow::Result<Map> {
-    let mut inputs = Map::new();
+/// Reads `--input KEY=VALUE` flags; the workflow types and checks them.
+fn parse_inputs(workflow: &Workflow, args: &[String]) -> anyhow::Result<Map> {
+    let mut pairs = Vec::with_capacity(args.len());
     for arg in args {
         let (name, text) = arg
             .split_once('=')
             .filter(|(name, _)| !name.trim().is_empty())
             .ok_or_else(|| anyhow!("bad --input {arg:?}: expected KEY=VALUE"))?;
-        let name = name.trim();
-        let value = if declared.is_empty() {
-            Value::from(text)
-        } else {
-            let decl = declared.iter().find(|d| d.name == name).ok_or_else(|| {
-                let names: Vec<&str> = declared.iter().map(|d| d.name.as_str()).collect();
-                anyhow!(
-                    "unknown input `{name}`: the workflow declares {}",
-                    names.join(", ")
-                )
-            })?;
-            decl.ty
-                .parse_text(text)
-                .map_err(|problem| anyhow!("input `{name}`: {problem}"))?
-        };
-        if inputs.insert(name.to_owned(), value).is_some() {
-            bail!("input `{name}` is given twice");
-        }
+        pairs.push((name.trim(), text));
     }
-    for decl in declared {
-        if decl.required && decl.default.is_none() && !inputs.contains_key(&decl.name) {
-            bail!(
+    workflow.inputs_from_text(pairs).map_err(|e| {
+        match workflow.inputs().iter().find(|d| d.name == e.input) {
+            Some(decl) if e.problem == "is required" => anyhow!(
                 "missing input {}: pass --input {}=VALUE",
                 describe_input(decl),
                 decl.name
-            );
+            ),
+            _ => anyhow!(e),
         }
-    }
-    Ok(inputs)
+    })
 }
 
 async fn run(runtime: &Runtime, args: RunArgs) -> anyhow::Result<ExitCode> {
@@ -325,7 +306,7 @@ async fn run(runtime: &Runtime, args: RunArgs) -> anyhow::Result<ExitCode> {
     let Some(workflow) = load(runtime, &args.file)? else {
         return Ok(ExitCode::from(EXIT_BAD_INPUT));
     };
-    let inputs = parse_inputs(workflow.inputs(), &args.inputs)?;
+    let inputs = parse_inputs(&workflow, &args.inputs)?;
     let thread = match &args.thread {
         Some(id) => ThreadId::new(id).context("bad --thread")?,
         None => ThreadId::generate(),
@@ -360,7 +341,12 @@ async fn resume(runtime: &Runtime, args: ResumeArgs) -> anyhow::Result<ExitCode>
                 .unwrap_or_else(|_| Value::from(answer.as_str()));
             let interaction_id = match &args.interaction {
                 Some(id) => id.parse::<InteractionId>().context("bad --interaction")?,
-                None => pending_interaction(runtime, &from).await?,
+                None => runtime
+                    .pending_interactions(from.clone())
+                    .await?
+                    .first()
+                    .map(|i| i.id)
+                    .context("the checkpoint waits for no answer; resume without --answer")?,
             };
             ResumeInput::Answer {
                 interaction_id,
@@ -370,36 +356,8 @@ async fn resume(runtime: &Runtime, args: ResumeArgs) -> anyhow::Result<ExitCode>
         (None, None) => ResumeInput::Continue,
     };
     let run = runtime.resume(from, input).await?;
-    let workflow_id = runtime
-        .run_store()
-        .get(run.run_id())
-        .await
-        .ok()
-        .flatten()
-        .map(|r| r.workflow_id)
-        .unwrap_or_default();
+    let workflow_id = run.workflow_id().to_owned();
     follow(runtime, run, signals, &workflow_id, args.json).await
-}
-
-/// The interaction the checkpoint to resume from waits for.
-async fn pending_interaction(
-    runtime: &Runtime,
-    from: &ResumeFrom,
-) -> anyhow::Result<InteractionId> {
-    let stored = match from {
-        ResumeFrom::Thread(thread) => runtime.checkpoint_store().latest(thread).await?,
-        ResumeFrom::Checkpoint { thread, checkpoint } => {
-            runtime.checkpoint_store().get(thread, *checkpoint).await?
-        }
-    }
-    .context("no checkpoint to resume from")?;
-    let snapshot = Snapshot::decode(&stored.bytes)
-        .with_context(|| format!("checkpoint {} is not readable", stored.id))?;
-    snapshot
-        .interactions
-        .first()
-        .map(|i| i.id)
-        .context("the checkpoint waits for no answer; resume without --answer")
 }
 
 /// Shows a run's progress until it ends (stopping it on Ctrl-C), then its outcome.
@@ -566,6 +524,7 @@ fn print_waiting(
                     writeln!(out, "  option {:?}: {}", option.value, option.label)?;
                 }
             }
+            other => writeln!(out, "  {other:?}")?,
         }
     }
     writeln!(
@@ -749,25 +708,23 @@ fn elapsed(took: Option<Duration>) -> String {
 mod tests {
     use std::sync::Arc;
 
-    use runvisor::InputType;
-
     use super::*;
 
-    fn decl(name: &str, ty: InputType, required: bool, default: Option<Value>) -> InputDecl {
-        InputDecl {
-            name: name.into(),
-            ty,
-            required,
-            default,
-        }
+    fn workflow(inputs: serde_json::Value) -> Workflow {
+        let runtime = Runtime::builder().build();
+        let def = serde_json::json!({
+            "id": "w",
+            "nodes": [{"id": "start", "kind": "begin", "params": {"inputs": inputs}}]
+        });
+        runtime.load_json(&def.to_string()).expect("valid workflow")
     }
 
-    fn declared() -> Vec<InputDecl> {
-        vec![
-            decl("query", InputType::String, true, None),
-            decl("tier", InputType::Integer, false, Some(Value::Int(0))),
-            decl("tags", InputType::Array, false, None),
-        ]
+    fn declared() -> Workflow {
+        workflow(serde_json::json!([
+            {"name": "query", "type": "string", "required": true},
+            {"name": "tier", "type": "integer", "default": 0},
+            {"name": "tags", "type": "array"}
+        ]))
     }
 
     fn args(items: &[&str]) -> Vec<String> {
@@ -788,7 +745,8 @@ mod tests {
 
     #[test]
     fn undeclared_workflows_take_any_name_as_text() {
-        let inputs = parse_inputs(&[], &args(&["query=42", "x="])).expect("valid");
+        let inputs = parse_inputs(&workflow(serde_json::json!([])), &args(&["query=42", "x="]))
+            .expect("valid");
         assert_eq!(inputs["query"], Value::from("42"));
         assert_eq!(inputs["x"], Value::from(""));
     }
@@ -800,11 +758,11 @@ mod tests {
             (&["=x"], "expected KEY=VALUE"),
             (
                 &["query=a", "colour=red"],
-                "unknown input `colour`: the workflow declares query, tier, tags",
+                "input `colour`: not declared by the begin node (declared: query, tier, tags)",
             ),
             (&["query=a", "tier=high"], "input `tier`: not valid JSON"),
             (&["query=a", "tier=1.5"], "input `tier`: expected integer"),
-            (&["query=a", "query=b"], "input `query` is given twice"),
+            (&["query=a", "query=b"], "input `query`: is given twice"),
             (
                 &["tier=1"],
                 "missing input query (string, required): pass --input query=VALUE",

@@ -45,6 +45,7 @@ const RESERVED: &[&str] = &[
 
 /// A kind name that cannot be registered.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
 pub enum KindError {
     /// The name is built in or reserved.
     #[error("kind `{0}` is built in or reserved; choose another name")]

@@ -41,9 +41,9 @@ pub use runtime::{
 };
 pub use service::{RunRegistry, RunSummary};
 pub use workflow::{
-    BodyDef, DEFAULT_MAX_CONCURRENCY, DEFAULT_MAX_ITERATIONS, EdgeDef, Field, InputDecl, InputType,
-    KindCatalog, NodeDef, ParamIssue, ParamSchema, ParamType, ValidationErrors, Workflow,
-    WorkflowDef, WorkflowError,
+    BodyDef, DEFAULT_MAX_CONCURRENCY, DEFAULT_MAX_ITERATIONS, EdgeDef, Field, InputDecl,
+    InputError, InputType, KindCatalog, NodeDef, ParamIssue, ParamSchema, ParamType,
+    ValidationErrors, Workflow, WorkflowDef, WorkflowError,
 };
 
 /// The ports: what a store adapter implements (checkpoints, run records, history, stop and

@@ -33,6 +33,7 @@ use crate::persist::snapshot::SnapshotError;
 use crate::runtime::{Runtime, RuntimeBuilder};
 /// Where an interrupt fires.
 #[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum At {
     /// Just before the node would start: it never starts.
     BeforeNode(String),

@@ -28,7 +28,7 @@ pub use error::{ValidationErrors, WorkflowError};
 #[cfg(test)]
 pub(crate) use graph::{Edge, GraphError};
 pub(crate) use graph::{Graph, NodeIndex};
-pub use inputs::{InputDecl, InputType};
+pub use inputs::{InputDecl, InputError, InputType};
 pub(crate) use plan::{GraphPlan, LoopMode, LoopSpec, NodeSpec, ParallelSpec, Plan};
 pub(crate) use reference::{NodeLookup, Scope};
 pub use schema::{Field, ParamIssue, ParamSchema, ParamType};

@@ -279,7 +279,7 @@ fn bad_inputs_are_one_line_errors() {
         ),
         (
             &["--input", "query=x", "--input", "colour=red"],
-            "unknown input `colour`: the workflow declares query, tier",
+            "input `colour`: not declared by the begin node (declared: query, tier)",
         ),
         (
             &["--input", "query=x", "--input", "tier=gold"],

@@ -26,6 +26,7 @@ pub struct Interaction {
 /// The type of a form field.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
+#[non_exhaustive]
 pub enum FieldType {
     /// Text.
     String,
@@ -96,6 +97,7 @@ pub struct SelectOption {
 
 /// What an interactive node asks for.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[non_exhaustive]
 pub enum InteractionKind {
     /// A form: the answer is an object with the fields' values; the node outputs it.
     FormInput {

@@ -39,6 +39,7 @@ pub enum RunError {
 
 /// What became of the messages a run produced when it ended.
 #[derive(Debug, Clone, PartialEq, Default)]
+#[non_exhaustive]
 pub struct HistoryFlush {
     /// Messages written to the history store.
     pub persisted: Vec<Message>,
@@ -221,6 +222,7 @@ pub struct Interrupted {
 /// Everything a stop produced and persisted. Every caller of a stop of the same run gets the
 /// same value.
 #[derive(Debug, Clone, PartialEq)]
+#[non_exhaustive]
 pub struct StopResult {
     /// The run.
     pub run_id: RunId,
@@ -269,6 +271,7 @@ impl StopResult {
 #[derive(Debug, Clone, PartialEq)]
 // Answered once per stop request, never stored in bulk: boxing would only burden callers.
 #[allow(clippy::large_enum_variant)]
+#[non_exhaustive]
 pub enum StopReply {
     /// The run stopped (by this request or a concurrent one).
     Stopped(StopResult),
@@ -278,6 +281,7 @@ pub enum StopReply {
 
 /// The final state of a run that ended before a stop could take effect.
 #[derive(Debug, Clone, PartialEq)]
+#[non_exhaustive]
 pub struct FinishedRun {
     /// The run.
     pub run_id: RunId,

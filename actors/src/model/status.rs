@@ -7,6 +7,7 @@ use serde::{Deserialize, Serialize};
 /// The status of a run, as recorded in the run store.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
+#[non_exhaustive]
 pub enum RunStatus {
     /// Executing.
     Running,

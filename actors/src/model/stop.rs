@@ -32,6 +32,7 @@ impl StopMode {
 /// Why a run stopped.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
+#[non_exhaustive]
 pub enum StopReason {
     /// A person pressed stop.
     UserInterrupted,

@@ -6,6 +6,7 @@ use super::ids::NodeId;
 
 /// One node of a run's actor tree, as the actor itself reported it.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[non_exhaustive]
 pub struct ActorTree {
     /// The ractor actor id (`0.42`).
     pub actor_id: String,

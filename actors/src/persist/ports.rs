@@ -91,6 +91,7 @@ pub trait HistoryStore: Send + Sync + 'static {
 /// watcher knows each run's stop keys and cancel keys.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
+#[non_exhaustive]
 pub enum Signal {
     /// Stop gracefully and stay resumable.
     Stop,

@@ -116,6 +116,7 @@ fn nested_frame<'de, D: Deserializer<'de>>(deserializer: D) -> Result<FrameState
 
 /// Loop or parallel progress.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[non_exhaustive]
 pub enum FrameState {
     /// A loop.
     Loop(LoopState),

@@ -15,6 +15,7 @@ use crate::model::{
 pub struct RunHandle {
     run_id: RunId,
     thread: ThreadId,
+    workflow_id: String,
     events: broadcast::Sender<RunEvent>,
     first: Mutex<Option<broadcast::Receiver<RunEvent>>>,
     outcome: watch::Receiver<Option<Arc<RunOutcome>>>,
@@ -35,6 +36,7 @@ impl RunHandle {
     pub(super) fn new(
         run_id: RunId,
         thread: ThreadId,
+        workflow_id: String,
         events: broadcast::Sender<RunEvent>,
         first: broadcast::Receiver<RunEvent>,
         outcome: watch::Receiver<Option<Arc<RunOutcome>>>,
@@ -43,6 +45,7 @@ impl RunHandle {
         Self {
             run_id,
             thread,
+            workflow_id,
             events,
             first: Mutex::new(Some(first)),
             outcome,
@@ -85,6 +88,11 @@ impl RunHandle {
     /// The run's id.
     pub fn run_id(&self) -> RunId {
         self.run_id
+    }
+
+    /// The id of the workflow the run executes.
+    pub fn workflow_id(&self) -> &str {
+        &self.workflow_id
     }
 
     /// The run's thread.

@@ -29,6 +29,7 @@ use crate::workflow::ValidationErrors;
 
 /// Where to resume from.
 #[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum ResumeFrom {
     /// The newest checkpoint of a thread.
     Thread(ThreadId),
@@ -49,6 +50,7 @@ impl From<ThreadId> for ResumeFrom {
 
 /// What to resume with.
 #[derive(Debug, Clone, PartialEq, Default)]
+#[non_exhaustive]
 pub enum ResumeInput {
     /// Continue as is.
     #[default]
@@ -403,5 +405,47 @@ impl Runtime {
             .await?;
         claim.hand_over();
         Ok(handle)
+    }
+}
+
+impl Runtime {
+    /// The interactions the checkpoint a resume would start from waits for (the newest of the
+    /// thread, or the named one): what an answer must quote. Empty when it waits for none.
+    pub async fn pending_interactions(
+        &self,
+        from: impl Into<ResumeFrom>,
+    ) -> Result<Vec<Interaction>, ResumeError> {
+        let from = from.into();
+        let (thread, stored) = match &from {
+            ResumeFrom::Thread(thread) => (
+                thread,
+                self.checkpoint_store()
+                    .latest(thread)
+                    .await
+                    .map_err(ResumeError::Store)?,
+            ),
+            ResumeFrom::Checkpoint { thread, checkpoint } => (
+                thread,
+                self.checkpoint_store()
+                    .get(thread, *checkpoint)
+                    .await
+                    .map_err(ResumeError::Store)?,
+            ),
+        };
+        let stored = match (stored, &from) {
+            (Some(stored), _) => stored,
+            (None, ResumeFrom::Checkpoint { checkpoint, .. }) => {
+                return Err(ResumeError::CheckpointNotFound {
+                    thread: thread.clone(),
+                    checkpoint: *checkpoint,
+                });
+            }
+            (None, _) => return Err(ResumeError::NoCheckpoint(thread.clone())),
+        };
+        let snapshot = Snapshot::decode(&stored.bytes).map_err(|error| ResumeError::Corrupt {
+            checkpoint: stored.id,
+            error,
+        })?;
+        Ok(snapshot.interactions)
     }
 }

@@ -11,6 +11,7 @@ use crate::model::RunLabels;
 use crate::persist::{Notice, render_key};
 /// What a stop or cancel request did.
 #[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct StopRequest {
     /// The flag set.
     pub key: String,

@@ -11,13 +11,14 @@ use super::errors::StartError;
 use super::facade::Runtime;
 use super::handle::RunHandle;
 use crate::exec::{LiveState, Restore, RunArgs, RunInfo, RunSupervisor};
+use crate::kinds::Kinds;
 use crate::kinds::RunScope;
 use crate::model::{
     MAX_DEPTH, Map, Message, NodePath, RunId, RunLabels, RunRecord, RunStatus, ThreadId, Value,
     now_ms,
 };
 use crate::persist::WatchedKeys;
-use crate::workflow::{Plan, Workflow};
+use crate::workflow::{GraphPlan, NodeSpec, Plan, Workflow};
 
 impl Runtime {
     /// Starts a run of a validated workflow on a thread.
@@ -56,7 +57,12 @@ impl Runtime {
                     thread: thread.clone(),
                     run,
                 })?;
-        let inputs = check_inputs(workflow, inputs)?;
+        let inputs = workflow
+            .check_inputs(inputs)
+            .map_err(|e| StartError::InvalidInput {
+                input: e.input,
+                problem: e.problem,
+            })?;
         let history = self.load_history(&thread).await?;
         let mut produced = Vec::new();
         if let Some(Value::String(query)) = inputs.get("query")
@@ -109,11 +115,10 @@ impl Runtime {
             labels,
             retry_failed,
         } = launch;
-        for node in &plan.graph.nodes {
-            if self.kinds.get(&node.kind).is_none() {
-                return Err(StartError::UnknownKind(node.kind.to_string()));
-            }
+        if let Some(kind) = missing_kind(&plan.graph, &self.kinds) {
+            return Err(StartError::UnknownKind(kind));
         }
+        let workflow_id = plan.def.id.clone();
         let record = RunRecord {
             run_id,
             thread: thread.clone(),
@@ -197,6 +202,7 @@ impl Runtime {
         Ok(RunHandle::new(
             run_id,
             thread,
+            workflow_id,
             events,
             first_rx,
             outcome_rx,
@@ -237,46 +243,16 @@ fn check_depth(inputs: Map) -> Result<Map, StartError> {
     Err(StartError::InputTooDeep { input, limit })
 }
 
-/// Applies defaults and checks types of the inputs the `begin` node declares.
-fn check_inputs(workflow: &Workflow, mut inputs: Map) -> Result<Map, StartError> {
-    let declared = workflow.inputs();
-    if declared.is_empty() {
-        return Ok(inputs);
-    }
-    for name in inputs.keys() {
-        if !declared.iter().any(|d| &d.name == name) {
-            let known: Vec<&str> = declared.iter().map(|d| d.name.as_str()).collect();
-            return Err(StartError::InvalidInput {
-                input: name.clone(),
-                problem: format!(
-                    "not declared by the begin node (declared: {})",
-                    known.join(", ")
-                ),
-            });
+/// The first kind of a graph (bodies included) this runtime has no handler for.
+fn missing_kind(graph: &GraphPlan, kinds: &Kinds) -> Option<String> {
+    graph.nodes.iter().find_map(|node| {
+        if kinds.get(&node.kind).is_none() {
+            return Some(node.kind.to_string());
         }
-    }
-    for decl in declared {
-        match inputs.get(&decl.name) {
-            Some(value) if !decl.ty.accepts(value) => {
-                return Err(StartError::InvalidInput {
-                    input: decl.name.clone(),
-                    problem: format!("expected {}, found {}", decl.ty.name(), value.type_name()),
-                });
-            }
-            Some(_) => {}
-            None => match &decl.default {
-                Some(default) => {
-                    inputs.insert(decl.name.clone(), default.clone());
-                }
-                None if decl.required => {
-                    return Err(StartError::InvalidInput {
-                        input: decl.name.clone(),
-                        problem: "is required".into(),
-                    });
-                }
-                None => {}
-            },
+        match &node.spec {
+            NodeSpec::Loop(l) => missing_kind(&l.body, kinds),
+            NodeSpec::Parallel(p) => missing_kind(&p.body, kinds),
+            _ => None,
         }
-    }
-    Ok(inputs)
+    })
 }

@@ -19,6 +19,7 @@ use crate::model::{NodePath, RunId, RunOutcome, RunStatus, ThreadId};
 
 /// What ops tooling sees of a live run.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[non_exhaustive]
 pub struct RunSummary {
     /// The run.
     pub run_id: RunId,

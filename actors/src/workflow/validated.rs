@@ -5,9 +5,10 @@ use std::sync::Arc;
 use super::catalog::KindCatalog;
 use super::def::WorkflowDef;
 use super::error::ValidationErrors;
-use super::inputs::InputDecl;
+use super::inputs::{InputDecl, InputError, check_inputs, inputs_from_text};
 use super::plan::Plan;
 use super::validate;
+use crate::model::Map;
 use crate::model::NodeId;
 
 /// A validated workflow, ready to run. Cheap to clone.
@@ -57,5 +58,21 @@ impl Workflow {
 
     pub(crate) fn plan(&self) -> &Arc<Plan> {
         &self.0
+    }
+
+    /// Checks run inputs against what the `begin` node declares and applies the defaults (what
+    /// `start` does before a run begins).
+    pub fn check_inputs(&self, inputs: Map) -> Result<Map, InputError> {
+        check_inputs(self.inputs(), inputs)
+    }
+
+    /// Reads run inputs given as `name`, `text` pairs (as a command line gives them), each typed
+    /// by its declaration: strings as written, other types as JSON. Checked like
+    /// [`check_inputs`](Self::check_inputs).
+    pub fn inputs_from_text<'a>(
+        &self,
+        pairs: impl IntoIterator<Item = (&'a str, &'a str)>,
+    ) -> Result<Map, InputError> {
+        inputs_from_text(self.inputs(), pairs)
     }
 }

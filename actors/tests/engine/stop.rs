@@ -609,6 +609,7 @@ async fn stop_racing_natural_completion_has_exactly_one_final_state() {
                     assert_eq!(o, &outcome, "iteration {i}");
                 }
             }
+            other => panic!("iteration {i}: unexpected reply {other:?}"),
         }
     }
     eprintln!(
