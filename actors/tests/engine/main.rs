@@ -26,3 +26,4 @@ mod stop;
 mod stopkit;
 mod switch;
 mod validation;
+mod validation_scope;
