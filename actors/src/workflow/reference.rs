@@ -50,7 +50,9 @@ impl Reference {
         }
         let mut parts = inner.split('.');
         let head = parts.next().unwrap_or_default();
-        let path: Vec<String> = parts.map(str::to_owned).collect();
+        let mut path: Vec<String> = parts.map(str::to_owned).collect();
+        // Held for the workflow's life, one per reference: no spare capacity.
+        path.shrink_to_fit();
         if !is_identifier(head) || path.iter().any(|p| !is_identifier(p)) {
             return Err(err(
                 "each dot-separated part must be letters, digits, `_` or `-`",
@@ -382,6 +384,7 @@ fn compile_text(s: &str) -> Result<Template, ReferenceSyntaxError> {
     if let [TextPart(Segment::Ref(r))] = parts.as_slice() {
         return Ok(Template::Ref(r.clone()));
     }
+    parts.shrink_to_fit();
     Ok(Template::Text(parts))
 }
 
