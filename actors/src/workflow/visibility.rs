@@ -187,7 +187,7 @@ fn check_reference(
     match reference.root() {
         Root::Node(target) => {
             if let Some(frame) = Frame::outwards(frame).find(|f| f.node.id == *target) {
-                match reference.path().first() {
+                match reference.steps().next() {
                     Some(name) if frame.has_field(name) => {}
                     other => errors.push(unknown(format!(
                         "inside the body of `{target}`, `{{{{{target}.X}}}}` names one of: {}{}",
@@ -208,7 +208,7 @@ fn check_reference(
             }
         }
         Root::Sys => {
-            let key = reference.path().first().map_or("", String::as_str);
+            let key = reference.steps().next().unwrap_or_default();
             if !SYS_KEYS.contains(&key) {
                 errors.push(unknown(format!(
                     "no `sys.{key}`; known: {}",
@@ -217,7 +217,7 @@ fn check_reference(
             }
         }
         Root::Env => {
-            let name = reference.path().first().map_or("", String::as_str);
+            let name = reference.steps().next().unwrap_or_default();
             if !workflow.variables.contains_key(name) {
                 errors.push(unknown(format!(
                     "no workflow variable `{name}`; declare it under `variables`"
