@@ -6,7 +6,9 @@
 //! fan-outs also set `Throughput::Elements(nodes)` so criterion prints nodes per second, and
 //! loops and parallels `Throughput::Elements(iterations or items)` (per-iteration cost is the
 //! time per run divided by the iterations). `interactive/pause_resume` is one run paused at a
-//! form plus the resume that answers it and completes.
+//! form plus the resume that answers it and completes. `validate/10k_nodes` and
+//! `validate/100k_nodes` validate a chain (no run): the ratio of the two shows how validation
+//! scales with the workflow's size.
 //! Every run asserts it completed with the expected outputs, so a broken engine cannot report
 //! fast numbers. The in-memory stores keep every run's record and final checkpoint, so memory
 //! grows over a bench; that is part of what an embedded runtime pays.
@@ -17,14 +19,16 @@ use std::hint::black_box;
 use std::time::Duration;
 
 use criterion::measurement::WallTime;
-use criterion::{BenchmarkGroup, Criterion, Throughput, criterion_group, criterion_main};
+use criterion::{
+    BatchSize, BenchmarkGroup, Criterion, Throughput, criterion_group, criterion_main,
+};
 use runvisor::{
     BodyDef, Map, NodeDef, ResumeInput, RunOutcome, Runtime, ThreadId, Value, Workflow, WorkflowDef,
 };
 use serde_json::json;
 use tokio::runtime::Runtime as Tokio;
 
-use common::{ECHO, Echo, chain};
+use common::{ECHO, Echo, chain, chain_def};
 
 fn runtime() -> Runtime {
     Runtime::builder().handler(ECHO, Echo).build()
@@ -298,5 +302,32 @@ fn bodies(c: &mut Criterion) {
     group.finish();
 }
 
-criterion_group!(engine, benches, bodies);
+/// Validation alone: a chain of `n` nodes (each referencing its predecessor) validated into a
+/// `Workflow`. The definition is cloned outside the measurement.
+fn validation(c: &mut Criterion) {
+    let runtime = runtime();
+    let mut group = c.benchmark_group("validate");
+    group
+        .sample_size(10)
+        .warm_up_time(Duration::from_secs(1))
+        .measurement_time(Duration::from_secs(10));
+    for (name, len) in [("10k_nodes", 10_000), ("100k_nodes", 100_000)] {
+        let def = chain_def(len - 1);
+        group.throughput(Throughput::Elements(len as u64));
+        group.bench_function(name, |b| {
+            b.iter_batched(
+                || def.clone(),
+                |def| {
+                    let workflow = runtime.validate(def).expect("chain workflow is valid");
+                    assert_eq!(workflow.node_ids().count(), len);
+                    workflow
+                },
+                BatchSize::LargeInput,
+            );
+        });
+    }
+    group.finish();
+}
+
+criterion_group!(engine, benches, bodies, validation);
 criterion_main!(engine);

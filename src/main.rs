@@ -22,8 +22,8 @@ use runvisor::redis::{RedisConfig, RedisStores};
 use runvisor::{
     CheckpointId, Config, Durability, Interaction, InteractionId, InteractionKind, Map, Message,
     NodeId, NodePath, ResumeFrom, ResumeInput, RunEvent, RunHandle, RunId, RunLabels, RunOutcome,
-    RunStatus, Runtime, StopMode, StopReason, StopRequest, StopResult, ThreadId, Value, Workflow,
-    register_standard_kinds,
+    RunStatus, Runtime, StopMode, StopReason, StopRequest, StopResult, ThreadId, ValidationErrors,
+    Value, Workflow, WorkflowDef, register_standard_kinds,
 };
 use serde::Serialize;
 use tokio::task::JoinHandle;
@@ -237,18 +237,29 @@ fn report_request(request: StopRequest) -> anyhow::Result<ExitCode> {
     Ok(ExitCode::SUCCESS)
 }
 
-/// Reads and validates a workflow file; prints every validation error, one per line.
+/// Reads and validates a workflow file; prints its validation errors, one per line: each
+/// distinct problem once, at most `ValidationErrors::LISTED` of them, then how many more.
 fn load(runtime: &Runtime, file: &Path) -> anyhow::Result<Option<Workflow>> {
     let text = std::fs::read_to_string(file)
         .with_context(|| format!("cannot read workflow {}", file.display()))?;
-    match runtime.load_json(&text) {
+    // The text is dropped before validation: a large workflow is not held twice.
+    let loaded = WorkflowDef::from_json(&text)
+        .map_err(|e| ValidationErrors::from(vec![e]))
+        .and_then(|def| {
+            drop(text);
+            runtime.validate(def)
+        });
+    match loaded {
         Ok(workflow) => Ok(Some(workflow)),
         Err(errors) => {
             let mut err = io::stderr().lock();
-            for e in errors.errors() {
+            for e in errors.listed() {
                 writeln!(err, "error: {}: {e}", file.display())?;
             }
-            let count = errors.errors().len();
+            if errors.unlisted() > 0 {
+                writeln!(err, "and {} more", errors.unlisted())?;
+            }
+            let count = errors.len();
             let s = if count == 1 { "" } else { "s" };
             writeln!(err, "invalid: {count} problem{s} in {}", file.display())?;
             Ok(None)

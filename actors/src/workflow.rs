@@ -15,8 +15,10 @@ mod plan;
 mod reference;
 mod schema;
 mod spec;
+mod upstream;
 mod validate;
 mod validated;
+mod visibility;
 
 pub use catalog::KindCatalog;
 pub(crate) use catalog::{

@@ -36,6 +36,13 @@ impl NodeHandler for Echo {
 /// `begin -> n1 -> ... -> n{len}`; `n1` has `x: 1`, every later node `x: "{{n<i-1>.value}}"`,
 /// so every node resolves a reference to its predecessor's output.
 pub(crate) fn chain(runtime: &Runtime, len: usize) -> Workflow {
+    runtime
+        .validate(chain_def(len))
+        .expect("chain workflow is valid")
+}
+
+/// The definition [`chain`] validates.
+pub(crate) fn chain_def(len: usize) -> WorkflowDef {
     let mut def = WorkflowDef::new(format!("chain-{len}")).node(NodeDef::new("begin", "begin"));
     let mut prev = "begin".to_owned();
     for i in 1..=len {
@@ -50,7 +57,7 @@ pub(crate) fn chain(runtime: &Runtime, len: usize) -> Workflow {
             .edge(&prev, &id);
         prev = id;
     }
-    runtime.validate(def).expect("chain workflow is valid")
+    def
 }
 
 /// Says it is running, waits for the stop, and returns `Stopped` at once.

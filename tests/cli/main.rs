@@ -237,6 +237,74 @@ fn validate_lists_every_problem_and_exits_2() {
     assert_eq!(ran.stderr.lines().count(), expected.len() + 1, "{ran:?}");
 }
 
+/// Writes a workflow of `begin -> n0..n{count-1}` (each node made by `node`) to a temp file.
+fn fan_file(dir: &Path, count: usize, node: impl Fn(usize) -> serde_json::Value) -> PathBuf {
+    let mut nodes = vec![serde_json::json!({"id": "start", "kind": "begin"})];
+    let mut edges = Vec::new();
+    for i in 0..count {
+        nodes.push(node(i));
+        edges.push(serde_json::json!({"from": "start", "to": format!("n{i}")}));
+    }
+    let file = dir.join(format!("fan-{count}.json"));
+    let workflow = serde_json::json!({"id": "big", "nodes": nodes, "edges": edges});
+    std::fs::write(&file, workflow.to_string()).expect("written");
+    file
+}
+
+#[test]
+fn validate_output_stays_small_for_ten_thousand_nodes_of_an_unknown_kind() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let file = fan_file(
+        dir.path(),
+        10_000,
+        |i| serde_json::json!({"id": format!("n{i}"), "kind": "gpt"}),
+    );
+    let ran = runvisor(["validate".as_ref(), file.as_os_str()]);
+    assert_eq!(ran.code, Some(BAD_INPUT), "{ran:?}");
+    assert!(
+        ran.stderr.len() < 2_048,
+        "{} bytes: {ran:?}",
+        ran.stderr.len()
+    );
+    let lines: Vec<&str> = ran.stderr.lines().collect();
+    assert_eq!(lines.len(), 2, "{ran:?}");
+    assert!(
+        lines[0].contains("nodes `n0`, `n1`, `n2`, `n3`, `n4`, `n5`, `n6`, `n7`, `n8`, `n9` and 9990 more: field `kind`: unknown kind `gpt` (known: "),
+        "{ran:?}"
+    );
+    assert_eq!(
+        lines[1],
+        format!("invalid: 1 problem in {}", file.display())
+    );
+}
+
+#[test]
+fn validate_lists_a_hundred_problems_then_how_many_more() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let file = fan_file(
+        dir.path(),
+        150,
+        |i| serde_json::json!({"id": format!("n{i}"), "kind": "template", "params": {"template": i}}),
+    );
+    let ran = runvisor(["validate".as_ref(), file.as_os_str()]);
+    assert_eq!(ran.code, Some(BAD_INPUT), "{ran:?}");
+    let lines: Vec<&str> = ran.stderr.lines().collect();
+    assert_eq!(lines.len(), 100 + 2, "{ran:?}");
+    assert!(
+        lines[..100].iter().all(|l| l.starts_with("error: ")),
+        "{ran:?}"
+    );
+    assert!(
+        lines[99].contains("node `n99`: field `params.template`"),
+        "{ran:?}"
+    );
+    assert_eq!(lines[100], "and 50 more");
+    assert_eq!(
+        lines[101],
+        format!("invalid: 150 problems in {}", file.display())
+    );
+}
+
 #[test]
 fn a_missing_file_is_one_line() {
     let ran = runvisor(["run", "no/such/workflow.json"]);

@@ -88,7 +88,8 @@ impl WorkflowDef {
 
     /// Parses JSON. Syntax and shape errors carry the line and column.
     pub fn from_json(text: &str) -> Result<Self, WorkflowError> {
-        serde_json::from_str(text).map_err(|e| {
+        let parsed: Result<Self, _> = serde_json::from_str(text);
+        parsed.map(Self::without_spare_capacity).map_err(|e| {
             // serde_json's text ends with the position, which the error states itself.
             let message = e.to_string();
             let suffix = format!(" at line {} column {}", e.line(), e.column());
@@ -100,6 +101,20 @@ impl WorkflowDef {
                     .map_or(message.clone(), str::to_owned),
             }
         })
+    }
+
+    /// Drops the spare capacity parsing leaves in node and edge lists (up to half of them on
+    /// a large workflow), which the definition would otherwise hold for its whole life.
+    fn without_spare_capacity(mut self) -> Self {
+        fn shrink(nodes: &mut Vec<NodeDef>, edges: &mut Vec<EdgeDef>) {
+            nodes.shrink_to_fit();
+            edges.shrink_to_fit();
+            for body in nodes.iter_mut().filter_map(|n| n.body.as_mut()) {
+                shrink(&mut body.nodes, &mut body.edges);
+            }
+        }
+        shrink(&mut self.nodes, &mut self.edges);
+        self
     }
 
     /// The definition as pretty JSON.

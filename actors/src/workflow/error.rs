@@ -1,10 +1,16 @@
 //! What validation reports: one [`WorkflowError`] per problem, each naming the node (or edge)
-//! and the field it is about, collected in [`ValidationErrors`].
+//! and the field it is about, collected in [`ValidationErrors`]. Reports are bounded whatever
+//! the workflow's size: each distinct problem once, lists inside one problem cut after a few
+//! items, and at most [`ValidationErrors::LISTED`] problems listed before "and N more".
 
+use std::collections::HashSet;
 use std::fmt;
 
+/// How many nodes a problem about several nodes names before "and N more".
+const NAMED: usize = 10;
+
 /// One problem in a workflow definition.
-#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+#[derive(Debug, Clone, PartialEq, Eq, Hash, thiserror::Error)]
 #[non_exhaustive]
 pub enum WorkflowError {
     /// The JSON does not parse or does not have the workflow's shape.
@@ -39,13 +45,13 @@ pub enum WorkflowError {
         /// The repeated id.
         node: String,
     },
-    /// No handler is registered for a node's kind.
-    #[error("node `{node}`: field `kind`: unknown kind `{kind}` (known: {})", known.join(", "))]
+    /// No handler is registered for a kind; one problem per kind, naming every node of it.
+    #[error("{}: field `kind`: unknown kind `{kind}` (known: {})", nodes_text(nodes), known.join(", "))]
     UnknownKind {
-        /// The node.
-        node: String,
         /// The kind as written.
         kind: String,
+        /// The nodes of that kind, in the order found (shown: the first ten, then a count).
+        nodes: Vec<String>,
         /// The kinds the runtime knows.
         known: Vec<String>,
     },
@@ -118,7 +124,7 @@ pub enum WorkflowError {
     /// The workflow has several `begin` nodes.
     #[error(
         "workflow: field `nodes`: {} entries ({}); exactly one node of kind `begin` is allowed",
-        nodes.len(), nodes.join(", ")
+        nodes.len(), listing(nodes, NAMED)
     )]
     MultipleEntries {
         /// The `begin` nodes.
@@ -174,8 +180,33 @@ pub enum WorkflowError {
     },
 }
 
+/// `node `a``, or `nodes `a`, `b` and 3 more`.
+fn nodes_text(nodes: &[String]) -> String {
+    match nodes {
+        [] => "no node".to_owned(),
+        [one] => format!("node `{one}`"),
+        many => {
+            let shown: Vec<String> = many.iter().take(NAMED).map(|n| format!("`{n}`")).collect();
+            let mut text = format!("nodes {}", shown.join(", "));
+            if many.len() > NAMED {
+                text.push_str(&format!(" and {} more", many.len() - NAMED));
+            }
+            text
+        }
+    }
+}
+
+/// `a -> b -> c -> a`; a long cycle shows its first nodes, a count, and closes on the first.
 fn cycle_text(nodes: &[String]) -> String {
-    let mut text = nodes.join(" -> ");
+    let mut text = nodes
+        .iter()
+        .take(NAMED)
+        .map(String::as_str)
+        .collect::<Vec<_>>()
+        .join(" -> ");
+    if nodes.len() > NAMED {
+        text.push_str(&format!(" -> ... ({} more)", nodes.len() - NAMED));
+    }
     if let Some(first) = nodes.first() {
         text.push_str(" -> ");
         text.push_str(first);
@@ -183,20 +214,68 @@ fn cycle_text(nodes: &[String]) -> String {
     text
 }
 
-/// Every problem found in a workflow.
+/// `a, b, c`, or past `max` items `a, b, c and 7 more`: lists in messages stay short however
+/// long the workflow's lists are.
+pub(crate) fn listing<T: AsRef<str>>(items: &[T], max: usize) -> String {
+    let shown: Vec<&str> = items.iter().take(max).map(AsRef::as_ref).collect();
+    let mut text = shown.join(", ");
+    if items.len() > max {
+        text.push_str(&format!(" and {} more", items.len() - max));
+    }
+    text
+}
+
+/// Every problem found in a workflow, each distinct problem once, in the order found.
+///
+/// It keeps them all ([`errors`](Self::errors)); its `Display` lists the first
+/// [`LISTED`](Self::LISTED) and counts the rest, so a report stays small for any workflow.
 #[derive(Debug, Clone, PartialEq)]
 pub struct ValidationErrors(Vec<WorkflowError>);
 
 impl ValidationErrors {
+    /// How many problems a report lists before "and N more".
+    pub const LISTED: usize = 100;
+
     /// The problems, in the order found.
     pub fn errors(&self) -> &[WorkflowError] {
         &self.0
     }
+
+    /// How many distinct problems there are.
+    pub fn len(&self) -> usize {
+        self.0.len()
+    }
+
+    /// Whether there are none (never the case for an error returned by validation).
+    pub fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
+
+    /// The problems a report lists: the first [`LISTED`](Self::LISTED).
+    pub fn listed(&self) -> &[WorkflowError] {
+        &self.0[..self.0.len().min(Self::LISTED)]
+    }
+
+    /// How many problems a report leaves out after [`listed`](Self::listed).
+    pub fn unlisted(&self) -> usize {
+        self.0.len().saturating_sub(Self::LISTED)
+    }
 }
 
 impl From<Vec<WorkflowError>> for ValidationErrors {
+    /// Keeps the first of identical problems, in order.
     fn from(errors: Vec<WorkflowError>) -> Self {
-        Self(errors)
+        let first: Vec<bool> = {
+            let mut seen = HashSet::with_capacity(errors.len());
+            errors.iter().map(|e| seen.insert(e)).collect()
+        };
+        Self(
+            errors
+                .into_iter()
+                .zip(first)
+                .filter_map(|(e, first)| first.then_some(e))
+                .collect(),
+        )
     }
 }
 
@@ -213,12 +292,15 @@ impl fmt::Display for ValidationErrors {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self.0.as_slice() {
             [one] => write!(f, "{one}"),
-            many => {
-                write!(f, "{} problems in workflow:", many.len())?;
-                for e in many {
+            all => {
+                write!(f, "{} problems in workflow:", all.len())?;
+                for e in self.listed() {
                     write!(f, "\n  - {e}")?;
                 }
-                Ok(())
+                match self.unlisted() {
+                    0 => Ok(()),
+                    more => write!(f, "\n  and {more} more"),
+                }
             }
         }
     }

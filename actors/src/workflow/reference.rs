@@ -34,7 +34,9 @@ pub(crate) const SYS_KEYS: &[&str] = &["query", "run_id", "thread_id", "workflow
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub(crate) struct Reference {
     root: Root,
-    path: Vec<String>,
+    /// The steps after the root, joined by `.` (`text`, `a.b`; empty for `{{node}}`): one
+    /// allocation per reference, however many steps.
+    path: Box<str>,
 }
 
 impl Reference {
@@ -48,10 +50,11 @@ impl Reference {
         if inner.is_empty() {
             return Err(err("is empty"));
         }
-        let mut parts = inner.split('.');
-        let head = parts.next().unwrap_or_default();
-        let path: Vec<String> = parts.map(str::to_owned).collect();
-        if !is_identifier(head) || path.iter().any(|p| !is_identifier(p)) {
+        let (head, path) = match inner.split_once('.') {
+            Some((head, path)) => (head, Some(path)),
+            None => (inner, None),
+        };
+        if !is_identifier(head) || path.is_some_and(|p| !p.split('.').all(is_identifier)) {
             return Err(err(
                 "each dot-separated part must be letters, digits, `_` or `-`",
             ));
@@ -61,10 +64,14 @@ impl Reference {
             "env" => Root::Env,
             node => Root::Node(NodeId::new(node).map_err(|_| err("invalid node id"))?),
         };
+        let path = path.unwrap_or_default();
         if matches!(root, Root::Sys | Root::Env) && path.is_empty() {
             return Err(err("needs a name after `sys.` or `env.`"));
         }
-        Ok(Self { root, path })
+        Ok(Self {
+            root,
+            path: path.into(),
+        })
     }
 
     /// Where the reference starts.
@@ -73,19 +80,24 @@ impl Reference {
     }
 
     /// The steps after the root.
-    pub(crate) fn path(&self) -> &[String] {
-        &self.path
+    pub(crate) fn steps(&self) -> impl Iterator<Item = &str> {
+        (!self.path.is_empty())
+            .then(|| self.path.split('.'))
+            .into_iter()
+            .flatten()
     }
 
     /// Resolves the reference against a scope.
     pub(crate) fn resolve(&self, scope: &dyn Scope) -> Result<Value, ResolveError> {
-        let (base, path) = match &self.root {
+        let mut steps = self.steps();
+        // For `sys` and `env`, the first step names the value and the walk starts after it.
+        let (base, skip) = match &self.root {
             Root::Node(node) => match scope.node_output(node) {
-                NodeLookup::Output(v) => (v, &self.path[..]),
+                NodeLookup::Output(v) => (v, 0),
                 NodeLookup::DidNotRun => return Ok(Value::Null),
             },
-            Root::Sys => match scope.sys(&self.path[0]) {
-                Some(v) => (v, &self.path[1..]),
+            Root::Sys => match steps.next().and_then(|key| scope.sys(key)) {
+                Some(v) => (v, 1),
                 None => {
                     return Err(ResolveError {
                         reference: self.to_string(),
@@ -93,8 +105,8 @@ impl Reference {
                     });
                 }
             },
-            Root::Env => match scope.env(&self.path[0]) {
-                Some(v) => (v, &self.path[1..]),
+            Root::Env => match steps.next().and_then(|key| scope.env(key)) {
+                Some(v) => (v, 1),
                 None => {
                     return Err(ResolveError {
                         reference: self.to_string(),
@@ -104,14 +116,15 @@ impl Reference {
             },
         };
         let mut current = base;
-        for (depth, step) in path.iter().enumerate() {
+        for (depth, step) in steps.enumerate() {
             match current.pointer([step]) {
                 Some(next) => current = next,
                 None => {
                     let at = if depth == 0 {
                         "the value".to_owned()
                     } else {
-                        format!("`{}`", path[..depth].join("."))
+                        let walked: Vec<&str> = self.steps().skip(skip).take(depth).collect();
+                        format!("`{}`", walked.join("."))
                     };
                     return Err(ResolveError {
                         reference: self.to_string(),
@@ -132,8 +145,8 @@ impl fmt::Display for Reference {
             Root::Sys => f.write_str("sys")?,
             Root::Env => f.write_str("env")?,
         }
-        for p in &self.path {
-            write!(f, ".{p}")?;
+        if !self.path.is_empty() {
+            write!(f, ".{}", self.path)?;
         }
         f.write_str("}}")
     }
@@ -382,6 +395,7 @@ fn compile_text(s: &str) -> Result<Template, ReferenceSyntaxError> {
     if let [TextPart(Segment::Ref(r))] = parts.as_slice() {
         return Ok(Template::Ref(r.clone()));
     }
+    parts.shrink_to_fit();
     Ok(Template::Text(parts))
 }
 
@@ -507,7 +521,16 @@ mod tests {
             Template::compile(&serde_json::json!({"cases": [{"left": "{{llm.text"}]})).unwrap_err();
         assert_eq!(at, "cases[0].left");
         assert!(e.reason.contains("never closed"));
-        for bad in ["{{}}", "{{a..b}}", "{{sys}}", "{{a b}}", "{{llm.x y}}"] {
+        for bad in [
+            "{{}}",
+            "{{a..b}}",
+            "{{a.}}",
+            "{{.a}}",
+            "{{sys}}",
+            "{{env.}}",
+            "{{a b}}",
+            "{{llm.x y}}",
+        ] {
             assert!(
                 Template::compile(&serde_json::json!(bad)).is_err(),
                 "{bad} should not compile"

@@ -6,7 +6,7 @@
 //! value is only known at run time, where the handler checks it. A string mixing text and
 //! references is text, so it is accepted where text is.
 
-use super::reference::Template;
+use super::reference::Reference;
 
 /// The type of a parameter.
 #[derive(Debug, Clone, PartialEq)]
@@ -205,12 +205,15 @@ fn check_object(
     }
 }
 
-/// Whether a string is exactly one reference, whose type is only known at run time.
+/// Whether a string is exactly one reference, whose type is only known at run time: what
+/// `Template::compile` makes a `Template::Ref` of (`{{` at the start, the first `}}` at the
+/// end, a valid reference between), decided without compiling the text.
 fn is_single_reference(s: &str) -> bool {
-    matches!(
-        Template::compile(&serde_json::Value::String(s.to_owned())),
-        Ok(Template::Ref(_))
-    )
+    s.strip_prefix("{{")
+        .and_then(|rest| Some((rest, rest.find("}}")?)))
+        .is_some_and(|(rest, close)| {
+            close + 2 == rest.len() && Reference::parse(&rest[..close]).is_ok()
+        })
 }
 
 fn check_value(ty: &ParamType, value: &serde_json::Value, at: &str, issues: &mut Vec<ParamIssue>) {
@@ -273,6 +276,33 @@ fn check_value(ty: &ParamType, value: &serde_json::Value, at: &str, issues: &mut
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::workflow::reference::Template;
+
+    #[test]
+    fn single_references_are_told_apart_as_compiling_would() {
+        for text in [
+            "{{a.text}}",
+            "{{ a.text }}",
+            "{{sys.query}}",
+            "{{a}}",
+            " {{a.text}}",
+            "{{a.text}} ",
+            "{{a.text}}{{b.text}}",
+            "{{a.text}} and {{b.text}}",
+            "{{a..b}}",
+            "{{}}",
+            "{{a.text",
+            "{{a.text}}}}",
+            "plain",
+            "",
+        ] {
+            let compiled = matches!(
+                Template::compile(&serde_json::Value::String(text.to_owned())),
+                Ok(Template::Ref(_))
+            );
+            assert_eq!(is_single_reference(text), compiled, "{text:?}");
+        }
+    }
     use serde_json::json;
 
     fn schema() -> ParamSchema {

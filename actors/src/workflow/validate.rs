@@ -1,18 +1,24 @@
 //! Validation: turns a [`WorkflowDef`] into a [`Plan`], or lists every problem, each naming the
-//! node (or edge) and the field it is about.
+//! node (or edge) and the field it is about. Every step is linear in the workflow's nodes,
+//! edges and references; references are checked in `visibility`.
 
+use std::borrow::Cow;
 use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 
 use super::catalog::{self as kinds, KindCatalog};
 use super::def::{EdgeDef, NodeDef, WorkflowDef};
-use super::error::{ValidationErrors, WorkflowError};
+use super::error::{ValidationErrors, WorkflowError, listing};
 use super::graph::{Edge, Graph};
 use super::inputs::{InputDecl, InputType};
 use super::plan::{GraphPlan, LoopMode, LoopSpec, NodeSpec, ParallelSpec, Plan, PlannedNode};
-use super::reference::{Root, SYS_KEYS, Template};
+use super::reference::Template;
 use super::spec::{self, DEFAULT_MAX_ITERATIONS};
+use super::visibility::{self, WorkflowScope};
 use crate::model::{Map, NodeId, Value};
+
+/// How many names a problem lists (branches, entry nodes) before "and N more".
+const NAMED: usize = 20;
 
 const RESERVED_IDS: &[&str] = &["sys", "env"];
 
@@ -20,9 +26,15 @@ pub(super) fn validate(
     def: WorkflowDef,
     kinds: &dyn KindCatalog,
 ) -> Result<Plan, ValidationErrors> {
-    let mut errors = Vec::new();
+    let mut checker = Checker {
+        kinds,
+        seen: HashSet::new(),
+        kind_names: HashMap::new(),
+        errors: Vec::new(),
+        unknown_kinds: HashMap::new(),
+    };
     if def.id.trim().is_empty() {
-        errors.push(WorkflowError::InvalidWorkflow {
+        checker.errors.push(WorkflowError::InvalidWorkflow {
             field: "id".into(),
             problem: "must not be empty".into(),
         });
@@ -30,7 +42,7 @@ pub(super) fn validate(
     let mut variables = Map::new();
     for (name, initial) in &def.variables {
         if !is_identifier(name) {
-            errors.push(WorkflowError::InvalidWorkflow {
+            checker.errors.push(WorkflowError::InvalidWorkflow {
                 field: format!("variables.{name}"),
                 problem: "variable names are letters, digits, `_` and `-`".into(),
             });
@@ -38,8 +50,10 @@ pub(super) fn validate(
         variables.insert(name.clone(), Value::from(initial));
     }
 
-    let mut seen = HashSet::new();
-    let graph = check_graph(None, &def.nodes, &def.edges, kinds, &mut seen, &mut errors);
+    let graph = checker.check_graph(None, &def.nodes, &def.edges);
+    let Checker {
+        seen, mut errors, ..
+    } = checker;
 
     let mut inputs = Vec::new();
     if let Some(entry) = def.nodes.iter().find(|n| n.kind == kinds::BEGIN) {
@@ -49,13 +63,11 @@ pub(super) fn validate(
     if errors.is_empty()
         && let Some(graph) = &graph
     {
-        let scope = RefScope {
-            outer: &HashSet::new(),
-            frames: &[],
+        let workflow = WorkflowScope {
             all: &seen,
             variables: &def.variables,
         };
-        check_references(graph, &def.nodes, &scope, &mut errors);
+        visibility::check(graph, &def.nodes, &workflow, &mut errors);
     }
     match graph {
         Some(graph) if errors.is_empty() => Ok(Plan {
@@ -75,180 +87,254 @@ fn is_identifier(s: &str) -> bool {
             .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-')
 }
 
-/// Checks the nodes and edges of one graph (the workflow's when `owner` is `None`, else the
-/// body of `owner`), recursing into bodies; returns its plan when it is usable.
-fn check_graph(
-    owner: Option<&NodeDef>,
-    nodes: &[NodeDef],
-    edges: &[EdgeDef],
-    kinds: &dyn KindCatalog,
-    seen: &mut HashSet<String>,
-    errors: &mut Vec<WorkflowError>,
-) -> Option<GraphPlan> {
-    let before = errors.len();
-    let mut planned = Vec::with_capacity(nodes.len());
-    let mut index = HashMap::with_capacity(nodes.len());
-    for node in nodes {
-        if let Some(p) = check_node(node, kinds, seen, errors) {
-            index.insert(p.id.clone(), planned.len());
-            planned.push(p);
-        }
-    }
-
-    let ids: HashMap<&str, usize> = nodes
-        .iter()
-        .enumerate()
-        .map(|(i, n)| (n.id.as_str(), i))
-        .collect();
-    let mut shape_edges = Vec::with_capacity(edges.len());
-    for (i, edge) in edges.iter().enumerate() {
-        let mut ends = [None, None];
-        for (slot, (field, id)) in [("from", &edge.from), ("to", &edge.to)]
-            .into_iter()
-            .enumerate()
-        {
-            match ids.get(id.as_str()) {
-                Some(&n) => ends[slot] = Some(n),
-                None => errors.push(WorkflowError::DanglingEdge {
-                    index: i,
-                    from: edge.from.clone(),
-                    to: edge.to.clone(),
-                    field,
-                    missing: id.clone(),
-                }),
-            }
-        }
-        let [Some(from), Some(to)] = ends else {
-            continue;
-        };
-        check_branch(i, edge, &nodes[from], kinds, errors);
-        shape_edges.push(Edge {
-            from,
-            to,
-            branch: edge.branch.clone(),
-        });
-    }
-    if errors.len() > before {
-        return None;
-    }
-    let entry = find_entry(owner, nodes, edges, errors)?;
-    let shape = match Graph::new(planned.len(), entry, shape_edges) {
-        Ok(shape) => shape,
-        Err(e) => {
-            errors.push(WorkflowError::InvalidWorkflow {
-                field: "edges".into(),
-                problem: e.to_string(),
-            });
-            return None;
-        }
-    };
-    let graph = GraphPlan {
-        nodes: planned,
-        index,
-        shape: Arc::new(shape),
-    };
-    check_structure(&graph, &nodes[entry], nodes, errors);
-    (errors.len() == before).then_some(graph)
+/// What the checks of nodes and graphs share across the whole workflow (`'d`), bodies
+/// included.
+struct Checker<'d, 'k> {
+    kinds: &'k dyn KindCatalog,
+    /// Every node id met so far (ids are unique in the workflow, body nodes included).
+    seen: HashSet<&'d str>,
+    /// Each kind's name, shared by the nodes of that kind.
+    kind_names: HashMap<&'d str, Arc<str>>,
+    errors: Vec<WorkflowError>,
+    /// Where in `errors` each unknown kind is reported: one problem per kind names all its
+    /// nodes, however many use it.
+    unknown_kinds: HashMap<String, usize>,
 }
 
-/// One node: id, kind, parameters, and for engine-run kinds their spec and body.
-fn check_node(
-    node: &NodeDef,
-    kinds: &dyn KindCatalog,
-    seen: &mut HashSet<String>,
-    errors: &mut Vec<WorkflowError>,
-) -> Option<PlannedNode> {
-    let before = errors.len();
-    let id = check_node_id(node, seen, errors);
-    let Some(schema) = kinds.params(&node.kind) else {
-        errors.push(WorkflowError::UnknownKind {
-            node: node.id.clone(),
-            kind: node.kind.clone(),
-            known: kinds.kind_names(),
-        });
-        return None;
-    };
-    for issue in schema.check(&node.params) {
-        let field = issue
-            .field
-            .strip_prefix("params")
-            .map_or(issue.field.clone(), |rest| {
-                rest.trim_start_matches('.').to_owned()
-            });
-        errors.push(WorkflowError::InvalidParam {
-            node: node.id.clone(),
-            field,
-            problem: issue.problem,
-        });
+impl<'d> Checker<'d, '_> {
+    /// Checks the nodes and edges of one graph (the workflow's when `owner` is `None`, else
+    /// the body of `owner`), recursing into bodies; returns its plan when it is usable.
+    fn check_graph(
+        &mut self,
+        owner: Option<&'d NodeDef>,
+        nodes: &'d [NodeDef],
+        edges: &'d [EdgeDef],
+    ) -> Option<GraphPlan> {
+        let before = self.errors.len();
+        let mut planned = Vec::with_capacity(nodes.len());
+        for node in nodes {
+            if let Some(p) = self.check_node(node) {
+                planned.push(p);
+            }
+        }
+        let shape_edges = self.check_edges(nodes, edges);
+        // A node without a plan was reported (possibly under a problem found before, such as
+        // its unknown kind): the graph cannot be built.
+        if self.errors.len() > before || planned.len() != nodes.len() {
+            return None;
+        }
+        let entry = find_entry(owner, nodes, edges, &mut self.errors)?;
+        let shape = match Graph::new(planned.len(), entry, shape_edges) {
+            Ok(shape) => shape,
+            Err(e) => {
+                self.errors.push(WorkflowError::InvalidWorkflow {
+                    field: "edges".into(),
+                    problem: e.to_string(),
+                });
+                return None;
+            }
+        };
+        let index = planned
+            .iter()
+            .enumerate()
+            .map(|(i, p)| (p.id.clone(), i))
+            .collect();
+        let graph = GraphPlan {
+            nodes: planned,
+            index,
+            shape: Arc::new(shape),
+        };
+        check_structure(&graph, &nodes[entry], nodes, &mut self.errors);
+        (self.errors.len() == before).then_some(graph)
     }
-    let takes_body = matches!(node.kind.as_str(), kinds::LOOP | kinds::PARALLEL);
-    let body = match (&node.body, takes_body) {
-        (Some(_), false) => {
-            errors.push(WorkflowError::BodyNotAllowed {
-                node: node.id.clone(),
-                kind: node.kind.clone(),
+
+    /// Every edge names two nodes of its graph and a branch its source may take; returns the
+    /// edges whose ends exist, by node position.
+    fn check_edges(&mut self, nodes: &[NodeDef], edges: &[EdgeDef]) -> Vec<Edge> {
+        let ids: HashMap<&str, usize> = nodes
+            .iter()
+            .enumerate()
+            .map(|(i, n)| (n.id.as_str(), i))
+            .collect();
+        // The branches a source node may take, asked of its kind once per node: kept for the
+        // nodes with several out-edges (a switch's cases), asked afresh for the others.
+        let mut out_degree = vec![0u32; nodes.len()];
+        for edge in edges {
+            if let Some(&from) = ids.get(edge.from.as_str()) {
+                out_degree[from] = out_degree[from].saturating_add(1);
+            }
+        }
+        let mut branches: HashMap<usize, Option<Branches>> = HashMap::new();
+        let mut shape_edges = Vec::with_capacity(edges.len());
+        for (i, edge) in edges.iter().enumerate() {
+            let mut ends = [None, None];
+            for (slot, (field, id)) in [("from", &edge.from), ("to", &edge.to)]
+                .into_iter()
+                .enumerate()
+            {
+                match ids.get(id.as_str()) {
+                    Some(&n) => ends[slot] = Some(n),
+                    None => self.errors.push(WorkflowError::DanglingEdge {
+                        index: i,
+                        from: edge.from.clone(),
+                        to: edge.to.clone(),
+                        field,
+                        missing: id.clone(),
+                    }),
+                }
+            }
+            let [Some(from), Some(to)] = ends else {
+                continue;
+            };
+            let source = &nodes[from];
+            let ask = || {
+                self.kinds
+                    .branches(&source.kind, &source.params)
+                    .map(Branches::new)
+            };
+            let fresh;
+            let allowed = if out_degree[from] > 1 {
+                branches.entry(from).or_insert_with(ask).as_ref()
+            } else {
+                fresh = ask();
+                fresh.as_ref()
+            };
+            if let Some(allowed) = allowed {
+                check_branch(i, edge, source, allowed, &mut self.errors);
+            }
+            shape_edges.push(Edge {
+                from,
+                to,
+                branch: edge.branch.clone(),
             });
-            None
         }
-        (None, true) => {
-            errors.push(WorkflowError::MissingBody {
+        shape_edges
+    }
+
+    /// One node: id, kind, parameters, and for engine-run kinds their spec and body.
+    fn check_node(&mut self, node: &'d NodeDef) -> Option<PlannedNode> {
+        let before = self.errors.len();
+        let id = check_node_id(node, &mut self.seen, &mut self.errors);
+        let Some(schema) = self.kinds.params(&node.kind) else {
+            self.unknown_kind(node);
+            return None;
+        };
+        let errors = &mut self.errors;
+        for issue in schema.check(&node.params) {
+            let field = issue
+                .field
+                .strip_prefix("params")
+                .map_or(issue.field.clone(), |rest| {
+                    rest.trim_start_matches('.').to_owned()
+                });
+            errors.push(WorkflowError::InvalidParam {
                 node: node.id.clone(),
-                kind: node.kind.clone(),
+                field,
+                problem: issue.problem,
             });
-            None
         }
-        (Some(body), true) => {
-            check_graph(Some(node), &body.nodes, &body.edges, kinds, seen, errors).map(Arc::new)
-        }
-        (None, false) => None,
-    };
-    // Fields of a loop or parallel evaluated at the end of each iteration or item, in the
-    // body's scope; everything else resolves when the node starts.
-    let mut outer = node.params.clone();
-    let mut late = |field: &str| -> Option<Template> {
-        let value = outer.as_object_mut()?.remove(field)?;
-        match Template::compile(&value) {
+        let takes_body = matches!(node.kind.as_str(), kinds::LOOP | kinds::PARALLEL);
+        let body = match (&node.body, takes_body) {
+            (Some(_), false) => {
+                errors.push(WorkflowError::BodyNotAllowed {
+                    node: node.id.clone(),
+                    kind: node.kind.clone(),
+                });
+                None
+            }
+            (None, true) => {
+                errors.push(WorkflowError::MissingBody {
+                    node: node.id.clone(),
+                    kind: node.kind.clone(),
+                });
+                None
+            }
+            (Some(body), true) => self
+                .check_graph(Some(node), &body.nodes, &body.edges)
+                .map(Arc::new),
+            (None, false) => None,
+        };
+        let errors = &mut self.errors;
+        // Fields of a loop or parallel evaluated at the end of each iteration or item, in the
+        // body's scope; everything else resolves when the node starts.
+        let (outer, until, output) = if takes_body {
+            let mut outer = node.params.clone();
+            let until = late_field(&mut outer, "until", node, errors);
+            let output = late_field(&mut outer, "output", node, errors);
+            (Cow::Owned(outer), until, output)
+        } else {
+            (Cow::Borrowed(&node.params), None, None)
+        };
+        let params = match Template::compile(&outer) {
             Ok(t) => Some(t),
-            Err((at, e)) => {
+            Err((field, e)) => {
                 errors.push(WorkflowError::InvalidParam {
                     node: node.id.clone(),
-                    field: if at.is_empty() {
-                        field.to_owned()
-                    } else {
-                        format!("{field}.{at}")
-                    },
+                    field,
                     problem: e.to_string(),
                 });
                 None
             }
+        };
+        let spec = node_spec(node, body, until, output, errors);
+        if errors.len() > before {
+            return None;
         }
-    };
-    let (until, output) = if takes_body {
-        (late("until"), late("output"))
-    } else {
-        (None, None)
-    };
-    let params = match Template::compile(&outer) {
+        let kind = self
+            .kind_names
+            .entry(&node.kind)
+            .or_insert_with(|| Arc::from(node.kind.as_str()))
+            .clone();
+        Some(PlannedNode {
+            id: id?,
+            kind,
+            params: params?,
+            spec: spec?,
+        })
+    }
+
+    /// Reports `node`'s kind as unknown: the first node of a kind opens its problem (listing
+    /// the known kinds once), later nodes of that kind are added to it.
+    fn unknown_kind(&mut self, node: &NodeDef) {
+        if let Some(&at) = self.unknown_kinds.get(&node.kind)
+            && let Some(WorkflowError::UnknownKind { nodes, .. }) = self.errors.get_mut(at)
+        {
+            nodes.push(node.id.clone());
+            return;
+        }
+        self.unknown_kinds
+            .insert(node.kind.clone(), self.errors.len());
+        self.errors.push(WorkflowError::UnknownKind {
+            kind: node.kind.clone(),
+            nodes: vec![node.id.clone()],
+            known: self.kinds.kind_names(),
+        });
+    }
+}
+
+/// Takes `field` out of a loop's or parallel's parameters and compiles it on its own.
+fn late_field(
+    params: &mut serde_json::Value,
+    field: &str,
+    node: &NodeDef,
+    errors: &mut Vec<WorkflowError>,
+) -> Option<Template> {
+    let value = params.as_object_mut()?.remove(field)?;
+    match Template::compile(&value) {
         Ok(t) => Some(t),
-        Err((field, e)) => {
+        Err((at, e)) => {
             errors.push(WorkflowError::InvalidParam {
                 node: node.id.clone(),
-                field,
+                field: if at.is_empty() {
+                    field.to_owned()
+                } else {
+                    format!("{field}.{at}")
+                },
                 problem: e.to_string(),
             });
             None
         }
-    };
-    let spec = node_spec(node, body, until, output, errors);
-    if errors.len() > before {
-        return None;
     }
-    Some(PlannedNode {
-        id: id?,
-        kind: Arc::from(node.kind.as_str()),
-        params: params?,
-        spec: spec?,
-    })
 }
 
 fn node_spec(
@@ -333,9 +419,9 @@ fn node_spec(
     }
 }
 
-fn check_node_id(
-    node: &NodeDef,
-    seen: &mut HashSet<String>,
+fn check_node_id<'d>(
+    node: &'d NodeDef,
+    seen: &mut HashSet<&'d str>,
     errors: &mut Vec<WorkflowError>,
 ) -> Option<NodeId> {
     let problem = if !is_identifier(&node.id) {
@@ -352,7 +438,7 @@ fn check_node_id(
         });
         return None;
     }
-    if !seen.insert(node.id.clone()) {
+    if !seen.insert(&node.id) {
         errors.push(WorkflowError::DuplicateId {
             node: node.id.clone(),
         });
@@ -370,31 +456,41 @@ fn check_node_id(
     }
 }
 
+/// The branch labels a node may take: in order (for messages) and as a set (for lookups).
+struct Branches {
+    names: Vec<String>,
+    set: HashSet<String>,
+}
+
+impl Branches {
+    fn new(names: Vec<String>) -> Self {
+        let set = names.iter().cloned().collect();
+        Self { names, set }
+    }
+}
+
 fn check_branch(
     index: usize,
     edge: &EdgeDef,
     from: &NodeDef,
-    kinds: &dyn KindCatalog,
+    allowed: &Branches,
     errors: &mut Vec<WorkflowError>,
 ) {
-    let Some(allowed) = kinds.branches(&from.kind, &from.params) else {
-        return;
-    };
     let problem = match &edge.branch {
-        None if !allowed.is_empty() => Some(format!(
+        None if !allowed.names.is_empty() => Some(format!(
             "an edge leaving `{}` (kind `{}`) must name a branch: one of {}",
             from.id,
             from.kind,
-            allowed.join(", ")
+            listing(&allowed.names, NAMED)
         )),
-        Some(b) if allowed.is_empty() => Some(format!(
+        Some(b) if allowed.names.is_empty() => Some(format!(
             "`{}` (kind `{}`) does not route; remove branch {b:?}",
             from.id, from.kind
         )),
-        Some(b) if !allowed.contains(b) => Some(format!(
+        Some(b) if !allowed.set.contains(b) => Some(format!(
             "`{}` has no branch {b:?}; its branches are {}",
             from.id,
-            allowed.join(", ")
+            listing(&allowed.names, NAMED)
         )),
         _ => None,
     };
@@ -498,8 +594,9 @@ fn find_entry(
         )));
         return None;
     }
+    let targets: HashSet<&str> = edges.iter().map(|e| e.to.as_str()).collect();
     let roots: Vec<usize> = (0..nodes.len())
-        .filter(|&i| !edges.iter().any(|e| e.to == nodes[i].id))
+        .filter(|&i| !targets.contains(nodes[i].id.as_str()))
         .collect();
     match roots.as_slice() {
         [one] => Some(*one),
@@ -515,10 +612,13 @@ fn find_entry(
             errors.push(body_error(format!(
                 "the body has {} entry nodes ({}); it must have exactly one node without incoming edges",
                 many.len(),
-                many.iter()
-                    .map(|&i| nodes[i].id.as_str())
-                    .collect::<Vec<_>>()
-                    .join(", ")
+                listing(
+                    &many
+                        .iter()
+                        .map(|&i| nodes[i].id.as_str())
+                        .collect::<Vec<_>>(),
+                    NAMED
+                )
             )));
             None
         }
@@ -608,262 +708,4 @@ fn find_cycle(graph: &GraphPlan) -> Option<Vec<usize>> {
         }
     }
     None
-}
-
-/// What references may see at one level of nesting.
-struct RefScope<'a> {
-    /// Nodes outside this graph that are visible in it (upstream of the enclosing nodes).
-    outer: &'a HashSet<String>,
-    /// The enclosing loop and parallel nodes, innermost last.
-    frames: &'a [FrameInfo],
-    /// Every node id in the workflow.
-    all: &'a HashSet<String>,
-    /// The workflow's variables.
-    variables: &'a serde_json::Map<String, serde_json::Value>,
-}
-
-/// An enclosing loop or parallel node, as references inside its body see it.
-struct FrameInfo {
-    node: String,
-    /// The fields `{{node.X}}` may name: `index`, `item`, and a loop's variables.
-    fields: Vec<String>,
-    /// Whether `set_variable` may assign its variables (loops only).
-    is_loop: bool,
-}
-
-/// Every node reference must name a node upstream of the referencing node (or a field of an
-/// enclosing loop or parallel frame); `sys` keys must be known; `env` names must be declared
-/// variables; `set_variable` may only assign declared variables. Recurses into bodies. Runs
-/// only on graphs that are acyclic and reachable.
-fn check_references(
-    graph: &GraphPlan,
-    defs: &[NodeDef],
-    scope: &RefScope<'_>,
-    errors: &mut Vec<WorkflowError>,
-) {
-    let ancestors = ancestor_sets(graph);
-    for (i, node) in graph.nodes.iter().enumerate() {
-        let upstream = |target: &NodeId| match graph.index.get(target) {
-            Some(&t) => ancestors[i].contains(t),
-            None => scope.outer.contains(target.as_str()),
-        };
-        for (field, reference) in node.params.references() {
-            check_reference(node, &field, reference, &upstream, scope, errors);
-        }
-        if &*node.kind == kinds::SET_VARIABLE {
-            check_assignments(node, &defs[i], scope, errors);
-        }
-        let (body, late): (&GraphPlan, Vec<(&str, &Template)>) = match &node.spec {
-            NodeSpec::Loop(l) => (
-                &l.body,
-                [("until", &l.until), ("output", &l.output)]
-                    .into_iter()
-                    .filter_map(|(f, t)| Some((f, t.as_ref()?)))
-                    .collect(),
-            ),
-            NodeSpec::Parallel(p) => (&p.body, p.output.iter().map(|t| ("output", t)).collect()),
-            _ => continue,
-        };
-        // Inside the body: everything upstream of this node, and this node's frame.
-        let mut outer: HashSet<String> = scope.outer.clone();
-        for (t, planned) in graph.nodes.iter().enumerate() {
-            if ancestors[i].contains(t) {
-                outer.insert(planned.id.to_string());
-            }
-        }
-        let mut frames: Vec<FrameInfo> = Vec::with_capacity(scope.frames.len() + 1);
-        frames.extend(scope.frames.iter().map(|f| FrameInfo {
-            node: f.node.clone(),
-            fields: f.fields.clone(),
-            is_loop: f.is_loop,
-        }));
-        let mut fields = vec!["index".to_owned(), "item".to_owned()];
-        if let NodeSpec::Loop(l) = &node.spec {
-            fields.extend(l.vars.iter().cloned());
-        }
-        frames.push(FrameInfo {
-            node: node.id.to_string(),
-            fields,
-            is_loop: matches!(node.spec, NodeSpec::Loop(_)),
-        });
-        let inner = RefScope {
-            outer: &outer,
-            frames: &frames,
-            all: scope.all,
-            variables: scope.variables,
-        };
-        // `until` and `output` are evaluated at the end of an iteration: any body node (one
-        // that did not run reads as null) and everything the body sees.
-        for (name, template) in late {
-            let visible = |target: &NodeId| {
-                body.index.contains_key(target) || outer.contains(target.as_str())
-            };
-            for (at, reference) in template.references() {
-                let field = if at.is_empty() {
-                    name.to_owned()
-                } else {
-                    format!("{name}.{at}")
-                };
-                check_reference(node, &field, reference, &visible, &inner, errors);
-            }
-        }
-        let body_defs = defs[i].body.as_ref().map_or(&[][..], |b| &b.nodes[..]);
-        check_references(body, body_defs, &inner, errors);
-    }
-}
-
-fn check_reference(
-    node: &PlannedNode,
-    field: &str,
-    reference: &super::reference::Reference,
-    visible: &dyn Fn(&NodeId) -> bool,
-    scope: &RefScope<'_>,
-    errors: &mut Vec<WorkflowError>,
-) {
-    let unknown = |problem: String| WorkflowError::UnknownReference {
-        node: node.id.to_string(),
-        field: field.to_owned(),
-        reference: reference.to_string(),
-        problem,
-    };
-    match reference.root() {
-        Root::Node(target) => {
-            if let Some(frame) = scope
-                .frames
-                .iter()
-                .rev()
-                .find(|f| f.node == target.as_str())
-            {
-                match reference.path().first() {
-                    Some(name) if frame.fields.contains(name) => {}
-                    other => errors.push(unknown(format!(
-                        "inside the body of `{target}`, `{{{{{target}.X}}}}` names one of: {}{}",
-                        frame.fields.join(", "),
-                        other.map(|o| format!(" (not `{o}`)")).unwrap_or_default()
-                    ))),
-                }
-            } else if visible(target) {
-            } else if scope.all.contains(target.as_str()) {
-                errors.push(WorkflowError::NotUpstream {
-                    node: node.id.to_string(),
-                    field: field.to_owned(),
-                    reference: reference.to_string(),
-                    target: target.to_string(),
-                });
-            } else {
-                errors.push(unknown(format!("no node `{target}`")));
-            }
-        }
-        Root::Sys => {
-            let key = &reference.path()[0];
-            if !SYS_KEYS.contains(&key.as_str()) {
-                errors.push(unknown(format!(
-                    "no `sys.{key}`; known: {}",
-                    SYS_KEYS.join(", ")
-                )));
-            }
-        }
-        Root::Env => {
-            let name = &reference.path()[0];
-            if !scope.variables.contains_key(name) {
-                errors.push(unknown(format!(
-                    "no workflow variable `{name}`; declare it under `variables`"
-                )));
-            }
-        }
-    }
-}
-
-/// `set_variable` assigns a declared workflow variable (`name`) or a variable of an enclosing
-/// loop (`loop_id.name`).
-fn check_assignments(
-    node: &PlannedNode,
-    def: &NodeDef,
-    scope: &RefScope<'_>,
-    errors: &mut Vec<WorkflowError>,
-) {
-    let Some(list) = def.params.get("assignments").and_then(|a| a.as_array()) else {
-        return;
-    };
-    for (i, item) in list.iter().enumerate() {
-        let Some(name) = item.get("variable").and_then(|v| v.as_str()) else {
-            continue;
-        };
-        let problem = match name.split_once('.') {
-            None if scope.variables.contains_key(name) => None,
-            None => Some(format!(
-                "no workflow variable `{name}`; declare it under `variables`"
-            )),
-            Some((owner, var)) => match scope.frames.iter().rev().find(|f| f.node == owner) {
-                Some(f) if f.is_loop && f.fields.iter().skip(2).any(|v| v == var) => None,
-                Some(f) if f.is_loop => Some(format!(
-                    "loop `{owner}` declares no variable `{var}` (declared: {})",
-                    f.fields[2..].join(", ")
-                )),
-                _ => Some(format!(
-                    "`{owner}` is not an enclosing loop; only the variables of loops around this node can be assigned"
-                )),
-            },
-        };
-        if let Some(problem) = problem {
-            errors.push(WorkflowError::InvalidParam {
-                node: node.id.to_string(),
-                field: format!("assignments[{i}].variable"),
-                problem,
-            });
-        }
-    }
-}
-
-/// A set of node indices as a bit set.
-#[derive(Clone)]
-struct BitSet(Vec<u64>);
-
-impl BitSet {
-    fn new(n: usize) -> Self {
-        Self(vec![0; n.div_ceil(64)])
-    }
-    fn insert(&mut self, i: usize) {
-        self.0[i / 64] |= 1 << (i % 64);
-    }
-    fn contains(&self, i: usize) -> bool {
-        self.0[i / 64] & (1 << (i % 64)) != 0
-    }
-    fn union_with(&mut self, other: &BitSet) {
-        for (a, b) in self.0.iter_mut().zip(&other.0) {
-            *a |= b;
-        }
-    }
-}
-
-/// For each node, the set of nodes with a path to it (Kahn order; the graph is acyclic here).
-fn ancestor_sets(graph: &GraphPlan) -> Vec<BitSet> {
-    let n = graph.nodes.len();
-    let mut indegree = vec![0usize; n];
-    for i in 0..n {
-        for s in graph.shape.out_edges(i).iter().map(|e| e.to) {
-            indegree[s] += 1;
-        }
-    }
-    let mut order: Vec<usize> = (0..n).filter(|&i| indegree[i] == 0).collect();
-    let mut head = 0;
-    while head < order.len() {
-        let i = order[head];
-        head += 1;
-        for s in graph.shape.out_edges(i).iter().map(|e| e.to) {
-            indegree[s] -= 1;
-            if indegree[s] == 0 {
-                order.push(s);
-            }
-        }
-    }
-    let mut sets = vec![BitSet::new(n); n];
-    for &i in &order {
-        let mut mine = sets[i].clone();
-        mine.insert(i);
-        for s in graph.shape.out_edges(i).iter().map(|e| e.to) {
-            sets[s].union_with(&mine);
-        }
-    }
-    sets
 }

@@ -26,3 +26,5 @@ mod stop;
 mod stopkit;
 mod switch;
 mod validation;
+mod validation_scale;
+mod validation_scope;

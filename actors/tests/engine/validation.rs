@@ -70,8 +70,8 @@ fn unknown_kind() {
     assert_eq!(
         errors,
         [WorkflowError::UnknownKind {
-            node: "llm".into(),
             kind: "gpt".into(),
+            nodes: owned(&["llm"]),
             known: owned(&BUILTIN),
         }]
     );
@@ -90,8 +90,8 @@ fn unknown_kind_lists_host_kinds_too() {
     assert_eq!(
         errors,
         [WorkflowError::UnknownKind {
-            node: "llm".into(),
             kind: "Echo".into(),
+            nodes: owned(&["llm"]),
             known: owned(&[
                 "begin",
                 "echo",
@@ -666,8 +666,8 @@ fn several_node_and_edge_problems_are_reported_at_once() {
         errors,
         [
             WorkflowError::UnknownKind {
-                node: "a".into(),
                 kind: "gpt".into(),
+                nodes: owned(&["a"]),
                 known: owned(&BUILTIN),
             },
             WorkflowError::InvalidParam {
