@@ -256,40 +256,67 @@ fn bodies(c: &mut Criterion) {
 
     let mut group = c.benchmark_group("loop");
     configure(&mut group);
-    let iterations = 1000;
-    let wf = counted_loop(&runtime, iterations);
-    group.throughput(Throughput::Elements(u64::from(iterations)));
-    group.bench_function(format!("{iterations}_iterations"), |b| {
-        b.to_async(&rt).iter(|| {
-            run_once(&runtime, &wf, &thread, |o| {
-                let l = o.output("l");
-                l.and_then(|l| l.get("iterations")) == Some(&Value::from(iterations))
-                    && l.and_then(|l| l.get("history"))
-                        .and_then(|h| h.as_array())
-                        .and_then(|h| h.last())
-                        == Some(&Value::from(iterations - 1))
-            })
+    for (name, iterations) in [
+        ("1000_iterations", 1000),
+        ("10k", 10_000),
+        ("100k", 100_000),
+    ] {
+        if iterations >= 10_000 {
+            // Long runs: fewer samples, each a whole run; the per-iteration time is what is
+            // compared (100k should cost about 10x 10k).
+            group
+                .sample_size(10)
+                .measurement_time(Duration::from_secs(if iterations > 10_000 {
+                    30
+                } else {
+                    8
+                }));
+        }
+        let wf = counted_loop(&runtime, iterations);
+        group.throughput(Throughput::Elements(u64::from(iterations)));
+        group.bench_function(name, |b| {
+            b.to_async(&rt).iter(|| {
+                run_once(&runtime, &wf, &thread, |o| {
+                    let l = o.output("l");
+                    l.and_then(|l| l.get("iterations")) == Some(&Value::from(iterations))
+                        && l.and_then(|l| l.get("history"))
+                            .and_then(|h| h.as_array())
+                            .and_then(|h| h.last())
+                            == Some(&Value::from(iterations - 1))
+                })
+            });
         });
-    });
+    }
     group.finish();
 
     let mut group = c.benchmark_group("parallel");
     configure(&mut group);
-    let (items, concurrency) = (1000, 16);
-    let wf = wide_parallel(&runtime, items, concurrency);
-    group.throughput(Throughput::Elements(items as u64));
-    group.bench_function(format!("{items}_items_c{concurrency}"), |b| {
-        b.to_async(&rt).iter(|| {
-            run_once(&runtime, &wf, &thread, |o| {
-                let p = o.output("p");
-                p.and_then(|p| p.get("count")) == Some(&Value::from(items))
-                    && p.and_then(|p| p.get("results"))
-                        .and_then(|r| r.as_array())
-                        .and_then(|r| r.last())
-                        == Some(&Value::from(items - 1))
-            })
+    let concurrency = 16;
+    for (name, items) in [
+        (format!("1000_items_c{concurrency}"), 1000),
+        ("10k".to_owned(), 10_000),
+        ("100k".to_owned(), 100_000),
+    ] {
+        if items >= 10_000 {
+            group
+                .sample_size(10)
+                .measurement_time(Duration::from_secs(if items > 10_000 { 30 } else { 8 }));
+        }
+        let wf = wide_parallel(&runtime, items, concurrency);
+        group.throughput(Throughput::Elements(items as u64));
+        group.bench_function(name, |b| {
+            b.to_async(&rt).iter(|| {
+                run_once(&runtime, &wf, &thread, |o| {
+                    let p = o.output("p");
+                    p.and_then(|p| p.get("count")) == Some(&Value::from(items))
+                        && p.and_then(|p| p.get("results"))
+                            .and_then(|r| r.as_array())
+                            .and_then(|r| r.last())
+                            == Some(&Value::from(items - 1))
+                })
+            });
         });
-    });
+    }
     group.finish();
 
     let mut group = c.benchmark_group("interactive");
