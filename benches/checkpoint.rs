@@ -204,6 +204,7 @@ fn snapshot_of(bytes: usize) -> Snapshot {
         interactions: Vec::new(),
         pending_messages: Default::default(),
         labels: RunLabels::default(),
+        history_len: Some(0),
     }
 }
 

@@ -24,6 +24,7 @@
 mod builder;
 mod errors;
 mod facade;
+mod fork;
 mod handle;
 mod resume;
 mod services;

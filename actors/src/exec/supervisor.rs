@@ -103,6 +103,9 @@ pub(crate) struct RunState {
     restored: bool,
     /// Messages known at the start (persisted with the rest).
     start_messages: Vec<Message>,
+    /// How many messages the thread's history held when the run started: its snapshots say
+    /// where the history stood (what a fork copies).
+    history_before: u64,
     query: Option<Value>,
     record: RunRecord,
     outcome: watch::Sender<Option<Arc<RunOutcome>>>,
@@ -163,6 +166,7 @@ impl Actor for RunSupervisor {
             thread = %run.thread,
             workflow = %plan.def.id,
         );
+        let history_before = u64::try_from(args.history.len()).unwrap_or(u64::MAX);
         let mut history = args.history;
         history.extend(args.produced.iter().cloned());
         let exec = GraphExec::new(
@@ -208,6 +212,7 @@ impl Actor for RunSupervisor {
             exec,
             restored,
             start_messages: args.produced,
+            history_before,
             query,
             record: args.record,
             outcome: args.outcome,
@@ -456,7 +461,8 @@ impl RunState {
         for messages in self.body_messages.values() {
             produced.append(messages.clone());
         }
-        self.snapshot(RunStatus::Running, None, produced)
+        // Nothing of the run is in the history store yet: it stands where the run found it.
+        self.snapshot(RunStatus::Running, None, produced, self.history_before)
     }
 
     /// Hands the run's progress to the checkpointer, to write in the background.
@@ -525,12 +531,15 @@ impl RunState {
         }
     }
 
-    /// The run's state as a snapshot to write, with the next sequence number.
+    /// The run's state as a snapshot to write, with the next sequence number. `history_len`:
+    /// how many messages the thread's history store holds that belong to this state (the
+    /// pending messages come after them).
     fn snapshot(
         &mut self,
         status: RunStatus,
         stop_reason: Option<StopReason>,
         pending_messages: Vector<Message>,
+        history_len: u64,
     ) -> SnapshotWrite {
         self.sequence += 1;
         SnapshotWrite {
@@ -554,6 +563,7 @@ impl RunState {
                 interactions: self.interactions.clone(),
                 pending_messages,
                 labels: self.run.labels.clone(),
+                history_len: Some(history_len),
             }),
         }
     }
@@ -843,7 +853,9 @@ impl RunState {
         history: &HistoryFlush,
     ) -> Result<CheckpointId, CheckpointError> {
         let pending = history.not_persisted.iter().cloned().collect();
-        let write = self.snapshot(status, stop_reason, pending);
+        let persisted = u64::try_from(history.persisted.len()).unwrap_or(u64::MAX);
+        let history_len = self.history_before.saturating_add(persisted);
+        let write = self.snapshot(status, stop_reason, pending, history_len);
         self.run.services.save_awaited(write).await
     }
 

@@ -25,7 +25,9 @@ pub const DEFAULT_KEEP_CHECKPOINTS: usize = 20;
 #[derive(Debug)]
 pub struct MemoryCheckpointStore {
     threads: DashMap<ThreadId, BTreeMap<CheckpointId, StoredCheckpoint>>,
-    sequences: DashMap<RunId, u64>,
+    /// The newest sequence stored per run, on each thread (a fork copies a run's checkpoint
+    /// into another thread, where it is that run's first).
+    sequences: DashMap<(ThreadId, RunId), u64>,
     workflows: DashMap<(ThreadId, String), Arc<str>>,
     keep: Option<usize>,
 }
@@ -58,7 +60,7 @@ impl MemoryCheckpointStore {
 impl CheckpointStore for MemoryCheckpointStore {
     async fn put(&self, thread: &ThreadId, checkpoint: StoredCheckpoint) -> Result<(), StoreError> {
         // The sequence entry stays locked while the payload is written: the pair is atomic.
-        let _guard = match self.sequences.entry(checkpoint.run) {
+        let _guard = match self.sequences.entry((thread.clone(), checkpoint.run)) {
             dashmap::Entry::Occupied(mut stored) => {
                 if checkpoint.sequence <= *stored.get() {
                     return Err(StoreError::StaleSequence {
@@ -339,6 +341,22 @@ mod tests {
         );
         assert_eq!(store.prune(&thread(), 1).await, Ok(1));
         assert_eq!(store.list(&thread()).await, Ok(vec![second.id]));
+    }
+
+    #[tokio::test]
+    async fn sequences_are_checked_per_thread() {
+        let store = MemoryCheckpointStore::new();
+        let run = RunId::new();
+        let other = ThreadId::new("t2").expect("valid id");
+        store.put(&thread(), checkpoint(run, 5)).await.expect("put");
+        // A fork copies the run's checkpoint into another thread: its first there.
+        let copy = checkpoint(run, 3);
+        store.put(&other, copy.clone()).await.expect("copy");
+        assert_eq!(store.list(&other).await, Ok(vec![copy.id]));
+        assert!(matches!(
+            store.put(&other, checkpoint(run, 3)).await,
+            Err(StoreError::StaleSequence { stored: 3, .. })
+        ));
     }
 
     #[tokio::test]

@@ -25,9 +25,10 @@ pub struct StoredCheckpoint {
 /// Stores snapshots per thread.
 ///
 /// Contract: `put` is atomic (payload and index together) and refuses a sequence that is not
-/// greater than the newest stored for the same run ([`StoreError::StaleSequence`]), so a retry
-/// or a late write never replaces newer state. Ids are time-ordered; `latest` returns the
-/// checkpoint with the greatest id.
+/// greater than the newest stored for the same run on the same thread
+/// ([`StoreError::StaleSequence`]), so a retry or a late write never replaces newer state. (A
+/// fork copies a checkpoint of a run into a new thread, where that run has stored nothing.)
+/// Ids are time-ordered; `latest` returns the checkpoint with the greatest id.
 #[async_trait]
 pub trait CheckpointStore: Send + Sync + 'static {
     /// Writes a checkpoint of a thread.

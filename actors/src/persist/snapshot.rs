@@ -6,7 +6,7 @@
 //! |---|---|
 //! | 4 | magic `RVSN` |
 //! | 2 | format version (this layout): 1 |
-//! | 2 | schema version (the [`Snapshot`] struct): 1 |
+//! | 2 | schema version (the [`Snapshot`] struct): 2 (1 is still read) |
 //! | 1 | codec id: 1 = postcard |
 //! | 4 | payload length |
 //! | 4 | crc32c of the payload |
@@ -19,6 +19,9 @@
 //! [`MAX_FRAME_DEPTH`] are refused as they are read. Every problem is a [`SnapshotError`]
 //! naming what is wrong. What a decoded snapshot says (nodes, indices, counts) is checked against
 //! its workflow before a run restores it (`check.rs`).
+//!
+//! Schema versions: 2 added [`Snapshot::history_len`], where the thread's history stood at the
+//! checkpoint (what a fork copies). A version-1 snapshot decodes with `history_len: None`.
 
 use std::cell::Cell;
 use std::sync::Arc;
@@ -38,8 +41,9 @@ pub use imbl::Vector;
 pub const MAGIC: [u8; 4] = *b"RVSN";
 /// The envelope layout version this build writes and reads.
 pub const FORMAT_VERSION: u16 = 1;
-/// The [`Snapshot`] schema version this build writes; it reads this one and older ones.
-pub const SCHEMA_VERSION: u16 = 1;
+/// The [`Snapshot`] schema version this build writes; it reads this one and older ones
+/// (version 1: without [`Snapshot::history_len`]).
+pub const SCHEMA_VERSION: u16 = 2;
 /// The codec id of postcard.
 pub const CODEC_POSTCARD: u8 = 1;
 /// The largest payload accepted (64 MiB).
@@ -209,6 +213,59 @@ pub struct Snapshot {
     pub pending_messages: Vector<Message>,
     /// The ids the run's stop and cancel flags are named by; a resume keeps them.
     pub labels: crate::model::RunLabels,
+    /// Where the thread's history stood at this checkpoint: how many of the messages its
+    /// history store holds (oldest first) were part of it. The `pending_messages` come after
+    /// them. A fork copies exactly these messages, then the pending ones, into its new thread.
+    ///
+    /// `None` in snapshots written before schema version 2, which did not record it: a fork of
+    /// such a checkpoint copies the source thread's whole history as stored when it forks.
+    pub history_len: Option<u64>,
+}
+
+/// A [`Snapshot`] as schema version 1 wrote it: the same fields, in the same order, without
+/// `history_len`. Only decoded, never written.
+#[derive(Deserialize)]
+struct SnapshotV1 {
+    run_id: RunId,
+    parent_run_id: Option<RunId>,
+    thread: ThreadId,
+    sequence: u64,
+    created_at_ms: u64,
+    status: RunStatus,
+    stop_reason: Option<StopReason>,
+    workflow_hash: String,
+    workflow: Option<std::sync::Arc<str>>,
+    inputs: Map,
+    query: Option<Value>,
+    variables: Map,
+    graph: GraphState,
+    interactions: Vec<Interaction>,
+    pending_messages: Vector<Message>,
+    labels: crate::model::RunLabels,
+}
+
+impl From<SnapshotV1> for Snapshot {
+    fn from(v1: SnapshotV1) -> Self {
+        Snapshot {
+            run_id: v1.run_id,
+            parent_run_id: v1.parent_run_id,
+            thread: v1.thread,
+            sequence: v1.sequence,
+            created_at_ms: v1.created_at_ms,
+            status: v1.status,
+            stop_reason: v1.stop_reason,
+            workflow_hash: v1.workflow_hash,
+            workflow: v1.workflow,
+            inputs: v1.inputs,
+            query: v1.query,
+            variables: v1.variables,
+            graph: v1.graph,
+            interactions: v1.interactions,
+            pending_messages: v1.pending_messages,
+            labels: v1.labels,
+            history_len: None,
+        }
+    }
 }
 
 /// A snapshot to write: what the checkpointer stores for a run, in sequence order.
@@ -327,33 +384,41 @@ impl Snapshot {
         if stored != computed {
             return Err(SnapshotError::Checksum { stored, computed });
         }
-        FRAMES_REFUSED.set(false);
-        let (decoded, value_too_deep) =
-            watch_depth(|| postcard::take_from_bytes::<Snapshot>(payload));
-        let frames_too_deep = FRAMES_REFUSED.replace(false);
-        let (snapshot, rest) = decoded.map_err(|e| {
-            if value_too_deep {
-                SnapshotError::TooDeep {
-                    what: "a value",
-                    limit: MAX_DEPTH,
-                }
-            } else if frames_too_deep {
-                SnapshotError::TooDeep {
-                    what: "loop and parallel frames",
-                    limit: MAX_FRAME_DEPTH,
-                }
-            } else {
-                SnapshotError::Decode(e.to_string())
-            }
-        })?;
-        if !rest.is_empty() {
-            return Err(SnapshotError::Decode(format!(
-                "{} trailing bytes after the snapshot",
-                rest.len()
-            )));
+        match schema {
+            1 => decode_payload::<SnapshotV1>(payload).map(Snapshot::from),
+            _ => decode_payload::<Snapshot>(payload),
         }
-        Ok(snapshot)
     }
+}
+
+/// Decodes a payload of one schema version: values and frames nested too deep are refused as
+/// they are read, and every byte must be used.
+fn decode_payload<T: serde::de::DeserializeOwned>(payload: &[u8]) -> Result<T, SnapshotError> {
+    FRAMES_REFUSED.set(false);
+    let (decoded, value_too_deep) = watch_depth(|| postcard::take_from_bytes::<T>(payload));
+    let frames_too_deep = FRAMES_REFUSED.replace(false);
+    let (snapshot, rest) = decoded.map_err(|e| {
+        if value_too_deep {
+            SnapshotError::TooDeep {
+                what: "a value",
+                limit: MAX_DEPTH,
+            }
+        } else if frames_too_deep {
+            SnapshotError::TooDeep {
+                what: "loop and parallel frames",
+                limit: MAX_FRAME_DEPTH,
+            }
+        } else {
+            SnapshotError::Decode(e.to_string())
+        }
+    })?;
+    if !rest.is_empty() {
+        return Err(SnapshotError::Decode(format!(
+            "{} trailing bytes after the snapshot",
+            rest.len()
+        )));
+    }
+    Ok(snapshot)
 }
 
 #[cfg(test)]
@@ -406,6 +471,7 @@ mod tests {
             interactions: Vec::new(),
             pending_messages: vec![Message::assistant("partial")].into(),
             labels: crate::model::RunLabels::app_chat("a", "c").expect("valid labels"),
+            history_len: Some(4),
         }
     }
 

@@ -1,11 +1,13 @@
-//! Resume: a new run on the same thread that continues from a checkpoint's frontier.
+//! Resume: a new run that continues from a checkpoint's frontier, on the same thread or, for a
+//! fork, on a new one.
 //!
 //! Completed nodes never run again (their outputs come from the snapshot); interrupted nodes
 //! and ready nodes that had not started run from their start. The resumed run sees the thread's
 //! history, which holds every message persisted at the stop exactly once (history appends are
 //! idempotent by message id, and messages the store refused at the stop travel in the snapshot
-//! and are persisted first). Resuming from an older checkpoint of the thread forks: the
-//! original runs and checkpoints are untouched.
+//! and are persisted first). A fork (`fork.rs`) first gives its new thread the source thread's
+//! history as of the checkpoint, the checkpoint and the workflow definition; the source thread
+//! is only read.
 //!
 //! A resume claims its thread before it reads the checkpoint: of concurrent resumes (or a
 //! resume and a start) of one thread in one process, exactly one goes on. Everything the
@@ -27,18 +29,48 @@ use crate::persist::snapshot::SnapshotError;
 use crate::persist::{Snapshot, check_graph};
 use crate::workflow::ValidationErrors;
 
-/// Where to resume from.
+/// Where to resume from, and on which thread the run goes on.
 #[derive(Debug, Clone, PartialEq, Eq)]
 #[non_exhaustive]
 pub enum ResumeFrom {
-    /// The newest checkpoint of a thread.
+    /// The newest checkpoint of a thread; the run continues the thread.
     Thread(ThreadId),
-    /// A named checkpoint of a thread (a fork when it is not the newest).
+    /// A named checkpoint of a thread, continued on that same thread. The run sees the
+    /// thread's whole history as stored now (messages persisted after the checkpoint
+    /// included) and writes its checkpoints into the thread, after the newer ones. This is
+    /// how a run is recovered from a progress snapshot after a crash, or retried from a chosen
+    /// point of its own thread. To branch off without touching the thread, use
+    /// [`ResumeFrom::Fork`].
     Checkpoint {
         /// The thread.
         thread: ThreadId,
         /// The checkpoint.
         checkpoint: CheckpointId,
+    },
+    /// A fork: a new thread that starts from a checkpoint of another. Before the run starts,
+    /// the new thread gets the source thread's history as it stood at the checkpoint (the
+    /// messages persisted up to it, then those it carried as pending, and nothing after), a
+    /// copy of the checkpoint (same id, re-encoded for the new thread, so
+    /// `ResumeFrom::Checkpoint` works on the fork too) and the workflow definition. The run
+    /// then continues from the checkpoint on the new thread, which its
+    /// [`RunHandle::thread`] names.
+    ///
+    /// The source thread, its history and its checkpoints are only read, so a thread a run is
+    /// live on may be forked. The new thread must be new: no checkpoint and no history
+    /// ([`ResumeError::ForkTargetExists`]), no live run ([`ResumeError::ThreadBusy`]). The
+    /// fork's run keeps the checkpoint's labels (app, chat, task), so the flags named after
+    /// them stop it too.
+    ///
+    /// A checkpoint written before snapshot schema 2 did not record where the history stood
+    /// ([`Snapshot::history_len`](crate::snapshot::Snapshot::history_len) is `None`): its fork
+    /// gets the source thread's whole history as stored when it forks.
+    Fork {
+        /// The source thread.
+        thread: ThreadId,
+        /// The checkpoint of the source thread to fork from.
+        checkpoint: CheckpointId,
+        /// The new thread; a fresh one ([`ThreadId::generate`]) when `None`.
+        into: Option<ThreadId>,
     },
 }
 
@@ -161,6 +193,34 @@ pub enum ResumeError {
         /// The interaction to answer.
         interaction: Box<Interaction>,
     },
+    /// The thread a fork would create already has checkpoints or history: a fork never
+    /// writes into an existing thread.
+    #[error(
+        "thread `{thread}` already has {checkpoints} checkpoint(s) and {messages} message(s) of history; a fork needs a new thread"
+    )]
+    ForkTargetExists {
+        /// The thread named as the fork's.
+        thread: ThreadId,
+        /// How many checkpoints it has.
+        checkpoints: usize,
+        /// How many messages its history holds.
+        messages: usize,
+    },
+    /// The source thread's history holds fewer messages than the checkpoint says it had
+    /// (they expired or were deleted): the history as of the checkpoint cannot be rebuilt.
+    #[error(
+        "checkpoint {checkpoint} of thread `{thread}` records {recorded} message(s) of history, but the thread holds {stored}; it cannot be forked"
+    )]
+    HistoryMissing {
+        /// The source thread.
+        thread: ThreadId,
+        /// The checkpoint.
+        checkpoint: CheckpointId,
+        /// How many messages the checkpoint says the history held.
+        recorded: u64,
+        /// How many the history store holds now.
+        stored: usize,
+    },
     /// A store failed.
     #[error("store error while resuming: {0}")]
     Store(StoreError),
@@ -189,8 +249,8 @@ impl ResumeOptions {
 }
 
 impl Runtime {
-    /// Resumes a thread from its newest checkpoint, or from a named one (a fork), with the
-    /// default [`ResumeOptions`].
+    /// Resumes a thread from its newest checkpoint, or from a named one, or forks a new thread
+    /// from a checkpoint (see [`ResumeFrom`]), with the default [`ResumeOptions`].
     pub async fn resume(
         &self,
         from: impl Into<ResumeFrom>,
@@ -200,12 +260,15 @@ impl Runtime {
             .await
     }
 
-    /// Resumes a thread from its newest checkpoint, or from a named one (a fork).
+    /// Resumes a thread from its newest checkpoint, or from a named one, or forks a new thread
+    /// from a checkpoint (see [`ResumeFrom`]).
     ///
-    /// Fails with [`ResumeError::ThreadBusy`] while another run of the thread is starting or
-    /// live in this process, and with [`ResumeError::Inconsistent`] when the checkpoint does
-    /// not fit its workflow (a node it names, an index or count of its loop or parallel
-    /// progress); neither changes anything.
+    /// Fails with [`ResumeError::ThreadBusy`] while another run of the thread the run would go
+    /// on (for a fork: the new thread) is starting or live in this process, and with
+    /// [`ResumeError::Inconsistent`] when the checkpoint does not fit its workflow (a node it
+    /// names, an index or count of its loop or parallel progress); neither changes anything.
+    /// A fork is checked entirely (target, checkpoint, workflow, answer) before it copies
+    /// anything into its new thread.
     pub async fn resume_with(
         &self,
         from: impl Into<ResumeFrom>,
@@ -213,9 +276,17 @@ impl Runtime {
         options: ResumeOptions,
     ) -> Result<RunHandle, ResumeError> {
         let from = from.into();
-        let thread = match &from {
-            ResumeFrom::Thread(t) | ResumeFrom::Checkpoint { thread: t, .. } => t.clone(),
+        // `source`: the thread the checkpoint is read from; `thread`: the one the run goes on.
+        let (source, thread) = match &from {
+            ResumeFrom::Thread(t) | ResumeFrom::Checkpoint { thread: t, .. } => {
+                (t.clone(), t.clone())
+            }
+            ResumeFrom::Fork { thread, into, .. } => (
+                thread.clone(),
+                into.clone().unwrap_or_else(ThreadId::generate),
+            ),
         };
+        let fork = matches!(from, ResumeFrom::Fork { .. });
         let input = match input {
             ResumeInput::Answer {
                 interaction_id,
@@ -243,20 +314,23 @@ impl Runtime {
                     thread: thread.clone(),
                     run,
                 })?;
+        if fork {
+            self.check_fork_target(&thread).await?;
+        }
         let stored = match &from {
             ResumeFrom::Thread(_) => self
                 .checkpoint_store()
-                .latest(&thread)
+                .latest(&source)
                 .await
                 .map_err(ResumeError::Store)?
-                .ok_or_else(|| ResumeError::NoCheckpoint(thread.clone()))?,
-            ResumeFrom::Checkpoint { checkpoint, .. } => self
+                .ok_or_else(|| ResumeError::NoCheckpoint(source.clone()))?,
+            ResumeFrom::Checkpoint { checkpoint, .. } | ResumeFrom::Fork { checkpoint, .. } => self
                 .checkpoint_store()
-                .get(&thread, *checkpoint)
+                .get(&source, *checkpoint)
                 .await
                 .map_err(ResumeError::Store)?
                 .ok_or_else(|| ResumeError::CheckpointNotFound {
-                    thread: thread.clone(),
+                    thread: source.clone(),
                     checkpoint: *checkpoint,
                 })?,
         };
@@ -275,7 +349,7 @@ impl Runtime {
             }
         };
         let inconsistent = |reason: String| ResumeError::Inconsistent { checkpoint, reason };
-        if snapshot.thread != thread {
+        if snapshot.thread != source {
             return Err(inconsistent(format!(
                 "it belongs to thread `{}`",
                 snapshot.thread
@@ -283,8 +357,8 @@ impl Runtime {
         }
         if snapshot.status == RunStatus::Succeeded {
             // Nothing to run, but messages the history store refused when the run ended are
-            // persisted now (idempotent), so none is lost.
-            if !snapshot.pending_messages.is_empty() {
+            // persisted now (idempotent), so none is lost. A fork leaves its source alone.
+            if !fork && !snapshot.pending_messages.is_empty() {
                 self.history_store()
                     .append(
                         &thread,
@@ -303,7 +377,7 @@ impl Runtime {
             Some(inline) => inline.to_string(),
             None => self
                 .checkpoint_store()
-                .get_workflow(&thread, &snapshot.workflow_hash)
+                .get_workflow(&source, &snapshot.workflow_hash)
                 .await
                 .map_err(ResumeError::Store)?
                 .ok_or_else(|| {
@@ -356,6 +430,10 @@ impl Runtime {
             }
         }
 
+        if fork {
+            self.copy_for_fork(&source, &thread, &stored, &snapshot, &definition)
+                .await?;
+        }
         let mut history = self.load_history(&thread).await?;
         let mut produced = Vec::new();
         if !snapshot.pending_messages.is_empty() {
@@ -410,7 +488,8 @@ impl Runtime {
 
 impl Runtime {
     /// The interactions the checkpoint a resume would start from waits for (the newest of the
-    /// thread, or the named one): what an answer must quote. Empty when it waits for none.
+    /// thread, or the named one; for a fork, the named one of the source thread): what an
+    /// answer must quote. Empty when it waits for none.
     pub async fn pending_interactions(
         &self,
         from: impl Into<ResumeFrom>,
@@ -424,7 +503,10 @@ impl Runtime {
                     .await
                     .map_err(ResumeError::Store)?,
             ),
-            ResumeFrom::Checkpoint { thread, checkpoint } => (
+            ResumeFrom::Checkpoint { thread, checkpoint }
+            | ResumeFrom::Fork {
+                thread, checkpoint, ..
+            } => (
                 thread,
                 self.checkpoint_store()
                     .get(thread, *checkpoint)
@@ -434,7 +516,10 @@ impl Runtime {
         };
         let stored = match (stored, &from) {
             (Some(stored), _) => stored,
-            (None, ResumeFrom::Checkpoint { checkpoint, .. }) => {
+            (
+                None,
+                ResumeFrom::Checkpoint { checkpoint, .. } | ResumeFrom::Fork { checkpoint, .. },
+            ) => {
                 return Err(ResumeError::CheckpointNotFound {
                     thread: thread.clone(),
                     checkpoint: *checkpoint,

@@ -56,6 +56,7 @@ pub(crate) fn payload_with_graph(snapshot: &Snapshot, graph: &[u8]) -> Vec<u8> {
         &s.interactions,
         &s.pending_messages,
         &s.labels,
+        &s.history_len,
     )));
     out
 }

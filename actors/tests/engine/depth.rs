@@ -302,6 +302,7 @@ async fn crafted_snapshots_nesting_too_deep_are_refused_and_the_thread_resumes_f
         &good.interactions,
         &good.pending_messages,
         &good.labels,
+        &good.history_len,
     )));
     let deep_value = seal(&fields);
     assert_eq!(

@@ -10,6 +10,7 @@ mod depth;
 mod durability;
 mod failed_items;
 mod failures;
+mod fork;
 mod history;
 mod interactive;
 mod layers;

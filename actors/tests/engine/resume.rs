@@ -1,6 +1,6 @@
-//! Resume and fork: a resumed run never repeats completed nodes, restarts interrupted ones,
-//! takes a new instruction as `{{sys.query}}` and sees every message persisted at the stop
-//! exactly once; forking from an older checkpoint leaves the newer ones untouched; shutdown
+//! Resume: a resumed run never repeats completed nodes, restarts interrupted ones, takes a new
+//! instruction as `{{sys.query}}` and sees every message persisted at the stop exactly once;
+//! continuing a thread from an older checkpoint leaves the newer ones untouched; shutdown
 //! stops every live run resumably; resume refuses what it cannot continue.
 
 use runvisor_actors::testkit::{Interrupt, Script, persisted};
@@ -156,8 +156,10 @@ async fn resume_after_a_stop_continues_where_it_stopped() {
     );
 }
 
+/// `ResumeFrom::Checkpoint` continues the same thread from an older checkpoint (a fork is
+/// `ResumeFrom::Fork`, in `fork.rs`).
 #[tokio::test]
-async fn fork_from_an_older_checkpoint_leaves_the_newer_ones_untouched() {
+async fn continuing_a_thread_from_an_older_checkpoint_leaves_the_newer_ones_untouched() {
     let k = kit(Script::new()
         .interrupt(Interrupt::before("b"))
         .interrupt(Interrupt::before("c")));

@@ -5,13 +5,18 @@
 //! moved) fails here, so a format change is always a deliberate one: bump
 //! [`SCHEMA_VERSION`] (or [`FORMAT_VERSION`]), keep reading the old samples, and add new ones.
 //!
-//! Regenerating the samples (only when the change is intended):
+//! Samples of older schema versions (`v1_*`: before `history_len`) are only decoded: they must
+//! still give their values, with what this build fills in for the fields they lack. Samples of
+//! the current version (`v2_*`) are decoded and encoded.
+//!
+//! Regenerating the current version's samples (only when the change is intended):
 //!
 //! ```sh
 //! RUNVISOR_WRITE_SNAPSHOT_SAMPLES=1 cargo test -p runvisor-actors --test engine snapshot_format
 //! ```
 //!
-//! writes `tests/snapshots/<name>.bin` from the values below, then the test checks them as usual.
+//! writes `tests/snapshots/v2_<name>.bin` from the values below, then the test checks them as
+//! usual. Older samples are never rewritten.
 //!
 //! Also a deterministic fuzz of the decoder (seeded PRNG, a few thousand cases, well under a
 //! second): random buffers, truncations and multi-bit flips of the samples, payload mutations
@@ -101,6 +106,7 @@ fn base(status: RunStatus, workflow: &str) -> Snapshot {
         interactions: Vec::new(),
         pending_messages: Vec::new().into(),
         labels: RunLabels::default(),
+        history_len: None,
     }
 }
 
@@ -370,11 +376,41 @@ fn parallel() -> Snapshot {
     }
 }
 
-fn samples() -> [(&'static str, Snapshot); 3] {
+/// The samples as schema version 1 wrote them (no `history_len`: decoded as `None`).
+fn v1_samples() -> [(&'static str, Snapshot); 3] {
     [
         ("v1_stopped", stopped()),
         ("v1_awaiting_loop", awaiting_loop()),
         ("v1_parallel", parallel()),
+    ]
+}
+
+/// The samples in the current schema: where the thread's history stood, recorded (a run that
+/// found no history, one that found some, and the largest count).
+fn samples() -> [(&'static str, Snapshot); 3] {
+    let [(_, stopped), (_, awaiting), (_, parallel)] = v1_samples();
+    [
+        (
+            "v2_stopped",
+            Snapshot {
+                history_len: Some(0),
+                ..stopped
+            },
+        ),
+        (
+            "v2_awaiting_loop",
+            Snapshot {
+                history_len: Some(12),
+                ..awaiting
+            },
+        ),
+        (
+            "v2_parallel",
+            Snapshot {
+                history_len: Some(u64::MAX),
+                ..parallel
+            },
+        ),
     ]
 }
 
@@ -389,6 +425,47 @@ fn first_difference(a: &[u8], b: &[u8]) -> Option<usize> {
         .zip(b)
         .position(|(x, y)| x != y)
         .or_else(|| (a.len() != b.len()).then(|| a.len().min(b.len())))
+}
+
+#[test]
+fn samples_of_schema_1_still_decode_to_their_values_with_no_history_len() {
+    for (name, expected) in v1_samples() {
+        let path = sample_path(name);
+        let committed =
+            std::fs::read(&path).unwrap_or_else(|e| panic!("cannot read {}: {e}", path.display()));
+        assert_eq!(&committed[..4], &MAGIC, "{name}: magic");
+        assert_eq!(
+            u16::from_be_bytes([committed[6], committed[7]]),
+            1,
+            "{name}: schema version"
+        );
+        match Snapshot::decode(&committed) {
+            Ok(decoded) => assert_eq!(decoded, expected, "{name}"),
+            Err(e) => panic!("{name}: a schema-1 sample no longer decodes: {e}"),
+        }
+    }
+}
+
+/// A schema-1 payload is a schema-2 payload without its last field: read as version 1 it is
+/// whole, read as version 2 it is one field short. (A `None` field is one byte in postcard.)
+#[test]
+fn the_schema_version_decides_how_a_payload_is_read() {
+    for (name, v1) in v1_samples() {
+        let v2 = v1.encode().expect("encodes");
+        let payload = &v2[HEADER_LEN..v2.len() - 1];
+        assert_eq!(
+            Snapshot::decode(&seal_as(1, payload)).as_ref(),
+            Ok(&v1),
+            "{name}"
+        );
+        assert!(
+            matches!(
+                Snapshot::decode(&seal(payload)),
+                Err(SnapshotError::Decode(_))
+            ),
+            "{name}: a schema-2 header over a schema-1 payload must not decode"
+        );
+    }
 }
 
 #[test]
@@ -528,12 +605,17 @@ impl Rng {
     }
 }
 
-/// An envelope around `payload` with a correct checksum and length.
+/// An envelope of the current schema around `payload` with a correct checksum and length.
 fn seal(payload: &[u8]) -> Vec<u8> {
+    seal_as(SCHEMA_VERSION, payload)
+}
+
+/// An envelope of schema `schema` around `payload` with a correct checksum and length.
+fn seal_as(schema: u16, payload: &[u8]) -> Vec<u8> {
     let mut out = Vec::with_capacity(HEADER_LEN + payload.len());
     out.extend_from_slice(&MAGIC);
     out.extend_from_slice(&FORMAT_VERSION.to_be_bytes());
-    out.extend_from_slice(&SCHEMA_VERSION.to_be_bytes());
+    out.extend_from_slice(&schema.to_be_bytes());
     out.push(CODEC_POSTCARD);
     out.extend_from_slice(&u32::try_from(payload.len()).expect("small").to_be_bytes());
     out.extend_from_slice(&CRC32C.checksum(payload).to_be_bytes());
@@ -570,10 +652,14 @@ fn check(case: &str, bytes: &[u8], ok_allowed: bool) {
 #[test]
 fn the_decoder_survives_garbage_damage_and_lying_headers() {
     let mut rng = Rng(0x5eed_0fc0_ffee);
-    let encoded: Vec<Vec<u8>> = samples()
+    // The current schema's samples, and the committed schema-1 ones (their decoder too).
+    let mut encoded: Vec<Vec<u8>> = samples()
         .iter()
         .map(|(_, s)| s.encode().expect("encodes"))
         .collect();
+    for (name, _) in v1_samples() {
+        encoded.push(std::fs::read(sample_path(name)).expect("the schema-1 sample"));
+    }
     let mut decoded_ok = 0usize;
 
     // Random buffers, 0..4096 bytes; some start with a valid header prefix so the checks
@@ -651,7 +737,8 @@ fn the_decoder_survives_garbage_damage_and_lying_headers() {
                     mutated[at..at + n].copy_from_slice(&huge[..n]);
                 }
             }
-            let sealed = seal(&mutated);
+            let schema = u16::from_be_bytes([sample[6], sample[7]]);
+            let sealed = seal_as(schema, &mutated);
             let (result, _) = decode_tracked(&sealed);
             decoded_ok += usize::from(result.is_ok());
             check(&format!("sample {s} resealed mutation #{i}"), &sealed, true);
@@ -695,5 +782,9 @@ fn the_decoder_survives_garbage_damage_and_lying_headers() {
 
     // Re-sealed mutations mostly break the payload; the few that decode are valid snapshots
     // (a flipped character in a string, say). Neither extreme would mean much.
-    assert!(decoded_ok < 1800, "{decoded_ok} of 1800 mutations decoded");
+    let mutations = 600 * encoded.len();
+    assert!(
+        decoded_ok < mutations,
+        "{decoded_ok} of {mutations} mutations decoded"
+    );
 }
