@@ -1,6 +1,9 @@
 //! Testkit (cargo feature `testkit`): scripted interrupts and persisted-state inspection, for
 //! host services that want to prove their workflows survive a stop at any point.
 //!
+//! An interrupt names its node by id (`"b"`: wherever `b` runs) or by path (`"l/#3/b"`: `b` in
+//! iteration 3 of loop `l`; `"p/@*/w"`: `w` in any item of parallel `p`); see [`At`].
+//!
 //! ```no_run
 //! # async fn demo(workflow: runvisor_actors::Workflow) {
 //! use runvisor_actors::testkit::{Interrupt, Script, persisted};
@@ -25,13 +28,25 @@ use async_trait::async_trait;
 
 use crate::kinds::{NodeContext, NodeHandler, Probe, ProbeStop};
 use crate::model::{
-    CheckpointId, Map, Message, NodeError, NodeId, NodeOutput, NodePath, RunId, RunRecord,
+    CheckpointId, Frame, Map, Message, NodeError, NodeId, NodeOutput, NodePath, RunId, RunRecord,
     StopMode, StopReason, ThreadId, Value,
 };
 use crate::persist::Snapshot;
 use crate::persist::snapshot::SnapshotError;
 use crate::runtime::{Runtime, RuntimeBuilder};
-/// Where an interrupt fires.
+/// Where an interrupt fires: a moment in the life of the nodes its target names.
+///
+/// The target is the text the interrupt was made with:
+/// - without `/`, a node id: the node wherever it runs, at the top level or in any iteration or
+///   item at any depth (`"b"`);
+/// - with `/`, a path in [`NodePath`]'s text form, matching exactly that path: node ids, `#N`
+///   for iteration N of the loop before it, `@N` for item N of the parallel before it
+///   (`"l/#3/b"`, `"l/#1/p/@7/w"`). A step `*` matches any one step, `#*` any iteration and
+///   `@*` any item (`"p/@*/w"`: `w` in whichever item gets there first). A leading `/` anchors
+///   a node of the workflow's own graph: `"/b"` is the top-level `b` only. A step that is none
+///   of these (not a valid node id, a bad number) matches nothing.
+///
+/// An interrupt fires once, at the first path its target matches.
 #[derive(Debug, Clone, PartialEq, Eq)]
 #[non_exhaustive]
 pub enum At {
@@ -48,10 +63,125 @@ pub enum At {
     OnReturn(String),
 }
 
+impl At {
+    /// The target text.
+    fn target(&self) -> &str {
+        match self {
+            At::BeforeNode(t)
+            | At::DuringNode(t)
+            | At::AfterChunks(t, _)
+            | At::OnCompletion(t)
+            | At::OnReturn(t) => t,
+        }
+    }
+
+    /// Whether this is the moment a probe reports.
+    fn is(&self, moment: Moment) -> bool {
+        match (self, moment) {
+            (At::BeforeNode(_), Moment::Before)
+            | (At::DuringNode(_), Moment::Started)
+            | (At::OnCompletion(_), Moment::Completed)
+            | (At::OnReturn(_), Moment::Returned) => true,
+            (At::AfterChunks(_, n), Moment::Chunk(count)) => *n == count,
+            _ => false,
+        }
+    }
+}
+
+/// A moment a probe reports, for any node.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Moment {
+    Before,
+    Started,
+    Chunk(u64),
+    Completed,
+    Returned,
+}
+
+/// What an interrupt's target matches, read once from its text (see [`At`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum Target {
+    /// A node id: the path's leaf.
+    Leaf(String),
+    /// A path, step by step.
+    Path(Vec<Step>),
+}
+
+/// One step of a path target.
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum Step {
+    /// `*`: any step.
+    Any,
+    /// `#*`: any iteration.
+    AnyIteration,
+    /// `@*`: any item.
+    AnyItem,
+    /// A node id, `#N` or `@N`.
+    Exact(Frame),
+    /// Not a valid step: matches nothing.
+    Never,
+}
+
+impl Target {
+    fn parse(text: &str) -> Self {
+        if !text.contains('/') {
+            return Target::Leaf(text.to_owned());
+        }
+        let anchored = text.strip_prefix('/').unwrap_or(text);
+        Target::Path(anchored.split('/').map(Step::parse).collect())
+    }
+
+    fn matches(&self, path: &NodePath) -> bool {
+        match self {
+            Target::Leaf(id) => path.leaf().is_some_and(|leaf| leaf.as_str() == id),
+            Target::Path(steps) => {
+                let frames = path.frames();
+                steps.len() == frames.len()
+                    && steps
+                        .iter()
+                        .zip(frames)
+                        .all(|(step, frame)| step.matches(frame))
+            }
+        }
+    }
+}
+
+impl Step {
+    fn parse(text: &str) -> Self {
+        let number = |n: &str| n.parse::<u32>().ok();
+        match text {
+            "*" => Step::Any,
+            "#*" => Step::AnyIteration,
+            "@*" => Step::AnyItem,
+            _ => {
+                let frame = if let Some(n) = text.strip_prefix('#') {
+                    number(n).map(Frame::Iteration)
+                } else if let Some(n) = text.strip_prefix('@') {
+                    number(n).map(Frame::Item)
+                } else {
+                    NodeId::new(text).ok().map(Frame::Node)
+                };
+                frame.map_or(Step::Never, Step::Exact)
+            }
+        }
+    }
+
+    fn matches(&self, frame: &Frame) -> bool {
+        match self {
+            Step::Any => true,
+            Step::AnyIteration => matches!(frame, Frame::Iteration(_)),
+            Step::AnyItem => matches!(frame, Frame::Item(_)),
+            Step::Exact(step) => step == frame,
+            Step::Never => false,
+        }
+    }
+}
+
 /// One scripted stop. Fires once.
 #[derive(Debug)]
 pub struct Interrupt {
     at: At,
+    target: Target,
     mode: StopMode,
     reason: StopReason,
     fired: AtomicBool,
@@ -61,6 +191,7 @@ impl Clone for Interrupt {
     fn clone(&self) -> Self {
         Self {
             at: self.at.clone(),
+            target: self.target.clone(),
             mode: self.mode,
             reason: self.reason,
             fired: AtomicBool::new(self.fired.load(Ordering::SeqCst)),
@@ -71,6 +202,7 @@ impl Clone for Interrupt {
 impl Interrupt {
     fn new(at: At) -> Self {
         Self {
+            target: Target::parse(at.target()),
             at,
             mode: StopMode::graceful(),
             reason: StopReason::UserInterrupted,
@@ -78,27 +210,28 @@ impl Interrupt {
         }
     }
 
-    /// Stop before `node` starts.
+    /// Stop before `node` starts (a node id or a path: see [`At`]).
     pub fn before(node: impl Into<String>) -> Self {
         Self::new(At::BeforeNode(node.into()))
     }
 
-    /// Stop while `node` runs.
+    /// Stop while `node` runs (a node id or a path: see [`At`]).
     pub fn during(node: impl Into<String>) -> Self {
         Self::new(At::DuringNode(node.into()))
     }
 
-    /// Stop after `node` streamed `chunks` chunks.
+    /// Stop after `node` streamed `chunks` chunks (a node id or a path: see [`At`]).
     pub fn after_chunks(node: impl Into<String>, chunks: u64) -> Self {
         Self::new(At::AfterChunks(node.into(), chunks))
     }
 
-    /// Stop at the instant `node` completes.
+    /// Stop at the instant `node` completes (a node id or a path: see [`At`]).
     pub fn on_completion(node: impl Into<String>) -> Self {
         Self::new(At::OnCompletion(node.into()))
     }
 
-    /// Stop right after `node`'s handler returned, before the node's actor learns of it. With
+    /// Stop right after `node`'s handler returned, before the node's actor learns of it (a
+    /// node id or a path: see [`At`]). With
     /// [`force`](Self::force), the abort reaches the node while its result is on its way: the
     /// race between a handler's return and a force stop, made to happen every time. A handler
     /// that returned is finished, so the node completes (its output and messages kept) and a
@@ -125,8 +258,11 @@ impl Interrupt {
         self
     }
 
-    fn fire(&self, at: &At) -> ProbeStop {
-        if &self.at == at && !self.fired.swap(true, Ordering::SeqCst) {
+    fn fire(&self, moment: Moment, path: &NodePath) -> ProbeStop {
+        if self.at.is(moment)
+            && self.target.matches(path)
+            && !self.fired.swap(true, Ordering::SeqCst)
+        {
             Some((self.mode, self.reason))
         } else {
             None
@@ -166,34 +302,30 @@ impl Script {
             .collect()
     }
 
-    fn check(&self, at: At) -> ProbeStop {
-        self.interrupts.iter().find_map(|i| i.fire(&at))
+    fn check(&self, moment: Moment, path: &NodePath) -> ProbeStop {
+        self.interrupts.iter().find_map(|i| i.fire(moment, path))
     }
-}
-
-fn leaf(path: &NodePath) -> String {
-    path.leaf().map(|n| n.to_string()).unwrap_or_default()
 }
 
 impl Probe for Script {
     fn before_node(&self, _run: RunId, path: &NodePath) -> ProbeStop {
-        self.check(At::BeforeNode(leaf(path)))
+        self.check(Moment::Before, path)
     }
 
     fn node_started(&self, _run: RunId, path: &NodePath) -> ProbeStop {
-        self.check(At::DuringNode(leaf(path)))
+        self.check(Moment::Started, path)
     }
 
     fn chunk(&self, _run: RunId, path: &NodePath, count: u64) -> ProbeStop {
-        self.check(At::AfterChunks(leaf(path), count))
+        self.check(Moment::Chunk(count), path)
     }
 
     fn node_completed(&self, _run: RunId, path: &NodePath) -> ProbeStop {
-        self.check(At::OnCompletion(leaf(path)))
+        self.check(Moment::Completed, path)
     }
 
     fn handler_returned(&self, _run: RunId, path: &NodePath) -> ProbeStop {
-        self.check(At::OnReturn(leaf(path)))
+        self.check(Moment::Returned, path)
     }
 }
 
@@ -370,5 +502,80 @@ impl NodeHandler for Stubborn {
         let mut out = Map::new();
         out.insert("slept".into(), Value::Bool(true));
         Ok(NodeOutput::new(Value::Object(out)))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn path(text: &str) -> NodePath {
+        text.parse().expect("valid path")
+    }
+
+    #[test]
+    fn targets_match_a_leaf_anywhere_or_a_path_exactly() {
+        let cases: &[(&str, &str, bool)] = &[
+            // A node id: the leaf, at any depth.
+            ("b", "b", true),
+            ("b", "l/#3/b", true),
+            ("b", "l/#3/p/@1/b", true),
+            ("b", "l/#3/bb", false),
+            // A path: exactly that path.
+            ("l/#3/b", "l/#3/b", true),
+            ("l/#3/b", "l/#2/b", false),
+            ("l/#3/b", "l/#3/p/@0/b", false),
+            ("l/#3/b", "m/#3/b", false),
+            ("l/#3", "l/#3/b", false),
+            ("p/@7/w", "p/@7/w", true),
+            ("p/@7/w", "p/#7/w", false),
+            // Wildcards: one step each.
+            ("p/@*/w", "p/@0/w", true),
+            ("p/@*/w", "p/@12/w", true),
+            ("p/@*/w", "p/#0/w", false),
+            ("l/#*/w", "l/#5/w", true),
+            ("l/#*/w", "l/@5/w", false),
+            ("l/*/w", "l/@5/w", true),
+            ("l/*/w", "l/#5/w", true),
+            ("*/#2/p/@*/w", "l/#2/p/@9/w", true),
+            ("*/#2/p/@*/w", "l/#1/p/@9/w", false),
+            ("l/*/w", "l/#5/x/w", false),
+            // A leading `/` anchors a top-level node.
+            ("/b", "b", true),
+            ("/b", "l/#0/b", false),
+            // Steps that are no step match nothing.
+            ("l/#x/b", "l/#0/b", false),
+            ("l//b", "l/#0/b", false),
+            ("l/#-1/b", "l/#0/b", false),
+        ];
+        for (target, at, expected) in cases {
+            assert_eq!(
+                Target::parse(target).matches(&path(at)),
+                *expected,
+                "target {target:?} at {at:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn an_interrupt_fires_once_at_its_moment_and_target() {
+        let script = Script::new()
+            .interrupt(Interrupt::before("l/#1/b"))
+            .interrupt(Interrupt::after_chunks("p/@*/llm", 2));
+        let run = RunId::new();
+        assert_eq!(script.before_node(run, &path("l/#0/b")), None);
+        assert_eq!(script.node_started(run, &path("l/#1/b")), None);
+        assert!(script.before_node(run, &path("l/#1/b")).is_some());
+        assert_eq!(script.before_node(run, &path("l/#1/b")), None, "fired once");
+        assert_eq!(script.chunk(run, &path("p/@3/llm"), 1), None);
+        assert!(script.chunk(run, &path("p/@3/llm"), 2).is_some());
+        assert_eq!(script.chunk(run, &path("p/@4/llm"), 2), None, "fired once");
+        assert_eq!(
+            script.fired(),
+            [
+                At::BeforeNode("l/#1/b".into()),
+                At::AfterChunks("p/@*/llm".into(), 2)
+            ]
+        );
     }
 }

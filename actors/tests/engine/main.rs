@@ -13,6 +13,7 @@ mod failures;
 mod fork;
 mod history;
 mod interactive;
+mod interrupt_paths;
 mod layers;
 mod loops;
 mod ops;
