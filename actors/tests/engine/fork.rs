@@ -554,4 +554,20 @@ async fn a_fork_of_a_schema_1_checkpoint_gets_the_whole_history_as_stored() {
     // Its copy records what the new thread was given.
     let copy = decode(&checkpoints(&k.rt, &into).await[0]);
     assert_eq!((copy.thread, copy.history_len), (into.clone(), Some(4)));
+
+    // And it still restores on its own thread.
+    let resumed = within(
+        "resume",
+        k.rt.resume(
+            ResumeFrom::Checkpoint {
+                thread: source.clone(),
+                checkpoint: old,
+            },
+            ResumeInput::Continue,
+        ),
+    )
+    .await
+    .expect("a schema-1 checkpoint resumes");
+    assert_eq!(finish(&resumed).await.status(), RunStatus::Succeeded);
+    assert_eq!((k.calls.of("a"), k.calls.of("b")), (1, 3));
 }
