@@ -1,5 +1,6 @@
 //! `runvisor`, the command line: `run` executes a workflow file and shows its progress,
-//! `resume` continues a thread from its checkpoint, `stop` and `cancel` stop a run from any
+//! `resume` continues a thread from its newest checkpoint or forks a new thread from an older
+//! one, `stop` and `cancel` stop a run from any
 //! process, `validate` checks a workflow and lists every problem.
 //!
 //! Stores: the embedded in-memory default, or Redis (`--redis URL` or the config file), which
@@ -53,7 +54,7 @@ struct Cli {
 enum Command {
     /// Run a workflow and print its progress, then its outputs.
     Run(RunArgs),
-    /// Continue a thread from its newest checkpoint (or a named one: a fork).
+    /// Continue a thread from its newest checkpoint, or fork a new thread from a named one.
     Resume(ResumeArgs),
     /// Ask the run of a FastGPT app and chat to stop; waits (5 s at most) for it to end.
     Stop {
@@ -82,9 +83,14 @@ struct ResumeArgs {
     /// The thread to continue.
     #[arg(long, value_name = "ID")]
     thread: String,
-    /// Resume from this checkpoint instead of the newest (a fork).
+    /// Fork from this checkpoint of the thread: a new thread gets the history as it stood at
+    /// the checkpoint and the run goes on there; the thread itself is left as it is.
     #[arg(long, value_name = "ID")]
     checkpoint: Option<String>,
+    /// The fork's new thread (with `--checkpoint`); a fresh id by default. It must have no
+    /// history or checkpoints yet.
+    #[arg(long, value_name = "ID", requires = "checkpoint")]
+    fork_into: Option<String>,
     /// A new instruction from the user: added to history, it becomes `{{sys.query}}`.
     #[arg(long, value_name = "TEXT", conflicts_with = "answer")]
     say: Option<String>,
@@ -331,15 +337,21 @@ async fn run(runtime: &Runtime, args: RunArgs) -> anyhow::Result<ExitCode> {
     follow(runtime, run, signals, workflow.id(), args.json).await
 }
 
-/// `resume`: the newest checkpoint of the thread, or a named one; a new instruction or the
-/// answer to the pending interaction.
+/// `resume`: the newest checkpoint of the thread, or a fork from a named one into a new
+/// thread; a new instruction or the answer to the pending interaction.
 async fn resume(runtime: &Runtime, args: ResumeArgs) -> anyhow::Result<ExitCode> {
     let signals = StopSignals::listen()?;
     let thread = ThreadId::new(&args.thread).context("bad --thread")?;
     let from = match &args.checkpoint {
-        Some(id) => ResumeFrom::Checkpoint {
+        Some(id) => ResumeFrom::Fork {
             thread: thread.clone(),
             checkpoint: id.parse::<CheckpointId>().context("bad --checkpoint")?,
+            into: args
+                .fork_into
+                .as_deref()
+                .map(ThreadId::new)
+                .transpose()
+                .context("bad --fork-into")?,
         },
         None => ResumeFrom::Thread(thread.clone()),
     };
@@ -366,7 +378,13 @@ async fn resume(runtime: &Runtime, args: ResumeArgs) -> anyhow::Result<ExitCode>
         }
         (None, None) => ResumeInput::Continue,
     };
-    let run = runtime.resume(from, input).await?;
+    let run = runtime.resume(from.clone(), input).await?;
+    if let (ResumeFrom::Fork { checkpoint, .. }, false) = (&from, args.json) {
+        println!(
+            "forked thread {thread} at checkpoint {checkpoint} into thread {}",
+            run.thread()
+        );
+    }
     let workflow_id = run.workflow_id().to_owned();
     follow(runtime, run, signals, &workflow_id, args.json).await
 }

@@ -442,6 +442,27 @@ fn no_arguments_print_usage_not_a_panic() {
     assert!(!ran.stderr.contains("panicked"), "{ran:?}");
 }
 
+#[test]
+fn a_fork_names_its_checkpoint_and_needs_redis() {
+    // `--fork-into` only goes with `--checkpoint`: a usage error, not a panic.
+    let ran = runvisor(["resume", "--thread", "t", "--fork-into", "t2"]);
+    assert_eq!(ran.code, Some(BAD_INPUT), "{ran:?}");
+    assert!(ran.stderr.contains("--checkpoint"), "{ran:?}");
+    assert!(!ran.stderr.contains("panicked"), "{ran:?}");
+    // Forking reads another process's checkpoint: without Redis it is one line saying so.
+    let checkpoint = "01920000-0000-7000-8000-0000000000a1";
+    let ran = runvisor([
+        "resume",
+        "--thread",
+        "t",
+        "--checkpoint",
+        checkpoint,
+        "--fork-into",
+        "t2",
+    ]);
+    assert_one_line_error(&ran, BAD_INPUT, "--redis");
+}
+
 /// Sends SIGINT to a child process, as Ctrl-C in a terminal would.
 fn interrupt(child: &std::process::Child) {
     let status = Command::new("sh")

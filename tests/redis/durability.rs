@@ -1,7 +1,7 @@
 //! Durability on Redis, asserted on what Redis holds afterwards (never on timings):
 //!
-//! - a fork from an older checkpoint continues from there and leaves the newer checkpoints and
-//!   runs byte for byte as they were;
+//! - a thread continued from an older checkpoint goes on from there and leaves the newer
+//!   checkpoints and runs byte for byte as they were;
 //! - a run goes on while Redis is killed (`async` durability), and once Redis is back (empty:
 //!   the test server keeps nothing) the pending snapshot and the final one land, and the run
 //!   record says succeeded;
@@ -263,8 +263,10 @@ fn per_node(messages: &[Message]) -> BTreeMap<String, usize> {
     counts
 }
 
+/// `ResumeFrom::Checkpoint` continues the same thread from an older checkpoint (a fork into a
+/// new thread is `ResumeFrom::Fork`, in `fork.rs`).
 #[tokio::test]
-async fn a_fork_on_redis_continues_from_the_older_checkpoint_and_leaves_the_newer_untouched() {
+async fn continuing_a_thread_on_redis_from_an_older_checkpoint_leaves_the_newer_untouched() {
     let server = RedisServer::start();
     let mut con = raw(&server).await;
     let t = thread("chat:fork");

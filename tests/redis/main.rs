@@ -11,6 +11,7 @@ mod crash;
 mod cross_process;
 mod durability;
 mod faults;
+mod fork;
 mod history;
 mod layout;
 mod resume;
