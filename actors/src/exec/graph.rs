@@ -15,6 +15,8 @@ use ractor::{Actor, ActorCell, ActorId, ActorRef};
 use tokio::sync::oneshot;
 use tokio_util::sync::CancellationToken;
 
+mod child;
+
 use super::body::{BodyActor, BodyArgs, BodyMsg};
 use super::node::{NodeActor, NodeArgs, NodeEnd, NodeMsg, NodeReport};
 use super::run::RunInfo;
@@ -26,6 +28,7 @@ use crate::model::{
 };
 use crate::persist::snapshot::{CompletedNode, FrameState, GraphState, SavedFrame};
 use crate::workflow::{GraphPlan, NodeLookup, NodeSpec, Scope};
+pub(crate) use child::{Child, ChildRef, Ended};
 
 /// What a body sees of the graphs around it: outputs of the nodes upstream of its node,
 /// the frames of the enclosing loops and parallels, and the run's `sys` values.
@@ -53,109 +56,6 @@ impl Outer {
             frames.iter_mut().rev().find(|(n, _)| n.as_str() == owner)
         {
             frame.insert(var.to_owned(), value.clone());
-        }
-    }
-}
-
-/// A child actor of a host, executing one node of a graph.
-#[derive(Clone)]
-pub(crate) enum ChildRef {
-    Node(ActorRef<NodeMsg>),
-    Body(ActorRef<BodyMsg>),
-}
-
-impl ChildRef {
-    fn id(&self) -> ActorId {
-        match self {
-            ChildRef::Node(a) => a.get_id(),
-            ChildRef::Body(a) => a.get_id(),
-        }
-    }
-
-    /// Aborts the child's work now; it still reports.
-    pub(crate) fn abort(&self) {
-        let _ = match self {
-            ChildRef::Node(a) => a.send_message(NodeMsg::Abort).map_err(|_| ()),
-            ChildRef::Body(a) => a
-                .send_message(BodyMsg::Stop(StopMode::Force))
-                .map_err(|_| ()),
-        };
-    }
-
-    /// Asks a body child to stop gracefully (a node child sees its stop flag instead).
-    fn stop_gracefully(&self) {
-        if let ChildRef::Body(a) = self {
-            let _ = a.send_message(BodyMsg::Stop(StopMode::graceful()));
-        }
-    }
-
-    pub(crate) fn kill(&self) {
-        match self {
-            ChildRef::Node(a) => a.kill(),
-            ChildRef::Body(a) => a.kill(),
-        }
-    }
-
-    /// Asks the child to describe itself (and, for a body, its own children).
-    pub(crate) async fn describe(&self, node: NodeId, timeout: std::time::Duration) -> ActorTree {
-        let actor_id = self.id().to_string();
-        let answer = match self {
-            ChildRef::Node(a) => match a.call(NodeMsg::Describe, Some(timeout)).await {
-                Ok(ractor::rpc::CallResult::Success(status)) => Some(ActorTree {
-                    actor_id: actor_id.clone(),
-                    kind: "node",
-                    node_id: Some(node.clone()),
-                    status: status.as_str().to_owned(),
-                    children: Vec::new(),
-                }),
-                _ => None,
-            },
-            ChildRef::Body(a) => match a.call(BodyMsg::Describe, Some(timeout * 2)).await {
-                Ok(ractor::rpc::CallResult::Success(tree)) => Some(tree),
-                _ => None,
-            },
-        };
-        answer.unwrap_or(ActorTree {
-            actor_id,
-            kind: match self {
-                ChildRef::Node(_) => "node",
-                ChildRef::Body(_) => "body",
-            },
-            node_id: Some(node),
-            status: "unresponsive".into(),
-            children: Vec::new(),
-        })
-    }
-}
-
-pub(crate) struct Child {
-    pub(crate) node: NodeIndex,
-    pub(crate) actor: ChildRef,
-    stop: CancellationToken,
-    pub(crate) report: oneshot::Receiver<NodeReport>,
-}
-
-/// A child actor that ended, as a supervision event tells it.
-#[derive(Debug)]
-pub(crate) struct Ended {
-    pub(crate) id: ActorId,
-    /// Why it failed, if it did not end normally.
-    pub(crate) failure: Option<String>,
-}
-
-impl Ended {
-    /// The ending a supervision event reports, if it reports one.
-    pub(crate) fn from_event(event: ractor::SupervisionEvent) -> Option<Self> {
-        match event {
-            ractor::SupervisionEvent::ActorTerminated(cell, _, _) => Some(Self {
-                id: cell.get_id(),
-                failure: None,
-            }),
-            ractor::SupervisionEvent::ActorFailed(cell, e) => Some(Self {
-                id: cell.get_id(),
-                failure: Some(format!("node actor failed: {e}")),
-            }),
-            _ => None,
         }
     }
 }

@@ -1,0 +1,220 @@
+//! How a run ends: its history, its final checkpoint and its record are persisted once, its
+//! flags cleared, and its outcome published to every caller.
+
+use super::*;
+
+impl RunState {
+    /// Persists the run's end once: history, checkpoint, run record; publishes the outcome.
+    pub(super) async fn end_run(&mut self) {
+        let Some(end) = self
+            .lifecycle
+            .finish(self.exec.is_done(), !self.exec.interrupted.is_empty())
+        else {
+            return;
+        };
+        for timer in self.timers.drain(..) {
+            timer.abort();
+        }
+        let history = self.persist_history().await;
+        let (status, stop_reason) = (end.status(), end.stop_reason());
+        let (checkpoint_id, checkpoint_error) = match self
+            .write_checkpoint(status, stop_reason, &history)
+            .await
+        {
+            Ok(id) => (Some(id), None),
+            Err(e) => {
+                tracing::error!(parent: &self.span, error = %e, "could not write the final checkpoint");
+                (None, Some(e))
+            }
+        };
+        let outputs = self.exec.shared_outputs();
+        let run_id = self.run.run_id;
+        let usage = self.exec.usage.clone();
+        let storage_wait = self.storage_waited
+            + self
+                .storage_since
+                .map_or(Duration::ZERO, |since| since.elapsed());
+        let outcome = match end {
+            Final::Completed => RunOutcome::Completed {
+                run_id,
+                outputs,
+                variables: self.exec.env.clone(),
+                history,
+                usage,
+                storage_wait,
+            },
+            Final::Failed(error) => RunOutcome::Failed {
+                run_id,
+                error,
+                outputs,
+                history,
+                usage,
+                storage_wait,
+            },
+            Final::Paused => RunOutcome::AwaitingInput {
+                run_id,
+                interactions: self.interactions.clone(),
+                outputs,
+                history,
+                checkpoint_id,
+                checkpoint_error: checkpoint_error.clone(),
+                usage,
+                storage_wait,
+            },
+            Final::Stopped(reason) => {
+                let interrupted = std::mem::take(&mut self.exec.interrupted);
+                let partial: Vec<&str> = interrupted
+                    .iter()
+                    .filter_map(|i| i.partial.as_deref())
+                    .collect();
+                let partial_response = (!partial.is_empty()).then(|| partial.join("\n"));
+                RunOutcome::Stopped(StopResult {
+                    run_id,
+                    reason,
+                    forced: interrupted
+                        .iter()
+                        .filter(|i| i.forced)
+                        .filter_map(|i| i.path.leaf().cloned())
+                        .collect(),
+                    finished: self.exec.completed(),
+                    frontier: self.exec.frontier(),
+                    interrupted,
+                    outputs,
+                    partial_response,
+                    messages: history,
+                    checkpoint_id,
+                    checkpoint_error: checkpoint_error.clone(),
+                    usage,
+                    storage_wait,
+                })
+            }
+        };
+        self.record.status = status;
+        self.record.finished_at_ms = Some(now_ms());
+        self.record.checkpoint_id = checkpoint_id.or(self.record.checkpoint_id);
+        self.record.stop_reason = stop_reason.map(|r| r.as_str().to_owned());
+        self.record.failure_reason = outcome.error().map(ToString::to_string);
+        self.record.unpersisted = outcome.history().error.as_ref().map(|e| {
+            format!(
+                "{} message(s) not persisted: {e}",
+                outcome.history().not_persisted.len()
+            )
+        });
+        if let Some(e) = checkpoint_error {
+            let note = format!("checkpoint not written: {e}");
+            self.record.unpersisted = Some(match self.record.unpersisted.take() {
+                Some(prev) => format!("{prev}; {note}"),
+                None => note,
+            });
+        }
+        if let Err(e) = self.run.services.runs().put(&self.record).await {
+            tracing::error!(parent: &self.span, error = %e, "could not record the run's end");
+        }
+        // Last of the persisted state: a stop request that sees the flag cleared finds the
+        // run's record and final checkpoint in place.
+        self.release_flags().await;
+        {
+            let mut live = self.run.live();
+            live.status = status;
+            live.running.clear();
+        }
+        tracing::info!(parent: &self.span, %status, "run ended");
+        // A waiting run holds no actors; the registry keeps showing it until it resumes. The
+        // outcome is kept there first, so a stop that misses the live run still gets it.
+        let outcome = Arc::new(outcome);
+        let waiting = status == RunStatus::AwaitingInput;
+        self.run
+            .services
+            .unregister(run_id, waiting, outcome.clone());
+        self.outcome.send_replace(Some(outcome));
+        self.run.emit(RunEvent::RunFinished { run_id, status });
+    }
+
+    /// Stops watching the run's flags and deletes them (the run ended), then publishes that
+    /// they were cleared, so stop requests waiting for the run learn it at once.
+    async fn release_flags(&self) {
+        let keys = self.run.signal_keys.all();
+        if keys.is_empty() {
+            return;
+        }
+        self.run.services.unwatch(self.run.run_id).await;
+        let signals = self.run.services.signals();
+        let deadline = self
+            .run
+            .config()
+            .signals
+            .tick
+            .max(Duration::from_millis(50))
+            * 5;
+        let cleared = tokio::time::timeout(deadline, async {
+            signals.clear(&keys).await?;
+            for key in &keys {
+                signals
+                    .notify(&Notice {
+                        key: key.clone(),
+                        raised: false,
+                    })
+                    .await?;
+            }
+            Ok::<(), crate::model::StoreError>(())
+        })
+        .await;
+        if !matches!(cleared, Ok(Ok(()))) {
+            // The flags expire by themselves (their TTL); nothing is lost.
+            tracing::warn!(parent: &self.span, "could not clear the run's stop flags");
+        }
+    }
+
+    async fn persist_history(&mut self) -> HistoryFlush {
+        let mut messages = std::mem::take(&mut self.start_messages);
+        messages.extend(std::mem::take(&mut self.exec.produced));
+        if messages.is_empty() {
+            return HistoryFlush::default();
+        }
+        // A passing failure (a reconnect, a timeout) should not cost the messages: retry a
+        // few times, briefly, before reporting them as not persisted.
+        let history = self.run.services.history();
+        let mut result = history.append(&self.run.thread, &messages).await;
+        for delay in [50, 150, 400] {
+            if result.is_ok() {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(delay)).await;
+            result = history.append(&self.run.thread, &messages).await;
+        }
+        match result {
+            Ok(()) => HistoryFlush {
+                persisted: messages,
+                ..HistoryFlush::default()
+            },
+            Err(e) => {
+                tracing::error!(
+                    parent: &self.span,
+                    error = %e,
+                    count = messages.len(),
+                    "history store refused the run's messages"
+                );
+                HistoryFlush {
+                    persisted: Vec::new(),
+                    not_persisted: messages,
+                    error: Some(e),
+                }
+            }
+        }
+    }
+
+    /// Writes the final snapshot of the run through the checkpointer and waits until it is
+    /// stored; messages the history store refused travel in it, so a resume persists them.
+    async fn write_checkpoint(
+        &mut self,
+        status: RunStatus,
+        stop_reason: Option<StopReason>,
+        history: &HistoryFlush,
+    ) -> Result<CheckpointId, CheckpointError> {
+        let pending = history.not_persisted.iter().cloned().collect();
+        let persisted = u64::try_from(history.persisted.len()).unwrap_or(u64::MAX);
+        let history_len = self.history_before.saturating_add(persisted);
+        let write = self.snapshot(status, stop_reason, pending, history_len);
+        self.run.services.save_awaited(write).await
+    }
+}
