@@ -332,7 +332,7 @@ fn durable(c: &mut Criterion) {
                         bytes: bytes.clone(),
                     };
                     let started = Instant::now();
-                    store.put(&thread, checkpoint).await.expect("put");
+                    store.put(&thread, checkpoint, None).await.expect("put");
                     spent += started.elapsed();
                 }
                 spent

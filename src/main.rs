@@ -7,8 +7,9 @@
 //! `resume`, `stop` and `cancel` need since they act on runs of other processes.
 //!
 //! Exit codes: 0 success (or waiting for input), 1 the run failed, 2 bad input (unreadable
-//! file, invalid workflow, bad `--input`, ...), 130 the run was stopped (Ctrl-C: graceful,
-//! twice: forced). Every bad input is one `error: ...` line on stderr, never a panic.
+//! file, invalid workflow, bad `--input`, ...), 4 the thread is busy (another run holds it),
+//! 130 the run was stopped (Ctrl-C: graceful, twice: forced). Every error is one `error: ...`
+//! line on stderr, never a panic.
 
 use std::collections::HashMap;
 use std::io::{self, Write};
@@ -22,9 +23,9 @@ use runvisor::InputDecl;
 use runvisor::redis::{RedisConfig, RedisStores};
 use runvisor::{
     CheckpointId, Config, Durability, Interaction, InteractionId, InteractionKind, Map, Message,
-    NodeId, NodePath, ResumeFrom, ResumeInput, RunEvent, RunHandle, RunId, RunLabels, RunOutcome,
-    RunStatus, Runtime, StopMode, StopReason, StopRequest, StopResult, ThreadId, ValidationErrors,
-    Value, Workflow, WorkflowDef, register_standard_kinds,
+    NodeId, NodePath, ResumeError, ResumeFrom, ResumeInput, RunEvent, RunHandle, RunId, RunLabels,
+    RunOutcome, RunStatus, Runtime, StartError, StopMode, StopReason, StopRequest, StopResult,
+    ThreadId, ValidationErrors, Value, Workflow, WorkflowDef, register_standard_kinds,
 };
 use serde::Serialize;
 use tokio::task::JoinHandle;
@@ -35,6 +36,8 @@ const EXIT_RUN_FAILED: u8 = 1;
 const EXIT_STOPPED: u8 = 130;
 /// Bad input: a file that cannot be read, an invalid workflow, a bad flag value.
 const EXIT_BAD_INPUT: u8 = 2;
+/// Another run holds the thread: a start or resume of a busy thread, from any process.
+const EXIT_CONFLICT: u8 = 4;
 
 /// Supervised, stoppable, resumable agent workflows.
 #[derive(Debug, Parser)]
@@ -148,10 +151,32 @@ fn main() -> ExitCode {
         Ok(code) => code,
         Err(e) if is_broken_pipe(&e) => ExitCode::SUCCESS,
         Err(e) => {
-            eprintln!("error: {e:#}");
-            ExitCode::from(EXIT_BAD_INPUT)
+            eprintln!("error: {}", one_line(&e));
+            ExitCode::from(exit_code(&e))
         }
     }
+}
+
+/// The exit code for an error: its own for a conflict, bad input otherwise.
+fn exit_code(e: &anyhow::Error) -> u8 {
+    let busy = e.chain().any(|cause| {
+        matches!(
+            cause.downcast_ref::<StartError>(),
+            Some(StartError::ThreadBusy { .. })
+        ) || matches!(
+            cause.downcast_ref::<ResumeError>(),
+            Some(ResumeError::ThreadBusy { .. })
+        )
+    });
+    if busy { EXIT_CONFLICT } else { EXIT_BAD_INPUT }
+}
+
+/// An error and its causes on one line (a cause's own line breaks become spaces).
+fn one_line(e: &anyhow::Error) -> String {
+    format!("{e:#}")
+        .split_whitespace()
+        .collect::<Vec<_>>()
+        .join(" ")
 }
 
 /// Output cut by a closed pipe (`runvisor run ... | head`) is not an error.

@@ -24,8 +24,12 @@
 //! | `<p>:wf:{<thread>}:<hash>` | STRING | a workflow definition (JSON) the thread's snapshots name by content hash (xxh3-128) |
 //! | `<p>:cpidx:{<thread>}` | ZSET | the thread's checkpoint ids, all with score 0 |
 //! | `<p>:cpseq:{<thread>}:<run_id>` | STRING | the newest checkpoint sequence stored for a run (decimal) |
-//! | `<p>:run:<run_id>` | HASH | a run record, field by field (see below) |
+//! | `<p>:run:{<thread>}:<run_id>` | HASH | a run record, field by field (see below) |
+//! | `<p>:runthread:<run_id>` | STRING | the thread of a run (how a run is found by id) |
 //! | `<p>:runs:{<thread>}` | ZSET | the thread's run ids, all with score 0 |
+//! | `<p>:lease:{<thread>}` | HASH | the thread's lease: `worker`, `run`, `token`; lives for the lease TTL |
+//! | `<p>:fence:{<thread>}` | STRING | the thread's newest fencing token (a counter) |
+//! | `<p>:worker:<worker_id>` | HASH | a worker's heartbeat: `host`, `pid`, `started_at`, `version`; lives for the lease TTL |
 //! | `<p>:hist:{<thread>}` | LIST | the thread's history, one JSON message per entry, oldest first |
 //! | `<p>:histids:{<thread>}` | SET | the ids of the messages in that list |
 //! | stop and cancel flags, named by the runtime's [`SignalConfig`](crate::SignalConfig) templates | STRING | a flag: any non-empty value, with a TTL |
@@ -38,13 +42,22 @@
 //!
 //! Run record fields: `status` (`running`, `stopped`, ...), `thread`, `workflow_id`,
 //! `started_at` (ms since the epoch), and when set `checkpoint_id`, `parent_run_id`,
-//! `finished_at`, `stop_reason`, `failure_reason`, `unpersisted`. An absent option is an
-//! absent field; other fields (written by other tools) are left alone.
+//! `finished_at`, `stop_reason`, `failure_reason`, `unpersisted`, `app_id`, `chat_id`,
+//! `task_id`, `not_resumable`, `worker` (the worker id) and `fence` (the token it ran with).
+//! An absent option is an absent field; other fields (written by other tools) are left alone.
+//! Records written before they moved into their thread's slot (`<p>:run:<run_id>`) are still
+//! read.
 //!
 //! Every key written gets the configured TTL ([`RedisConfig::checkpoint_ttl`], default 30 days),
 //! refreshed by each write to it.
 //!
-//! # Atomicity
+//! # Atomicity and fencing
+//!
+//! A run holds its thread's lease ([`RedisLeaseStore`]) and writes with the lease's fencing
+//! token. Every script that writes for a run first compares the token with the thread's
+//! counter `<p>:fence:{<thread>}`, in the same script and slot, and refuses the whole write
+//! when they differ ([`StoreError::Fenced`](crate::StoreError::Fenced)): a run whose thread
+//! was taken over cannot write a checkpoint, a message, its record or a flag clear.
 //!
 //! - A checkpoint `put` is one Lua script: it refuses a sequence not greater than the run's
 //!   stored one ([`StoreError::StaleSequence`](crate::StoreError::StaleSequence)), then writes
@@ -53,8 +66,9 @@
 //!   yet in the id set, and records their ids, or does nothing.
 //! - `prune` reads the index, then removes the oldest checkpoints in batches; each batch
 //!   (payloads and index entries) is one Lua script.
-//! - A run `put` writes the thread's run index, then the run hash in one Lua script (they are
-//!   in different slots); a reader skips an index entry whose hash is missing.
+//! - A run `put` writes the run's thread pointer, then index entry and hash in one Lua script;
+//!   a reader skips an index entry whose hash is missing.
+//! - A run's flag clear is one script over the fence counter and the flags.
 //! - Scripts check the types of their keys before writing, so a key holding something else
 //!   fails the call with [`StoreError::Corrupt`](crate::StoreError::Corrupt) and writes
 //!   nothing. Keys and values reach scripts as `KEYS` and `ARGV`, never as script text.
@@ -75,6 +89,7 @@ mod checkpoint;
 mod conn;
 mod history;
 mod keys;
+mod lease;
 mod reply;
 mod run;
 pub mod signal;
@@ -84,12 +99,13 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use runvisor_actors::RuntimeBuilder;
-use runvisor_actors::store::{CheckpointStore, HistoryStore, RunStore, SignalSource};
+use runvisor_actors::store::{CheckpointStore, HistoryStore, LeaseStore, RunStore, SignalSource};
 use serde::{Deserialize, Serialize};
 
 pub use checkpoint::RedisCheckpointStore;
 pub use history::RedisHistoryStore;
 pub use keys::Keys;
+pub use lease::RedisLeaseStore;
 pub use run::RedisRunStore;
 pub use signal::RedisSignalSource;
 
@@ -246,6 +262,8 @@ pub struct RedisStores {
     pub history: Arc<dyn HistoryStore>,
     /// Stop and cancel flags, and their notices.
     pub signals: Arc<dyn SignalSource>,
+    /// Workers' heartbeats, threads' leases and fencing tokens.
+    pub leases: Arc<dyn LeaseStore>,
     keys: Keys,
     config: RedisConfig,
 }
@@ -273,6 +291,7 @@ impl RedisStores {
             checkpoints: Arc::new(RedisCheckpointStore::new(conn.clone(), keys.clone(), ttl)),
             runs: Arc::new(RedisRunStore::new(conn.clone(), keys.clone(), ttl)),
             history: Arc::new(RedisHistoryStore::new(conn.clone(), keys.clone(), ttl)),
+            leases: Arc::new(RedisLeaseStore::new(conn.clone(), keys.clone(), ttl)),
             signals: Arc::new(RedisSignalSource::new(
                 conn,
                 Conn::connect(&config).await?,
@@ -283,9 +302,10 @@ impl RedisStores {
         })
     }
 
-    /// Makes a runtime builder use these stores and signal source.
+    /// Makes a runtime builder use these stores, leases and signal source.
     pub fn install(&self, builder: RuntimeBuilder) -> RuntimeBuilder {
         builder
+            .lease_store(self.leases.clone())
             .checkpoint_store(self.checkpoints.clone())
             .run_store(self.runs.clone())
             .history_store(self.history.clone())

@@ -11,6 +11,6 @@ mod node;
 mod run;
 mod supervisor;
 
-pub use config::RuntimeConfig;
+pub use config::{LeaseConfig, RuntimeConfig};
 pub(crate) use run::{LiveRun, LiveState, RunInfo, RunServices};
 pub(crate) use supervisor::{Restore, RunArgs, RunMsg, RunSupervisor};

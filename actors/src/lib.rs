@@ -21,23 +21,24 @@ mod service;
 pub mod testkit;
 mod workflow;
 
-pub use exec::RuntimeConfig;
+pub use exec::{LeaseConfig, RuntimeConfig};
 pub use kinds::{
     ELSE, KindError, Kinds, NodeContext, NodeHandler, Probe, ProbeStop, Switch, input_bool,
     input_str,
 };
 pub use model::{
-    ActorTree, AnswerError, CheckpointError, CheckpointId, FieldType, FinishedRun, FormField,
-    Frame, HistoryFlush, Interaction, InteractionId, InteractionKind, Interrupted, InvalidId,
-    MAX_DEPTH, Map, Message, MessageId, NodeError, NodeId, NodeOutput, NodePath, ObjectMap,
-    Outputs, ResolveError, Role, Route, RunError, RunEvent, RunId, RunLabels, RunOutcome,
-    RunRecord, RunStatus, SelectOption, StopError, StopMode, StopReason, StopReply, StopRequested,
-    StopResult, StoreError, ThreadId, TooDeep, Usage, Value,
+    ActorTree, AnswerError, CheckpointError, CheckpointId, Fence, FieldType, FinishedRun,
+    FormField, Frame, HistoryFlush, Interaction, InteractionId, InteractionKind, Interrupted,
+    InvalidId, Lease, LeaseError, LeaseHolder, MAX_DEPTH, Map, Message, MessageId, NodeError,
+    NodeId, NodeOutput, NodePath, ObjectMap, Outputs, ResolveError, Role, Route, RunError,
+    RunEvent, RunId, RunLabels, RunOutcome, RunRecord, RunStatus, SelectOption, StopError,
+    StopMode, StopReason, StopReply, StopRequested, StopResult, StoreError, ThreadId, TooDeep,
+    Usage, Value, WorkerId, WorkerInfo,
 };
 pub use persist::{Durability, SignalConfig, render_key};
 pub use runtime::{
-    EventStream, QueryError, ResumeError, ResumeFrom, ResumeInput, ResumeOptions, RunHandle,
-    Runtime, RuntimeBuilder, StartError, StopRequest,
+    BuildError, EventStream, QueryError, ResumeError, ResumeFrom, ResumeInput, ResumeOptions,
+    RunHandle, Runtime, RuntimeBuilder, StartError, StopRequest,
 };
 pub use service::{RunRegistry, RunSummary};
 pub use workflow::{
@@ -52,8 +53,8 @@ pub mod store {
     pub use crate::model::{RunRecord, RunStatus, StoreError};
     pub use crate::persist::memory;
     pub use crate::persist::{
-        CheckpointStore, HistoryStore, Notice, NoticeStream, RunStore, Signal, SignalSource,
-        StoredCheckpoint,
+        Acquired, CheckpointStore, HistoryStore, LeaseStore, MemoryLeaseStore, Notice,
+        NoticeStream, RunStore, Signal, SignalSource, StoredCheckpoint,
     };
 }
 

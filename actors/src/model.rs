@@ -9,6 +9,7 @@ mod event;
 mod ids;
 mod interaction;
 mod labels;
+mod lease;
 mod map;
 mod message;
 mod node;
@@ -24,11 +25,15 @@ mod value;
 
 pub use error::{CheckpointError, ResolveError, StoreError};
 pub use event::RunEvent;
-pub use ids::{CheckpointId, InteractionId, InvalidId, MessageId, NodeId, RunId, ThreadId};
+pub use ids::{
+    CheckpointId, InteractionId, InvalidId, MessageId, NodeId, RunId, ThreadId, WorkerId,
+};
 pub use interaction::{
     AnswerError, FieldType, FormField, Interaction, InteractionKind, SelectOption,
 };
 pub use labels::RunLabels;
+pub(crate) use lease::hostname;
+pub use lease::{Fence, Lease, LeaseError, LeaseHolder, WorkerInfo};
 pub use map::ObjectMap;
 pub(crate) use message::now_ms;
 pub use message::{Message, Role};

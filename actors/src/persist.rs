@@ -8,7 +8,9 @@
 mod check;
 mod durability;
 mod keys;
+mod leases;
 pub mod memory;
+pub use leases::MemoryLeaseStore;
 mod ports;
 pub(crate) mod snapshot;
 
@@ -17,7 +19,7 @@ pub use durability::Durability;
 pub(crate) use keys::WatchedKeys;
 pub use keys::{SignalConfig, render_key};
 pub use ports::{
-    CheckpointStore, HistoryStore, Notice, NoticeStream, RunStore, Signal, SignalSource,
-    StoredCheckpoint,
+    Acquired, CheckpointStore, HistoryStore, LeaseStore, Notice, NoticeStream, RunStore, Signal,
+    SignalSource, StoredCheckpoint,
 };
 pub(crate) use snapshot::Snapshot;

@@ -26,13 +26,14 @@ mod errors;
 mod facade;
 mod fork;
 mod handle;
+mod hold;
 mod resume;
 mod services;
 mod signals;
 mod start;
 mod stop;
 
-pub use builder::RuntimeBuilder;
+pub use builder::{BuildError, RuntimeBuilder};
 pub use errors::{QueryError, StartError};
 pub use facade::Runtime;
 pub use handle::{EventStream, RunHandle};

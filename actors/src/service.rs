@@ -1,9 +1,12 @@
 //! Services: the actors and tables a runtime holds once for all its runs. The registry of
-//! live runs, the checkpointer (the only writer of snapshots) and the stop watcher (the only
-//! reader of stop and cancel flags).
+//! live runs, the checkpointer (the only writer of snapshots), the stop watcher (the only
+//! reader of stop and cancel flags) and the lease keeper (the worker's heartbeat and its runs'
+//! leases).
 
 pub(crate) mod checkpointer;
+pub(crate) mod keeper;
 mod registry;
 pub(crate) mod watcher;
 
+pub(crate) use registry::ThreadClaim;
 pub use registry::{RunRegistry, RunSummary};

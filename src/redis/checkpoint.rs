@@ -15,23 +15,28 @@ use std::time::Duration;
 use ::redis::Script;
 use async_trait::async_trait;
 use runvisor_actors::store::{CheckpointStore, StoredCheckpoint};
-use runvisor_actors::{CheckpointId, RunId, StoreError, ThreadId};
+use runvisor_actors::{CheckpointId, Fence, RunId, StoreError, ThreadId};
 
 use super::conn::Conn;
 use super::keys::Keys;
+use super::lease::{fenced, fenced_script, token_arg};
 use super::reply::{self, Fields, corrupt};
 
 /// Writes one checkpoint if its sequence is newer than the run's stored one.
 ///
-/// KEYS: payload hash, index zset, sequence string.
-/// ARGV: checkpoint id, run id, sequence (decimal, no leading zeros), bytes, TTL in ms.
-/// Returns `{"ok"}`, `{"stale", stored}`, `{"wrongtype", key}` or `{"corrupt", key}`.
+/// KEYS: payload hash, index zset, sequence string, the thread's fence counter.
+/// ARGV: checkpoint id, run id, sequence (decimal, no leading zeros), bytes, TTL in ms, fencing
+/// token (empty: unfenced).
+/// Returns `{"ok"}`, `{"fenced", current}`, `{"stale", stored}`, `{"wrongtype", key}` or
+/// `{"corrupt", key}`.
 const PUT: &str = r#"
-local kinds = {'hash', 'zset', 'string'}
+local kinds = {'hash', 'zset', 'string', 'string'}
 for i, key in ipairs(KEYS) do
   local t = redis.call('TYPE', key)['ok']
   if t ~= 'none' and t ~= kinds[i] then return {'wrongtype', key} end
 end
+local refused = fence_refused(KEYS[4], ARGV[6], ARGV[5])
+if refused then return {'fenced', refused} end
 local stored = redis.call('GET', KEYS[3])
 if stored then
   if not (stored == '0' or string.match(stored, '^[1-9]%d*$')) or #stored > 20 then
@@ -94,7 +99,7 @@ impl RedisCheckpointStore {
             conn,
             keys,
             ttl_ms: ttl_ms(ttl),
-            put: Script::new(PUT),
+            put: fenced_script(PUT),
             prune: Script::new(PRUNE),
         }
     }
@@ -151,7 +156,12 @@ fn parse_id(member: &str, index: &str) -> Result<CheckpointId, StoreError> {
 
 #[async_trait]
 impl CheckpointStore for RedisCheckpointStore {
-    async fn put(&self, thread: &ThreadId, checkpoint: StoredCheckpoint) -> Result<(), StoreError> {
+    async fn put(
+        &self,
+        thread: &ThreadId,
+        checkpoint: StoredCheckpoint,
+        fence: Option<Fence>,
+    ) -> Result<(), StoreError> {
         let payload = self.keys.checkpoint(thread, checkpoint.id);
         let index = self.keys.checkpoint_index(thread);
         let sequence = self.keys.checkpoint_sequence(thread, checkpoint.run);
@@ -160,11 +170,13 @@ impl CheckpointStore for RedisCheckpointStore {
             .key(&payload)
             .key(&index)
             .key(&sequence)
+            .key(self.keys.fence(thread))
             .arg(checkpoint.id.to_string())
             .arg(checkpoint.run.to_string())
             .arg(checkpoint.sequence.to_string())
             .arg(checkpoint.bytes.as_slice())
-            .arg(self.ttl_ms);
+            .arg(self.ttl_ms)
+            .arg(token_arg(fence));
         let reply = self.conn.script(&payload, &invocation).await?;
         let items = reply::array(&reply, &payload)?;
         let status = items
@@ -174,6 +186,7 @@ impl CheckpointStore for RedisCheckpointStore {
         let detail = items.get(1).map(|d| reply::text(d, &payload)).transpose()?;
         match (status, detail) {
             (Some("ok"), _) => Ok(()),
+            (Some("fenced"), current) => Err(fenced(thread, fence, current, &payload)),
             (Some("stale"), Some(stored)) => Err(StoreError::StaleSequence {
                 run: checkpoint.run,
                 sequence: checkpoint.sequence,

@@ -9,28 +9,31 @@
 use std::fmt;
 use std::time::Duration;
 
-use ::redis::Script;
 use async_trait::async_trait;
 use runvisor_actors::store::HistoryStore;
-use runvisor_actors::{Message, StoreError, ThreadId};
+use runvisor_actors::{Fence, Message, StoreError, ThreadId};
 
 use super::checkpoint::ttl_ms;
 use super::conn::Conn;
 use super::keys::Keys;
+use super::lease::{fenced, fenced_script, token_arg};
 use super::reply::{self, corrupt};
 
 /// Appends the messages whose ids are new, in order.
 ///
-/// KEYS: history list, id set. ARGV: TTL in ms, then id and JSON for each message.
-/// Returns `{"ok", appended}` or `{"wrongtype", key}`.
+/// KEYS: history list, id set, the thread's fence counter. ARGV: TTL in ms, fencing token
+/// (empty: unfenced), then id and JSON for each message.
+/// Returns `{"ok", appended}`, `{"fenced", current}` or `{"wrongtype", key}`.
 const APPEND: &str = r#"
-local kinds = {'list', 'set'}
+local kinds = {'list', 'set', 'string'}
 for i, key in ipairs(KEYS) do
   local t = redis.call('TYPE', key)['ok']
   if t ~= 'none' and t ~= kinds[i] then return {'wrongtype', key} end
 end
+local refused = fence_refused(KEYS[3], ARGV[2], ARGV[1])
+if refused then return {'fenced', refused} end
 local appended = 0
-for i = 2, #ARGV - 1, 2 do
+for i = 3, #ARGV - 1, 2 do
   if redis.call('SADD', KEYS[2], ARGV[i]) == 1 then
     redis.call('RPUSH', KEYS[1], ARGV[i + 1])
     appended = appended + 1
@@ -47,7 +50,7 @@ pub struct RedisHistoryStore {
     conn: Conn,
     keys: Keys,
     ttl_ms: u64,
-    append: Script,
+    append: ::redis::Script,
 }
 
 impl fmt::Debug for RedisHistoryStore {
@@ -65,21 +68,31 @@ impl RedisHistoryStore {
             conn,
             keys,
             ttl_ms: ttl_ms(ttl),
-            append: Script::new(APPEND),
+            append: fenced_script(APPEND),
         }
     }
 }
 
 #[async_trait]
 impl HistoryStore for RedisHistoryStore {
-    async fn append(&self, thread: &ThreadId, messages: &[Message]) -> Result<(), StoreError> {
+    async fn append(
+        &self,
+        thread: &ThreadId,
+        messages: &[Message],
+        fence: Option<Fence>,
+    ) -> Result<(), StoreError> {
         if messages.is_empty() {
             return Ok(());
         }
         let list = self.keys.history(thread);
         let ids = self.keys.history_ids(thread);
         let mut invocation = self.append.prepare_invoke();
-        invocation.key(&list).key(&ids).arg(self.ttl_ms);
+        invocation
+            .key(&list)
+            .key(&ids)
+            .key(self.keys.fence(thread))
+            .arg(self.ttl_ms)
+            .arg(token_arg(fence));
         for message in messages {
             let json = serde_json::to_string(message).map_err(|e| {
                 StoreError::Unavailable(format!("cannot encode message {}: {e}", message.id))
@@ -90,6 +103,10 @@ impl HistoryStore for RedisHistoryStore {
         let items = reply::array(&reply, &list)?;
         match items.first().map(|s| reply::text(s, &list)).transpose()? {
             Some("ok") => Ok(()),
+            Some("fenced") => {
+                let current = items.get(1).map(|c| reply::text(c, &list)).transpose()?;
+                Err(fenced(thread, fence, current, &list))
+            }
             Some("wrongtype") => {
                 let key = items
                     .get(1)

@@ -8,7 +8,7 @@
 use std::fmt;
 use std::sync::Arc;
 
-use runvisor_actors::{CheckpointId, RunId, ThreadId};
+use runvisor_actors::{CheckpointId, RunId, ThreadId, WorkerId};
 
 /// Builds the Redis key names under a prefix. Cheap to clone.
 #[derive(Clone, PartialEq, Eq)]
@@ -61,9 +61,37 @@ impl Keys {
         format!("{}:cpseq:{{{thread}}}:{run}", self.prefix)
     }
 
-    /// `<p>:run:<run_id>`: a run record (HASH).
-    pub fn run(&self, run: RunId) -> String {
+    /// `<p>:run:{<thread>}:<run_id>`: a run record (HASH), in its thread's slot so that its
+    /// writes are fenced by the thread's token in one script.
+    pub fn run(&self, thread: &ThreadId, run: RunId) -> String {
+        format!("{}:run:{{{thread}}}:{run}", self.prefix)
+    }
+
+    /// `<p>:runthread:<run_id>`: the thread of a run (STRING), so a run is found by its id.
+    pub fn run_thread(&self, run: RunId) -> String {
+        format!("{}:runthread:{run}", self.prefix)
+    }
+
+    /// `<p>:run:<run_id>`: where run records were kept before they moved into their thread's
+    /// slot; still read, never written.
+    pub(crate) fn legacy_run(&self, run: RunId) -> String {
         format!("{}:run:{run}", self.prefix)
+    }
+
+    /// `<p>:lease:{<thread>}`: the thread's lease (HASH: `worker`, `run`, `token`), with the
+    /// lease TTL.
+    pub fn lease(&self, thread: &ThreadId) -> String {
+        format!("{}:lease:{{{thread}}}", self.prefix)
+    }
+
+    /// `<p>:fence:{<thread>}`: the thread's newest fencing token (STRING, a counter).
+    pub fn fence(&self, thread: &ThreadId) -> String {
+        format!("{}:fence:{{{thread}}}", self.prefix)
+    }
+
+    /// `<p>:worker:<worker_id>`: a worker's heartbeat (HASH), with the lease TTL.
+    pub fn worker(&self, worker: &WorkerId) -> String {
+        format!("{}:worker:{worker}", self.prefix)
     }
 
     /// `<p>:runs:{<thread>}`: the thread's run ids (ZSET, score 0, id order).
@@ -105,7 +133,18 @@ mod tests {
             keys.checkpoint_sequence(&t, run),
             "rv:cpseq:{chat:42}:0190a0b0-0000-7000-8000-000000000001"
         );
-        assert_eq!(keys.run(run), "rv:run:0190a0b0-0000-7000-8000-000000000001");
+        assert_eq!(
+            keys.run(&t, run),
+            "rv:run:{chat:42}:0190a0b0-0000-7000-8000-000000000001"
+        );
+        assert_eq!(
+            keys.run_thread(run),
+            "rv:runthread:0190a0b0-0000-7000-8000-000000000001"
+        );
+        assert_eq!(keys.lease(&t), "rv:lease:{chat:42}");
+        assert_eq!(keys.fence(&t), "rv:fence:{chat:42}");
+        let w = WorkerId::new("host-1").expect("valid");
+        assert_eq!(keys.worker(&w), "rv:worker:host-1");
         assert_eq!(keys.thread_runs(&t), "rv:runs:{chat:42}");
         assert_eq!(keys.history(&t), "rv:hist:{chat:42}");
         assert_eq!(keys.history_ids(&t), "rv:histids:{chat:42}");

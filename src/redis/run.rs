@@ -1,38 +1,49 @@
-//! Run records on Redis: one HASH per run (`<p>:run:<run_id>`), field by field, and a
+//! Run records on Redis: one HASH per run (`<p>:run:{<thread>}:<run_id>`), field by field, a
 //! per-thread index ZSET (`<p>:runs:{<thread>}`, score 0, members in run id order, which is
-//! start order for UUIDv7) for `list_thread`.
+//! start order for UUIDv7) for `list_thread`, and a pointer from each run to its thread
+//! (`<p>:runthread:<run_id>`) for `get`.
 //!
-//! `put` writes the index entry first, then replaces the record's fields in one Lua script
-//! (fields of the record that are `None` are deleted; fields other tools added are kept). The
-//! run hash and the thread index live in different slots, so they cannot share a script; a
-//! reader skips an index entry whose hash does not exist (a `put` cut between its two steps,
-//! or an expired record).
+//! `put` writes the pointer (the same value every time: a run never changes thread), then one
+//! Lua script in the thread's slot that checks the fencing token, adds the index entry and
+//! replaces the record's fields (fields of the record that are `None` are deleted; fields other
+//! tools added are kept), or does nothing. A reader skips an index entry whose hash does not
+//! exist (an expired record). Records written before they moved into their thread's slot
+//! (`<p>:run:<run_id>`) are still read.
 
 use std::fmt;
 use std::time::Duration;
 
-use ::redis::Script;
 use async_trait::async_trait;
 use runvisor_actors::store::{RunRecord, RunStatus, RunStore};
-use runvisor_actors::{RunId, StoreError, ThreadId};
+use runvisor_actors::{Fence, RunId, StoreError, ThreadId};
 
 use super::checkpoint::ttl_ms;
 use super::conn::Conn;
 use super::keys::Keys;
+use super::lease::{fenced, fenced_script, token_arg};
 use super::reply::{self, Fields, corrupt};
 
-/// Sets and deletes fields of a run hash and refreshes its TTL.
+/// Indexes a run and sets and deletes fields of its hash, refreshing both TTLs.
 ///
-/// KEYS: the run hash. ARGV: TTL in ms, the number N of field/value pairs to set, the N pairs,
-/// then the fields to delete. Returns `{"ok"}` or `{"wrongtype", key}`.
+/// KEYS: the run hash, the thread's run index, the thread's fence counter. ARGV: TTL in ms,
+/// fencing token (empty: unfenced), run id, the number N of field/value pairs to set, the N
+/// pairs, then the fields to delete. Returns `{"ok"}`, `{"fenced", current}` or
+/// `{"wrongtype", key}`.
 const PUT: &str = r#"
-local t = redis.call('TYPE', KEYS[1])['ok']
-if t ~= 'none' and t ~= 'hash' then return {'wrongtype', KEYS[1]} end
-local n = tonumber(ARGV[2])
+local kinds = {'hash', 'zset', 'string'}
+for i, key in ipairs(KEYS) do
+  local t = redis.call('TYPE', key)['ok']
+  if t ~= 'none' and t ~= kinds[i] then return {'wrongtype', key} end
+end
+local refused = fence_refused(KEYS[3], ARGV[2], ARGV[1])
+if refused then return {'fenced', refused} end
+local n = tonumber(ARGV[4])
 local set = {}
-for i = 3, 2 + 2 * n do set[#set + 1] = ARGV[i] end
+for i = 5, 4 + 2 * n do set[#set + 1] = ARGV[i] end
 local del = {}
-for i = 3 + 2 * n, #ARGV do del[#del + 1] = ARGV[i] end
+for i = 5 + 2 * n, #ARGV do del[#del + 1] = ARGV[i] end
+redis.call('ZADD', KEYS[2], 0, ARGV[3])
+redis.call('PEXPIRE', KEYS[2], ARGV[1])
 redis.call('HSET', KEYS[1], unpack(set))
 if #del > 0 then redis.call('HDEL', KEYS[1], unpack(del)) end
 redis.call('PEXPIRE', KEYS[1], ARGV[1])
@@ -48,7 +59,7 @@ pub struct RedisRunStore {
     conn: Conn,
     keys: Keys,
     ttl_ms: u64,
-    put: Script,
+    put: ::redis::Script,
 }
 
 impl fmt::Debug for RedisRunStore {
@@ -66,7 +77,7 @@ impl RedisRunStore {
             conn,
             keys,
             ttl_ms: ttl_ms(ttl),
-            put: Script::new(PUT),
+            put: fenced_script(PUT),
         }
     }
 }
@@ -91,6 +102,8 @@ fn fields(record: &RunRecord) -> (Vec<(&'static str, String)>, Vec<&'static str>
         ("chat_id", record.labels.chat_id().map(str::to_owned)),
         ("task_id", record.labels.task_id().map(str::to_owned)),
         ("not_resumable", record.not_resumable.clone()),
+        ("worker", record.worker.as_ref().map(ToString::to_string)),
+        ("fence", record.fence.map(|f| f.to_string())),
     ];
     for (name, value) in optional {
         match value {
@@ -135,30 +148,45 @@ fn record(run_id: RunId, fields: &Fields<'_>, key: &str) -> Result<Option<RunRec
         )
         .map_err(|e| corrupt(key, format!("labels: {e}")))?,
         not_resumable: fields.optional_text("not_resumable")?.map(str::to_owned),
+        worker: fields.optional_parsed("worker")?,
+        fence: fields.optional_parsed("fence")?,
     }))
+}
+
+impl RedisRunStore {
+    /// Reads the record at `key`; `None` when the hash does not exist.
+    async fn read(&self, run: RunId, key: &str) -> Result<Option<RunRecord>, StoreError> {
+        let mut cmd = ::redis::cmd("HGETALL");
+        cmd.arg(key);
+        let reply = self.conn.query(key, &cmd).await?;
+        record(run, &Fields::read(&reply, key)?, key)
+    }
 }
 
 #[async_trait]
 impl RunStore for RedisRunStore {
-    async fn put(&self, record: &RunRecord) -> Result<(), StoreError> {
-        let index = self.keys.thread_runs(&record.thread);
-        let mut pipe = ::redis::pipe();
-        pipe.atomic()
-            .cmd("ZADD")
-            .arg(&index)
-            .arg(0)
-            .arg(record.run_id.to_string())
-            .ignore()
-            .cmd("PEXPIRE")
-            .arg(&index)
-            .arg(self.ttl_ms)
-            .ignore();
-        self.conn.pipeline(&index, &pipe).await?;
+    async fn put(&self, record: &RunRecord, fence: Option<Fence>) -> Result<(), StoreError> {
+        let thread = &record.thread;
+        let pointer = self.keys.run_thread(record.run_id);
+        let mut cmd = ::redis::cmd("SET");
+        cmd.arg(&pointer)
+            .arg(thread.as_str())
+            .arg("PX")
+            .arg(self.ttl_ms);
+        let reply = self.conn.query(&pointer, &cmd).await?;
+        reply::server_error(&reply, &pointer)?;
 
-        let key = self.keys.run(record.run_id);
+        let key = self.keys.run(thread, record.run_id);
         let (set, delete) = fields(record);
         let mut invocation = self.put.prepare_invoke();
-        invocation.key(&key).arg(self.ttl_ms).arg(set.len());
+        invocation
+            .key(&key)
+            .key(self.keys.thread_runs(thread))
+            .key(self.keys.fence(thread))
+            .arg(self.ttl_ms)
+            .arg(token_arg(fence))
+            .arg(record.run_id.to_string())
+            .arg(set.len());
         for (name, value) in &set {
             invocation.arg(*name).arg(value.as_str());
         }
@@ -169,7 +197,18 @@ impl RunStore for RedisRunStore {
         let items = reply::array(&reply, &key)?;
         match items.first().map(|s| reply::text(s, &key)).transpose()? {
             Some("ok") => Ok(()),
-            Some("wrongtype") => Err(corrupt(&key, "the key holds a value of another type")),
+            Some("fenced") => {
+                let current = items.get(1).map(|c| reply::text(c, &key)).transpose()?;
+                Err(fenced(thread, fence, current, &key))
+            }
+            Some("wrongtype") => {
+                let bad = items
+                    .get(1)
+                    .map(|k| reply::text(k, &key))
+                    .transpose()?
+                    .unwrap_or(&key);
+                Err(corrupt(bad, "the key holds a value of another type"))
+            }
             _ => Err(StoreError::Unavailable(format!(
                 "unexpected reply from the run script for {key}: {reply:?}"
             ))),
@@ -177,11 +216,15 @@ impl RunStore for RedisRunStore {
     }
 
     async fn get(&self, run: RunId) -> Result<Option<RunRecord>, StoreError> {
-        let key = self.keys.run(run);
-        let mut cmd = ::redis::cmd("HGETALL");
-        cmd.arg(&key);
-        let reply = self.conn.query(&key, &cmd).await?;
-        record(run, &Fields::read(&reply, &key)?, &key)
+        let pointer = self.keys.run_thread(run);
+        let mut cmd = ::redis::cmd("GET");
+        cmd.arg(&pointer);
+        let reply = self.conn.query(&pointer, &cmd).await?;
+        if matches!(reply, ::redis::Value::Nil) {
+            return self.read(run, &self.keys.legacy_run(run)).await;
+        }
+        let thread: ThreadId = reply::parse(reply::bytes(&reply, &pointer)?, &pointer, "thread")?;
+        self.read(run, &self.keys.run(&thread, run)).await
     }
 
     async fn list_thread(&self, thread: &ThreadId) -> Result<Vec<RunRecord>, StoreError> {
@@ -200,7 +243,8 @@ impl RunStore for RedisRunStore {
             .collect::<Result<Vec<RunId>, StoreError>>()?;
         let mut records = Vec::with_capacity(ids.len());
         for batch in ids.chunks(LIST_BATCH) {
-            let keys: Vec<String> = batch.iter().map(|id| self.keys.run(*id)).collect();
+            // The thread's records share its slot: one pipeline, even on a cluster.
+            let keys: Vec<String> = batch.iter().map(|id| self.keys.run(thread, *id)).collect();
             let mut pipe = ::redis::pipe();
             // Errors per reply, so a bad record is named by its own key.
             pipe.ignore_errors();
@@ -217,11 +261,13 @@ impl RunStore for RedisRunStore {
             }
             for ((id, key), reply) in batch.iter().zip(&keys).zip(&replies) {
                 reply::server_error(reply, key)?;
-                if let Some(found) = record(*id, &Fields::read(reply, key)?, key)? {
-                    // A record moved to another thread is not this thread's.
-                    if &found.thread == thread {
-                        records.push(found);
-                    }
+                let found = match record(*id, &Fields::read(reply, key)?, key)? {
+                    Some(found) => Some(found),
+                    None => self.read(*id, &self.keys.legacy_run(*id)).await?,
+                };
+                // A record of another thread is not this thread's.
+                if let Some(found) = found.filter(|found| &found.thread == thread) {
+                    records.push(found);
                 }
             }
         }

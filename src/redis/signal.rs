@@ -10,7 +10,9 @@
 //!   pipeline is not atomic, which a flag read does not need; batching bounds how long one
 //!   command holds the server, so other clients are served between batches.
 //! - `raise` is `SET <key> 1 PX <ttl>` (FastGPT's `SETEX <key> 60 1`, to the millisecond),
-//!   `clear` is one `UNLINK` of the keys.
+//!   `clear` is one `UNLINK` of the keys; a run's own clear (with its thread's fencing token)
+//!   is one script that checks the token first, so a run that lost its thread leaves the
+//!   flags alone.
 //! - Notices travel on the channel `<p>:signals` as JSON `{"key": "...", "raised": true}`;
 //!   messages that are not such JSON are ignored.
 //! - `subscribe` shares one dedicated pub/sub connection (never the command connection)
@@ -32,13 +34,16 @@ use ::redis::Value;
 use ::redis::aio::{PubSubSink, PubSubStream};
 use async_trait::async_trait;
 use futures::StreamExt;
-use runvisor_actors::StoreError;
 use runvisor_actors::store::{Notice, NoticeStream, SignalSource};
+use runvisor_actors::{Fence, StoreError, ThreadId};
 use tokio::sync::broadcast;
 use tokio::time::Instant;
 
 use super::checkpoint::ttl_ms;
 use super::conn::Conn;
+use super::keys::Keys;
+use super::lease::{fenced, fenced_script};
+use super::reply;
 use super::{ConnectError, RedisConfig};
 
 /// The most keys one `MGET` of a [`read`](RedisSignalSource::read) carries; a read of more
@@ -57,6 +62,18 @@ const NOTICE_BUFFER: usize = 4096;
 /// The longest flag TTL sent to Redis (about a thousand years), so `PX` never overflows.
 const MAX_TTL_MS: u64 = 1 << 45;
 
+/// Removes flags if the fencing token is the thread's.
+///
+/// KEYS: the thread's fence counter, then the flags. ARGV: the token, the data TTL in ms (for
+/// a counter that was lost).
+/// Returns `{"ok"}` or `{"fenced", current}`.
+const CLEAR_FENCED: &str = r#"
+local refused = fence_refused(KEYS[1], ARGV[1], ARGV[2])
+if refused then return {'fenced', refused} end
+for i = 2, #KEYS do redis.call('UNLINK', KEYS[i]) end
+return {'ok'}
+"#;
+
 /// [`SignalSource`] on Redis. See the [module docs](self).
 pub struct RedisSignalSource {
     conn: Conn,
@@ -64,6 +81,9 @@ pub struct RedisSignalSource {
     /// a small read (a flag named by a notice) never queues behind one.
     bulk: Conn,
     client: ::redis::Client,
+    keys: Keys,
+    data_ttl_ms: u64,
+    clear_fenced: ::redis::Script,
     channel: Arc<str>,
     response_timeout: Duration,
     call_timeout: Duration,
@@ -99,6 +119,9 @@ impl RedisSignalSource {
             conn,
             bulk,
             client,
+            keys: Keys::new(&config.prefix),
+            data_ttl_ms: ttl_ms(config.checkpoint_ttl),
+            clear_fenced: fenced_script(CLEAR_FENCED),
             channel: Arc::from(channel(&config.prefix)),
             response_timeout: config.response_timeout,
             call_timeout: config.call_timeout,
@@ -202,13 +225,38 @@ impl SignalSource for RedisSignalSource {
         self.conn.query(key, &cmd).await.map(drop)
     }
 
-    async fn clear(&self, keys: &[String]) -> Result<(), StoreError> {
+    async fn clear(
+        &self,
+        keys: &[String],
+        fence: Option<(&ThreadId, Fence)>,
+    ) -> Result<(), StoreError> {
         let Some(first) = keys.first() else {
             return Ok(());
         };
-        let mut cmd = ::redis::cmd("UNLINK");
-        cmd.arg(keys);
-        self.conn.query(first, &cmd).await.map(drop)
+        let Some((thread, token)) = fence else {
+            let mut cmd = ::redis::cmd("UNLINK");
+            cmd.arg(keys);
+            return self.conn.query(first, &cmd).await.map(drop);
+        };
+        let counter = self.keys.fence(thread);
+        let mut invocation = self.clear_fenced.prepare_invoke();
+        invocation.key(&counter);
+        for key in keys {
+            invocation.key(key.as_str());
+        }
+        invocation.arg(token.0.to_string()).arg(self.data_ttl_ms);
+        let reply = self.conn.script(first, &invocation).await?;
+        let items = reply::array(&reply, first)?;
+        match items.first().map(|s| reply::text(s, first)).transpose()? {
+            Some("ok") => Ok(()),
+            Some("fenced") => {
+                let current = items.get(1).map(|c| reply::text(c, first)).transpose()?;
+                Err(fenced(thread, Some(token), current, &counter))
+            }
+            _ => Err(StoreError::Unavailable(format!(
+                "unexpected reply from the flag clearing script for {first}: {reply:?}"
+            ))),
+        }
     }
 
     async fn notify(&self, notice: &Notice) -> Result<(), StoreError> {

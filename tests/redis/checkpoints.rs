@@ -46,8 +46,8 @@ async fn put_get_latest_and_list_in_exact_id_order() {
     assert_eq!(redis.latest(&t).await, Ok(None));
     assert_eq!(redis.list(&t).await, Ok(vec![]));
     for w in &writes {
-        assert_eq!(memory.put(&t, w.clone()).await, Ok(()));
-        assert_eq!(redis.put(&t, w.clone()).await, Ok(()));
+        assert_eq!(memory.put(&t, w.clone(), None).await, Ok(()));
+        assert_eq!(redis.put(&t, w.clone(), None).await, Ok(()));
         assert_eq!(redis.list(&t).await, memory.list(&t).await);
         assert_eq!(redis.latest(&t).await, memory.latest(&t).await);
     }
@@ -73,10 +73,12 @@ async fn stale_sequences_are_refused_and_leave_no_trace() {
     let ids = ids(8);
     let first = checkpoint(ids[0], a, 5, b"five");
     for store in [&*redis, &memory as &dyn CheckpointStore] {
-        assert_eq!(store.put(&t, first.clone()).await, Ok(()));
+        assert_eq!(store.put(&t, first.clone(), None).await, Ok(()));
         for (id, sequence) in [(ids[1], 5), (ids[2], 3), (ids[3], 0)] {
             assert_eq!(
-                store.put(&t, checkpoint(id, a, sequence, b"late")).await,
+                store
+                    .put(&t, checkpoint(id, a, sequence, b"late"), None)
+                    .await,
                 Err(StoreError::StaleSequence {
                     run: a,
                     sequence,
@@ -88,20 +90,27 @@ async fn stale_sequences_are_refused_and_leave_no_trace() {
         assert_eq!(store.list(&t).await, Ok(vec![ids[0]]));
         assert_eq!(store.latest(&t).await, Ok(Some(first.clone())));
         // Sequences are per run.
-        assert_eq!(store.put(&t, checkpoint(ids[4], b, 1, b"b")).await, Ok(()));
         assert_eq!(
-            store.put(&t, checkpoint(ids[5], a, 6, b"six")).await,
+            store.put(&t, checkpoint(ids[4], b, 1, b"b"), None).await,
+            Ok(())
+        );
+        assert_eq!(
+            store.put(&t, checkpoint(ids[5], a, 6, b"six"), None).await,
             Ok(())
         );
     }
     // Compared exactly beyond 2^53, where a Lua number would round.
     let big = 1u64 << 53;
     assert_eq!(
-        redis.put(&t, checkpoint(ids[6], b, big + 2, b"")).await,
+        redis
+            .put(&t, checkpoint(ids[6], b, big + 2, b""), None)
+            .await,
         Ok(())
     );
     assert_eq!(
-        redis.put(&t, checkpoint(ids[7], b, big + 1, b"")).await,
+        redis
+            .put(&t, checkpoint(ids[7], b, big + 1, b""), None)
+            .await,
         Err(StoreError::StaleSequence {
             run: b,
             sequence: big + 1,
@@ -110,13 +119,13 @@ async fn stale_sequences_are_refused_and_leave_no_trace() {
     );
     assert_eq!(
         redis
-            .put(&t, checkpoint(CheckpointId::new(), b, u64::MAX, b""))
+            .put(&t, checkpoint(CheckpointId::new(), b, u64::MAX, b""), None)
             .await,
         Ok(())
     );
     assert_eq!(
         redis
-            .put(&t, checkpoint(CheckpointId::new(), b, u64::MAX, b""))
+            .put(&t, checkpoint(CheckpointId::new(), b, u64::MAX, b""), None)
             .await,
         Err(StoreError::StaleSequence {
             run: b,
@@ -145,7 +154,7 @@ async fn payloads_are_binary_safe() {
     ];
     for (i, bytes) in payloads.iter().enumerate() {
         let cp = checkpoint(CheckpointId::new(), run, i as u64 + 1, bytes);
-        assert_eq!(redis.put(&t, cp.clone()).await, Ok(()));
+        assert_eq!(redis.put(&t, cp.clone(), None).await, Ok(()));
         assert_eq!(redis.get(&t, cp.id).await, Ok(Some(cp.clone())));
         assert_eq!(redis.latest(&t).await, Ok(Some(cp)));
     }
@@ -162,7 +171,7 @@ async fn prune_removes_the_oldest_payloads_and_index_entries() {
     let ids = ids(300);
     for (i, id) in ids.iter().enumerate() {
         let cp = checkpoint(*id, run, i as u64 + 1, &[i as u8]);
-        redis.put(&t, cp).await.expect("put");
+        redis.put(&t, cp, None).await.expect("put");
     }
     assert_eq!(within("prune", redis.prune(&t, 10)).await, Ok(290));
     assert_eq!(redis.list(&t).await, Ok(ids[290..].to_vec()));
@@ -189,8 +198,8 @@ async fn prune_removes_the_oldest_payloads_and_index_entries() {
     let run = RunId::new();
     for (i, id) in ids.iter().take(5).enumerate() {
         let cp = checkpoint(*id, run, i as u64 + 1, b"x");
-        memory.put(&t, cp.clone()).await.expect("put");
-        redis.put(&t, cp).await.expect("put");
+        memory.put(&t, cp.clone(), None).await.expect("put");
+        redis.put(&t, cp, None).await.expect("put");
     }
     for keep in [3, 3, 1, 0] {
         assert_eq!(redis.prune(&t, keep).await, memory.prune(&t, keep).await);
@@ -208,7 +217,7 @@ async fn an_index_entry_without_its_payload_reads_as_absent() {
     let ids = ids(3);
     for (i, id) in ids.iter().enumerate() {
         let cp = checkpoint(*id, run, i as u64 + 1, b"x");
-        redis.put(&t, cp).await.expect("put");
+        redis.put(&t, cp, None).await.expect("put");
     }
     // As if the payloads had expired while the index lived on.
     for id in [ids[0], ids[2]] {

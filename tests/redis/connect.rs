@@ -70,7 +70,7 @@ async fn a_server_without_config_is_accepted() {
     let message = Message::user("still works");
     stores
         .history
-        .append(&t, std::slice::from_ref(&message))
+        .append(&t, std::slice::from_ref(&message), None)
         .await
         .expect("append");
     assert_eq!(stores.history.load(&t).await, Ok(vec![message]));

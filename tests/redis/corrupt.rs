@@ -14,8 +14,13 @@ async fn junk_run_records_are_corrupt() {
     let mut con = raw(&server).await;
     let t = thread("junk");
     let run = RunId::new();
-    let key = format!("runvisor:run:{run}");
+    let key = format!("runvisor:run:{{junk}}:{run}");
     let index = "runvisor:runs:{junk}";
+    let _: () = cmd(
+        &mut con,
+        &["SET", &format!("runvisor:runthread:{run}"), "junk"],
+    )
+    .await;
     let valid = [
         "status",
         "running",
@@ -58,10 +63,28 @@ async fn junk_run_records_are_corrupt() {
     assert_corrupt_at(runs.get(run).await, &key);
     let _: i64 = cmd(&mut con, &["ZREM", index, "garbage"]).await;
     assert_corrupt_at(runs.list_thread(&t).await, &key);
-    let record = run_record(run, &thread("elsewhere"));
-    assert_corrupt_at(runs.put(&record).await, &key);
+    let record = run_record(run, &t);
+    assert_corrupt_at(runs.put(&record, None).await, &key);
     let value: String = cmd(&mut con, &["GET", &key]).await;
     assert_eq!(value, "not a hash");
+
+    // A record where older versions kept it (no thread pointer) is read, and judged, there.
+    let old = RunId::new();
+    let legacy = format!("runvisor:run:{old}");
+    let mut args = vec!["HSET", legacy.as_str()];
+    args.extend(valid);
+    let _: i64 = cmd(&mut con, &args).await;
+    let found = runs.get(old).await.expect("legacy record").expect("found");
+    assert_eq!(found.thread, t);
+    let _: i64 = cmd(&mut con, &["HSET", &legacy, "status", "exploded"]).await;
+    assert_corrupt_at(runs.get(old).await, &legacy);
+    // The thread pointer holds what is not a thread id.
+    let _: () = cmd(
+        &mut con,
+        &["SET", &format!("runvisor:runthread:{old}"), "a b"],
+    )
+    .await;
+    assert_corrupt_at(runs.get(old).await, &format!("runvisor:runthread:{old}"));
 }
 
 #[tokio::test]
@@ -74,7 +97,7 @@ async fn junk_history_is_corrupt() {
     let ids = "runvisor:histids:{junk}";
     let good = Message::user("fine");
     history
-        .append(&t, std::slice::from_ref(&good))
+        .append(&t, std::slice::from_ref(&good), None)
         .await
         .expect("append");
     let _: i64 = cmd(&mut con, &["RPUSH", list, "{\"id\": 42"]).await;
@@ -90,14 +113,17 @@ async fn junk_history_is_corrupt() {
     // The id set is not a set: the append is refused and writes nothing.
     let _: i64 = cmd(&mut con, &["DEL", list, ids]).await;
     let _: () = cmd(&mut con, &["SET", ids, "x"]).await;
-    assert_corrupt_at(history.append(&t, &[Message::user("new")]).await, ids);
+    assert_corrupt_at(history.append(&t, &[Message::user("new")], None).await, ids);
     let len: i64 = cmd(&mut con, &["EXISTS", list]).await;
     assert_eq!(len, 0, "nothing was appended");
     // The list is not a list.
     let _: i64 = cmd(&mut con, &["DEL", ids]).await;
     let _: i64 = cmd(&mut con, &["HSET", list, "a", "b"]).await;
     assert_corrupt_at(history.load(&t).await, list);
-    assert_corrupt_at(history.append(&t, &[Message::user("new")]).await, list);
+    assert_corrupt_at(
+        history.append(&t, &[Message::user("new")], None).await,
+        list,
+    );
     let ids_exist: i64 = cmd(&mut con, &["EXISTS", ids]).await;
     assert_eq!(ids_exist, 0, "no id was recorded");
 }
@@ -119,7 +145,7 @@ async fn junk_checkpoints_are_corrupt() {
         sequence,
         bytes: b"bytes".to_vec(),
     };
-    checkpoints.put(&t, cp(1)).await.expect("put");
+    checkpoints.put(&t, cp(1), None).await.expect("put");
 
     let _: i64 = cmd(&mut con, &["HSET", &payload, "sequence", "many"]).await;
     assert_corrupt_at(checkpoints.get(&t, id).await, &payload);
@@ -142,11 +168,11 @@ async fn junk_checkpoints_are_corrupt() {
 
     // A stored sequence that is not a number refuses the write.
     let _: () = cmd(&mut con, &["SET", &sequence, "seven"]).await;
-    assert_corrupt_at(checkpoints.put(&t, cp(2)).await, &sequence);
+    assert_corrupt_at(checkpoints.put(&t, cp(2), None).await, &sequence);
     // An index of the wrong type refuses the write, and nothing is written.
     let _: i64 = cmd(&mut con, &["DEL", &sequence]).await;
     let _: () = cmd(&mut con, &["SET", index, "x"]).await;
-    assert_corrupt_at(checkpoints.put(&t, cp(3)).await, index);
+    assert_corrupt_at(checkpoints.put(&t, cp(3), None).await, index);
     assert_corrupt_at(checkpoints.list(&t).await, index);
     for key in [&payload, &sequence] {
         let exists: i64 = cmd(&mut con, &["EXISTS", key]).await;

@@ -89,6 +89,9 @@ fn started(dir: &Path, name: &str) -> BTreeMap<String, usize> {
 }
 
 /// Waits for a process to exit, killing it and failing the test after `limit`.
+/// A config with one-second leases.
+const LEASES: &str = r#"{"runtime": {"lease": {"ttl": "1s", "renew": "250ms"}}}"#;
+
 async fn exit_code(child: &mut Child, limit: Duration, dir: &Path, name: &str) -> Option<i32> {
     let deadline = Instant::now() + limit;
     loop {
@@ -115,6 +118,10 @@ async fn kill_mid_run_then_resume(durability: &str, t: ThreadId) {
     let file = dir.path().join("crash.json");
     std::fs::write(&file, workflow()).expect("write the workflow");
     let file = file.to_str().expect("utf-8 path");
+    // Short leases: the killed worker's thread is orphaned a second after its last heartbeat.
+    let config = dir.path().join("config.json");
+    std::fs::write(&config, LEASES).expect("write the config");
+    let config = config.to_str().expect("utf-8 path");
     let thread_arg = t.to_string();
 
     // Process one: runs until `n2`'s completion is in a stored snapshot, then SIGKILL.
@@ -122,6 +129,8 @@ async fn kill_mid_run_then_resume(durability: &str, t: ThreadId) {
         dir.path(),
         "run",
         &[
+            "--config",
+            config,
             "--redis",
             &url,
             "run",
@@ -240,14 +249,31 @@ async fn kill_mid_run_then_resume(durability: &str, t: ThreadId) {
         }
     }
 
-    // Process two: resumes the thread and finishes the run.
-    let mut second = spawn(
-        dir.path(),
-        "resume",
-        &["--redis", &url, "resume", "--thread", &thread_arg],
-    );
-    let code = exit_code(&mut second, SLOW, dir.path(), "resume").await;
-    assert_eq!(code, Some(0), "{}", output(dir.path(), "resume"));
+    // Process two: takes the thread over once the killed worker's heartbeat has expired (until
+    // then the thread is busy: exit code 4), and finishes the run.
+    let deadline = Instant::now() + SLOW;
+    loop {
+        let mut second = spawn(
+            dir.path(),
+            "resume",
+            &[
+                "--config",
+                config,
+                "--redis",
+                &url,
+                "resume",
+                "--thread",
+                &thread_arg,
+            ],
+        );
+        let code = exit_code(&mut second, SLOW, dir.path(), "resume").await;
+        if code == Some(4) && Instant::now() < deadline {
+            tokio::time::sleep(Duration::from_millis(100)).await;
+            continue;
+        }
+        assert_eq!(code, Some(0), "{}", output(dir.path(), "resume"));
+        break;
+    }
     let after = started(dir.path(), "resume");
 
     // The resumed process ran exactly the nodes the snapshot had not completed.

@@ -120,7 +120,11 @@ async fn runvisor_stop_from_another_process_stops_the_run_and_answers_after_its_
     assert_eq!(runs.len(), 1);
     let status: Option<String> = cmd(
         &mut con,
-        &["HGET", &format!("runvisor:run:{}", runs[0]), "status"],
+        &[
+            "HGET",
+            &format!("runvisor:run:{{x1}}:{}", runs[0]),
+            "status",
+        ],
     )
     .await;
     assert_eq!(status.as_deref(), Some("stopped"));
@@ -201,4 +205,42 @@ async fn runvisor_cancel_cancels_a_task_run_and_resume_continues_it() {
     let history: Vec<String> = cmd(&mut con, &["LRANGE", "runvisor:hist:{x3}", "0", "-1"]).await;
     let firsts = history.iter().filter(|m| m.contains("\"first\"")).count();
     assert_eq!(firsts, 1, "{history:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_run_or_resume_of_a_thread_live_in_another_process_exits_4_with_one_line() {
+    let server = RedisServer::start();
+    let dir = tempfile::tempdir().expect("tempdir");
+    let file = slow_workflow(dir.path());
+    let first = spawn_run(
+        &server,
+        &file,
+        &["--thread", "shared", "--app", "A", "--chat", "shared"],
+    );
+    wait_for_run(&server, "shared").await;
+
+    let file_arg = file.to_str().expect("utf-8 path");
+    for args in [
+        vec!["run", file_arg, "--thread", "shared"],
+        vec!["resume", "--thread", "shared"],
+    ] {
+        let out = Command::new(BIN)
+            .args(["--redis", &server.url()])
+            .args(&args)
+            .output()
+            .expect("run the cli");
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(4), "{args:?}: {stderr}");
+        assert_eq!(stderr.lines().count(), 1, "{args:?}: {stderr}");
+        assert!(
+            stderr.starts_with("error: ") && stderr.contains("shared") && stderr.contains("worker"),
+            "{args:?}: {stderr}"
+        );
+    }
+
+    // The live run is untouched: it still stops normally.
+    let answer = cli(&server, &["stop", "--app", "A", "--chat", "shared"]);
+    assert_eq!(answer["ended"], true, "{answer}");
+    let out = finish(first);
+    assert_eq!(out.status.code(), Some(130));
 }

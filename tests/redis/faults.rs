@@ -29,13 +29,13 @@ async fn a_frozen_server_times_out_and_serves_again_once_thawed() {
     let first = checkpoint(run, 1);
     stores
         .checkpoints
-        .put(&t, first.clone())
+        .put(&t, first.clone(), None)
         .await
         .expect("put");
     let before = Message::user("before");
     stores
         .history
-        .append(&t, std::slice::from_ref(&before))
+        .append(&t, std::slice::from_ref(&before), None)
         .await
         .expect("append");
 
@@ -50,17 +50,23 @@ async fn a_frozen_server_times_out_and_serves_again_once_thawed() {
     timed_out(
         within(
             "append",
-            stores.history.append(&t, std::slice::from_ref(&during)),
+            stores
+                .history
+                .append(&t, std::slice::from_ref(&during), None),
         )
         .await,
         "append",
     );
     timed_out(
-        within("put", stores.checkpoints.put(&t, checkpoint(run, 2))).await,
+        within("put", stores.checkpoints.put(&t, checkpoint(run, 2), None)).await,
         "checkpoint put",
     );
     timed_out(
-        within("run put", stores.runs.put(&run_record(RunId::new(), &t))).await,
+        within(
+            "run put",
+            stores.runs.put(&run_record(RunId::new(), &t), None),
+        )
+        .await,
         "run put",
     );
     let read = within("latest", stores.checkpoints.latest(&t)).await;
@@ -82,7 +88,7 @@ async fn a_frozen_server_times_out_and_serves_again_once_thawed() {
     // resumed run does) never duplicates it.
     stores
         .history
-        .append(&t, std::slice::from_ref(&during))
+        .append(&t, std::slice::from_ref(&during), None)
         .await
         .expect("retried append");
     assert_eq!(stores.history.load(&t).await, Ok(vec![before, during]));
@@ -96,13 +102,13 @@ async fn a_killed_server_fails_calls_and_a_restarted_one_serves_them_again() {
     let run = RunId::new();
     stores
         .checkpoints
-        .put(&t, checkpoint(run, 1))
+        .put(&t, checkpoint(run, 1), None)
         .await
         .expect("put");
 
     server.kill9();
     for _ in 0..3 {
-        let put = within("put", stores.checkpoints.put(&t, checkpoint(run, 2))).await;
+        let put = within("put", stores.checkpoints.put(&t, checkpoint(run, 2), None)).await;
         assert!(put.is_err(), "put to a dead server: {put:?}");
         let load = within("load", stores.history.load(&t)).await;
         assert!(load.is_err(), "load from a dead server: {load:?}");
@@ -116,7 +122,7 @@ async fn a_killed_server_fails_calls_and_a_restarted_one_serves_them_again() {
     let cp = checkpoint(run, 3);
     within("a write after the restart", async {
         loop {
-            match stores.checkpoints.put(&t, cp.clone()).await {
+            match stores.checkpoints.put(&t, cp.clone(), None).await {
                 Ok(()) => break,
                 Err(_) => tokio::time::sleep(Duration::from_millis(50)).await,
             }
@@ -128,7 +134,7 @@ async fn a_killed_server_fails_calls_and_a_restarted_one_serves_them_again() {
     let message = Message::user("after");
     stores
         .history
-        .append(&t, std::slice::from_ref(&message))
+        .append(&t, std::slice::from_ref(&message), None)
         .await
         .expect("append");
     assert_eq!(stores.history.load(&t).await, Ok(vec![message]));

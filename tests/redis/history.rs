@@ -25,8 +25,8 @@ async fn appends_are_idempotent_and_in_order() {
     ];
     assert_eq!(redis.load(&t).await, Ok(vec![]));
     for batch in &batches {
-        redis.append(&t, batch).await.expect("append");
-        memory.append(&t, batch).await.expect("append");
+        redis.append(&t, batch, None).await.expect("append");
+        memory.append(&t, batch, None).await.expect("append");
         assert_eq!(redis.load(&t).await, memory.load(&t).await);
     }
     assert_eq!(redis.load(&t).await, Ok(vec![a, b, c, d]));
@@ -51,7 +51,7 @@ async fn messages_round_trip_exactly() {
     full.created_at_ms = u64::MAX;
     let plain = Message::new(Role::System, "");
     redis
-        .append(&t, &[full.clone(), plain.clone()])
+        .append(&t, &[full.clone(), plain.clone()], None)
         .await
         .expect("append");
     assert_eq!(redis.load(&t).await, Ok(vec![full, plain]));

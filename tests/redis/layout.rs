@@ -20,22 +20,31 @@ async fn write_all(stores: &RedisStores, t: &ThreadId, sequence: u64) -> Vec<Str
         sequence,
         bytes: b"snapshot".to_vec(),
     };
-    stores.checkpoints.put(t, cp).await.expect("checkpoint put");
+    stores
+        .checkpoints
+        .put(t, cp, None)
+        .await
+        .expect("checkpoint put");
     stores
         .history
-        .append(t, &[Message::user("hi")])
+        .append(t, &[Message::user("hi")], None)
         .await
         .expect("history append");
-    stores.runs.put(&run_record(run, t)).await.expect("run put");
+    stores
+        .runs
+        .put(&run_record(run, t), None)
+        .await
+        .expect("run put");
     let p = stores.config().prefix.clone();
     vec![
         format!("{p}:cp:{{{t}}}:{id}"),
         format!("{p}:cpidx:{{{t}}}"),
         format!("{p}:cpseq:{{{t}}}:{run}"),
-        format!("{p}:run:{run}"),
+        format!("{p}:run:{{{t}}}:{run}"),
         format!("{p}:runs:{{{t}}}"),
         format!("{p}:hist:{{{t}}}"),
         format!("{p}:histids:{{{t}}}"),
+        format!("{p}:runthread:{run}"),
     ]
 }
 
@@ -61,7 +70,7 @@ async fn keys_follow_the_layout_and_carry_the_thread_hash_tag() {
     assert_eq!(keys, expected.iter().cloned().collect::<BTreeSet<_>>());
     for key in &keys {
         assert!(key.starts_with("acme:rv:"), "{key} is under the prefix");
-        if !key.starts_with("acme:rv:run:") {
+        if !key.starts_with("acme:rv:runthread:") {
             assert!(key.contains("{chat:42}"), "{key} carries the hash tag");
         }
     }
@@ -74,7 +83,9 @@ async fn keys_follow_the_layout_and_carry_the_thread_hash_tag() {
     };
     assert_eq!(
         types,
-        ["hash", "zset", "string", "hash", "zset", "list", "set"]
+        [
+            "hash", "zset", "string", "hash", "zset", "list", "set", "string"
+        ]
     );
     let scores: Vec<String> =
         cmd(&mut con, &["ZRANGE", &expected[1], "0", "-1", "WITHSCORES"]).await;

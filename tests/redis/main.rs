@@ -1,8 +1,8 @@
 //! Integration tests of the Redis adapters against real `redis-server` processes (see
 //! [`support`]): the store contracts checked against the in-memory stores, connecting, the
 //! key layout and TTLs, corrupt data, faults (a frozen, killed and restarted server), a
-//! whole workflow stopped in one runtime and resumed in another, and stop and cancel flags
-//! set from anywhere.
+//! whole workflow stopped in one runtime and resumed in another, stop and cancel flags
+//! set from anywhere, and thread leases with fenced writes.
 
 mod checkpoints;
 mod connect;
@@ -14,6 +14,7 @@ mod faults;
 mod fork;
 mod history;
 mod layout;
+mod leases;
 mod resume;
 mod runs;
 mod signals;

@@ -77,11 +77,8 @@ const WORKFLOW: &str = r#"{
 }"#;
 
 fn runtime(stores: &RedisStores, step: &Step) -> Runtime {
-    Runtime::builder()
-        .handler("step", step.clone())
-        .checkpoint_store(stores.checkpoints.clone())
-        .run_store(stores.runs.clone())
-        .history_store(stores.history.clone())
+    stores
+        .install(Runtime::builder().handler("step", step.clone()))
         .build()
 }
 

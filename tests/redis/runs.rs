@@ -40,16 +40,16 @@ async fn records_round_trip_exactly_and_put_replaces() {
     assert_eq!(runs.get(run).await, Ok(None));
 
     let first = bare(run, &t);
-    runs.put(&first).await.expect("put");
+    runs.put(&first, None).await.expect("put");
     assert_eq!(runs.get(run).await, Ok(Some(first.clone())));
 
     // Every optional field set (an empty string is a value, not an absence).
     let second = full(run, &t);
-    runs.put(&second).await.expect("put");
+    runs.put(&second, None).await.expect("put");
     assert_eq!(runs.get(run).await, Ok(Some(second.clone())));
 
     // Back to absent: the fields are gone, not left over.
-    runs.put(&first).await.expect("put");
+    runs.put(&first, None).await.expect("put");
     assert_eq!(runs.get(run).await, Ok(Some(first.clone())));
 
     for status in [
@@ -64,7 +64,7 @@ async fn records_round_trip_exactly_and_put_replaces() {
             status,
             ..first.clone()
         };
-        runs.put(&record).await.expect("put");
+        runs.put(&record, None).await.expect("put");
         assert_eq!(runs.get(run).await, Ok(Some(record)));
     }
 }
@@ -83,11 +83,11 @@ async fn list_thread_answers_in_run_order_like_the_memory_store() {
         full(ids[1], &t),
     ];
     for record in &records {
-        redis.put(record).await.expect("put");
-        memory.put(record).await.expect("put");
+        redis.put(record, None).await.expect("put");
+        memory.put(record, None).await.expect("put");
     }
     // Updating a record does not duplicate it in the index.
-    redis.put(&records[1]).await.expect("put again");
+    redis.put(&records[1], None).await.expect("put again");
     let listed = redis.list_thread(&t).await.expect("list");
     assert_eq!(
         listed.iter().map(|r| r.run_id).collect::<Vec<_>>(),
@@ -108,15 +108,15 @@ async fn fields_written_by_other_tools_survive_a_put() {
     let mut con = raw(&server).await;
     let t = thread("foreign");
     let record = bare(RunId::new(), &t);
-    runs.put(&record).await.expect("put");
-    let key = format!("runvisor:run:{}", record.run_id);
+    runs.put(&record, None).await.expect("put");
+    let key = format!("runvisor:run:{{foreign}}:{}", record.run_id);
     let _: i64 = cmd(&mut con, &["HSET", &key, "cancel_requested", "1"]).await;
     let finished = RunRecord {
         status: RunStatus::Cancelled,
         finished_at_ms: Some(5),
         ..record.clone()
     };
-    runs.put(&finished).await.expect("put");
+    runs.put(&finished, None).await.expect("put");
     assert_eq!(runs.get(record.run_id).await, Ok(Some(finished)));
     let flag: Option<String> = cmd(&mut con, &["HGET", &key, "cancel_requested"]).await;
     assert_eq!(flag.as_deref(), Some("1"));

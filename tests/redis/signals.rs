@@ -122,6 +122,7 @@ fn signals_only_runtime(
 ) -> Runtime {
     Runtime::builder()
         .signal_source(stores.signals.clone())
+        .lease_store(stores.leases.clone())
         .handler("host", kind)
         .config(config(signals))
         .build()
@@ -285,7 +286,7 @@ async fn a_cleared_flag_reads_false() {
     for key in &keys {
         stores.signals.raise(key, MINUTE).await.expect("raise");
     }
-    stores.signals.clear(&keys).await.expect("clear");
+    stores.signals.clear(&keys, None).await.expect("clear");
     assert_eq!(
         stores.signals.read(&keys).await.expect("read"),
         [false, false]
@@ -293,8 +294,16 @@ async fn a_cleared_flag_reads_false() {
     let exists: i64 = cmd(&mut con, &["EXISTS", FASTGPT_KEY, "T42-cancel"]).await;
     assert_eq!(exists, 0);
     // Clearing what is not there (or nothing) is fine.
-    stores.signals.clear(&keys).await.expect("clear again");
-    stores.signals.clear(&[]).await.expect("clear nothing");
+    stores
+        .signals
+        .clear(&keys, None)
+        .await
+        .expect("clear again");
+    stores
+        .signals
+        .clear(&[], None)
+        .await
+        .expect("clear nothing");
 }
 
 #[tokio::test]
@@ -399,7 +408,7 @@ async fn every_call_fails_with_a_store_error_while_redis_is_down() {
             .is_err()
     );
     assert!(
-        within("a clear while frozen", s.clear(&keys))
+        within("a clear while frozen", s.clear(&keys, None))
             .await
             .is_err()
     );
@@ -421,7 +430,7 @@ async fn every_call_fails_with_a_store_error_while_redis_is_down() {
         Err(StoreError::Unavailable(_) | StoreError::Timeout(_))
     ));
     assert!(s.raise(FASTGPT_KEY, MINUTE).await.is_err());
-    assert!(s.clear(&keys).await.is_err());
+    assert!(s.clear(&keys, None).await.is_err());
     assert!(s.notify(&notice).await.is_err());
     assert!(s.subscribe().await.is_err());
 
@@ -694,6 +703,7 @@ async fn runs_go_on_while_redis_is_down_and_a_flag_set_after_the_restart_is_hono
     let long = Talk::endless();
     let runtime = Runtime::builder()
         .signal_source(stores.signals.clone())
+        .lease_store(stores.leases.clone())
         .handler("host", short.clone())
         .handler("long", long.clone())
         .build();

@@ -266,6 +266,8 @@ pub(crate) fn run_record(run: RunId, thread: &ThreadId) -> RunRecord {
         unpersisted: None,
         labels: runvisor::RunLabels::app_chat("app", "chat").expect("valid labels"),
         not_resumable: None,
+        worker: None,
+        fence: None,
     }
 }
 

@@ -42,6 +42,35 @@ pub struct RuntimeConfig {
     /// ended still gets its outcome (past that, it gets the run's record). Each kept outcome
     /// holds the run's outputs; 0 keeps none.
     pub finished_outcomes: usize,
+    /// This runtime's worker id, as run records, leases and logs name it. By default one is
+    /// made from the host name, the process id and a random part.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub worker_id: Option<String>,
+    /// Worker heartbeats and thread leases.
+    pub lease: LeaseConfig,
+}
+
+/// How long a worker's heartbeat and a run's thread lease live, and how often they are
+/// renewed. A run whose worker stops heartbeating is orphaned after `ttl`, and another worker
+/// may then take its thread over.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct LeaseConfig {
+    /// How long a heartbeat or a lease lives unless renewed.
+    #[serde(with = "humantime_serde")]
+    pub ttl: Duration,
+    /// How often they are renewed (well below `ttl`, so a slow round trip does not lose them).
+    #[serde(with = "humantime_serde")]
+    pub renew: Duration,
+}
+
+impl Default for LeaseConfig {
+    fn default() -> Self {
+        Self {
+            ttl: Duration::from_secs(15),
+            renew: Duration::from_secs(5),
+        }
+    }
 }
 
 impl Default for RuntimeConfig {
@@ -57,6 +86,8 @@ impl Default for RuntimeConfig {
             checkpoint_flush_timeout: Duration::from_secs(10),
             signals: SignalConfig::default(),
             finished_outcomes: 1024,
+            worker_id: None,
+            lease: LeaseConfig::default(),
         }
     }
 }

@@ -12,8 +12,8 @@ use super::config::RuntimeConfig;
 use super::supervisor::RunMsg;
 use crate::kinds::{Kinds, RunScope};
 use crate::model::{
-    CheckpointError, CheckpointId, NodePath, RunEvent, RunId, RunLabels, RunOutcome, RunStatus,
-    ThreadId, Value,
+    CheckpointError, CheckpointId, Fence, Lease, NodePath, RunEvent, RunId, RunLabels, RunOutcome,
+    RunStatus, ThreadId, Value,
 };
 use crate::persist::snapshot::SnapshotWrite;
 use crate::persist::{HistoryStore, RunStore, SignalSource, WatchedKeys};
@@ -46,6 +46,18 @@ pub(crate) trait RunServices: Send + Sync + 'static {
     /// The run ended with `outcome`: keep listing it without actors (it waits for input), or
     /// drop it; either way its thread is free again.
     fn unregister(&self, run: RunId, waiting: bool, outcome: Arc<RunOutcome>);
+    /// Keeps a run's thread lease alive while it runs; if the lease is lost, the run is stopped
+    /// through `supervisor` (force, reason `lease_lost`).
+    async fn hold_lease(
+        &self,
+        run: RunId,
+        thread: ThreadId,
+        lease: Lease,
+        supervisor: ActorRef<RunMsg>,
+    );
+    /// Stops renewing a run's lease and gives it up (`lost`: it is not ours any more, nothing
+    /// to give up).
+    async fn release_lease(&self, run: RunId, thread: &ThreadId, lease: &Lease, lost: bool);
 }
 
 /// The part of a live run that changes while it runs.
@@ -96,6 +108,8 @@ pub(crate) struct RunInfo {
     pub(crate) signal_keys: WatchedKeys,
     /// Whether parallel items saved as failed run again (a resume asked to retry failures).
     pub(crate) retry_failed: bool,
+    /// The run's lease on its thread: every write the run makes carries its fencing token.
+    pub(crate) lease: Lease,
 }
 
 impl std::fmt::Debug for RunInfo {
@@ -120,5 +134,10 @@ impl RunInfo {
     /// The runtime's settings.
     pub(crate) fn config(&self) -> &RuntimeConfig {
         self.services.config()
+    }
+
+    /// The fencing token every write of the run carries.
+    pub(crate) fn fence(&self) -> Option<Fence> {
+        Some(self.lease.fence)
     }
 }

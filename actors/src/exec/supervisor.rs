@@ -31,7 +31,7 @@ use crate::core::save_gate::{ReadyStep, SaveGate};
 use crate::model::{
     ActorTree, CheckpointError, CheckpointId, HistoryFlush, Interaction, Map, Message, NodePath,
     RunError, RunEvent, RunId, RunOutcome, RunRecord, RunStatus, StopMode, StopReason, StopResult,
-    Value, now_ms,
+    StoreError, Value, now_ms,
 };
 use crate::persist::snapshot::{GraphState, SnapshotWrite};
 use crate::persist::{Durability, Notice, Snapshot};
@@ -125,6 +125,9 @@ pub(crate) struct RunState {
     /// (they reach the run with the node's report; until then snapshots carry them).
     body_messages: HashMap<NodeIndex, Vector<Message>>,
     sequence: u64,
+    /// The run lost its thread's lease: nothing more is written for it. Holds the store's
+    /// refusal when a write found out.
+    lease_lost: Option<Option<StoreError>>,
     workflow_hash: String,
     workflow_stored: bool,
     span: tracing::Span,
@@ -197,6 +200,15 @@ impl Actor for RunSupervisor {
                 .watch(run.run_id, run.signal_keys.clone(), myself.clone())
                 .await;
         }
+        // The lease keeper renews the run's lease while it runs, and stops it if it is lost.
+        run.services
+            .hold_lease(
+                run.run_id,
+                run.thread.clone(),
+                run.lease.clone(),
+                myself.clone(),
+            )
+            .await;
         run.services.register(
             run.run_id,
             LiveRun {
@@ -226,6 +238,7 @@ impl Actor for RunSupervisor {
             storage_waited: Duration::ZERO,
             body_messages: Default::default(),
             sequence: 0,
+            lease_lost: None,
             workflow_hash: args.workflow_hash,
             workflow_stored: args.workflow_stored,
             span,
@@ -271,6 +284,10 @@ impl Actor for RunSupervisor {
         match message {
             RunMsg::Tree(reply) => state.answer_tree(&myself, reply),
             RunMsg::Stop { mode, reason } => {
+                if reason == StopReason::LeaseLost && state.lease_lost.is_none() {
+                    tracing::warn!(parent: &state.span, "the run lost its thread's lease: it stops and writes nothing more");
+                    state.lease_lost = Some(None);
+                }
                 state.begin_stop(&myself, Ending::Stop(reason), mode);
             }
             RunMsg::Pause(interaction) => state.pause(&myself, interaction),
@@ -516,6 +533,12 @@ impl RunState {
                     self.start_save(myself);
                 }
             }
+            Err(CheckpointError::Refused(e @ StoreError::Fenced { .. })) => {
+                // Another run holds the thread now: this one stops without writing more.
+                tracing::warn!(parent: &self.span, error = %e, "progress refused: the run lost its thread's lease");
+                self.lease_lost = Some(Some(e));
+                self.begin_stop(myself, Ending::Stop(StopReason::LeaseLost), StopMode::Force);
+            }
             Err(error) => {
                 if step.wait_begins {
                     self.storage_since = Some(tokio::time::Instant::now());
@@ -548,6 +571,7 @@ impl RunState {
             thread: self.run.thread.clone(),
             run: self.run.run_id,
             sequence: self.sequence,
+            fence: self.run.fence(),
             snapshot: Box::new(Snapshot {
                 run_id: self.run.run_id,
                 parent_run_id: self.record.parent_run_id,

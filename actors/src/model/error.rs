@@ -3,7 +3,7 @@
 
 use std::time::Duration;
 
-use super::ids::RunId;
+use super::ids::{RunId, ThreadId};
 
 /// A store operation that failed.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -26,6 +26,19 @@ pub enum StoreError {
         sequence: u64,
         /// The sequence already stored.
         stored: u64,
+    },
+    /// A write carried a fencing token that is no longer the thread's: the writer lost the
+    /// thread's lease (another run holds it now). Nothing was written.
+    #[error(
+        "write refused for thread `{thread}`: fencing token {token} is stale (the thread's is {current})"
+    )]
+    Fenced {
+        /// The thread.
+        thread: ThreadId,
+        /// The writer's token.
+        token: u64,
+        /// The thread's current token.
+        current: u64,
     },
     /// Stored data could not be read.
     #[error("corrupt data at {key}: {reason}")]

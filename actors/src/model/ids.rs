@@ -231,9 +231,23 @@ text_id!(
     "node id",
     128
 );
+text_id!(
+    /// A worker: one runtime (usually one process) running runs, named in run records, logs
+    /// and leases.
+    WorkerId,
+    "worker id",
+    128
+);
 
 impl ThreadId {
     /// A fresh, unique thread id (a UUIDv7 in text form).
+    pub fn generate() -> Self {
+        Self(Arc::from(uuid::Uuid::now_v7().to_string()))
+    }
+}
+
+impl WorkerId {
+    /// A fresh, unique worker id (a UUIDv7 in text form).
     pub fn generate() -> Self {
         Self(Arc::from(uuid::Uuid::now_v7().to_string()))
     }

@@ -2,7 +2,7 @@
 
 use serde::{Deserialize, Serialize};
 
-use super::ids::{CheckpointId, RunId, ThreadId};
+use super::ids::{CheckpointId, RunId, ThreadId, WorkerId};
 use super::labels::RunLabels;
 use super::status::RunStatus;
 
@@ -37,4 +37,10 @@ pub struct RunRecord {
     /// Why the run cannot be resumed (its checkpoint is unreadable), once a resume found out.
     #[serde(default)]
     pub not_resumable: Option<String>,
+    /// The worker that runs (or ran) it.
+    #[serde(default)]
+    pub worker: Option<WorkerId>,
+    /// The fencing token of its thread's lease it ran with.
+    #[serde(default)]
+    pub fence: Option<u64>,
 }

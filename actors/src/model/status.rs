@@ -21,12 +21,15 @@ pub enum RunStatus {
     Failed,
     /// Cancelled.
     Cancelled,
+    /// Recorded as running, but its worker stopped heartbeating: nobody runs it. A resume (or
+    /// a worker adopting orphans) takes it over. Never written: readers derive it.
+    Orphaned,
 }
 
 impl RunStatus {
-    /// Whether the run has ended (anything but running).
+    /// Whether the run has ended (anything but running or orphaned).
     pub fn is_terminal(&self) -> bool {
-        !matches!(self, RunStatus::Running)
+        !matches!(self, RunStatus::Running | RunStatus::Orphaned)
     }
 
     /// The lower-case name used in records and output.
@@ -38,6 +41,7 @@ impl RunStatus {
             RunStatus::Succeeded => "succeeded",
             RunStatus::Failed => "failed",
             RunStatus::Cancelled => "cancelled",
+            RunStatus::Orphaned => "orphaned",
         }
     }
 }

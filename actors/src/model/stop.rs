@@ -42,6 +42,10 @@ pub enum StopReason {
     Timeout,
     /// The process is shutting down.
     Shutdown,
+    /// The run lost its thread's lease (another worker took the thread over, having found
+    /// this run's worker silent for longer than the lease TTL): it stopped at once and wrote
+    /// nothing more.
+    LeaseLost,
 }
 
 impl StopReason {
@@ -52,6 +56,7 @@ impl StopReason {
             StopReason::Cancelled => "cancelled",
             StopReason::Timeout => "timeout",
             StopReason::Shutdown => "shutdown",
+            StopReason::LeaseLost => "lease_lost",
         }
     }
 
@@ -70,6 +75,7 @@ impl StopReason {
             "cancelled" => StopReason::Cancelled,
             "timeout" => StopReason::Timeout,
             "shutdown" => StopReason::Shutdown,
+            "lease_lost" => StopReason::LeaseLost,
             _ => return None,
         })
     }

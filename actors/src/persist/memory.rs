@@ -11,10 +11,11 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use async_trait::async_trait;
 use dashmap::DashMap;
 
+use super::leases::MemoryLeaseStore;
 use super::ports::{
     CheckpointStore, HistoryStore, Notice, NoticeStream, RunStore, SignalSource, StoredCheckpoint,
 };
-use crate::model::{CheckpointId, Message, MessageId, RunId, ThreadId};
+use crate::model::{CheckpointId, Fence, Message, MessageId, RunId, ThreadId};
 use crate::model::{RunRecord, StoreError};
 /// How many checkpoints a thread keeps by default: the newest 20.
 pub const DEFAULT_KEEP_CHECKPOINTS: usize = 20;
@@ -30,6 +31,7 @@ pub struct MemoryCheckpointStore {
     sequences: DashMap<(ThreadId, RunId), u64>,
     workflows: DashMap<(ThreadId, String), Arc<str>>,
     keep: Option<usize>,
+    fences: Option<Arc<MemoryLeaseStore>>,
 }
 
 impl Default for MemoryCheckpointStore {
@@ -52,13 +54,38 @@ impl MemoryCheckpointStore {
             sequences: DashMap::new(),
             workflows: DashMap::new(),
             keep: keep.map(|n| n.max(1)),
+            fences: None,
         }
+    }
+
+    /// Checks fenced writes against these leases (see [`CheckpointStore::put`]).
+    pub fn fenced_by(mut self, leases: Arc<MemoryLeaseStore>) -> Self {
+        self.fences = Some(leases);
+        self
+    }
+}
+
+/// Checks a fenced write against the leases, when the store has them.
+fn check(
+    leases: &Option<Arc<MemoryLeaseStore>>,
+    thread: &ThreadId,
+    fence: Option<Fence>,
+) -> Result<(), StoreError> {
+    match leases {
+        Some(leases) => leases.check(thread, fence),
+        None => Ok(()),
     }
 }
 
 #[async_trait]
 impl CheckpointStore for MemoryCheckpointStore {
-    async fn put(&self, thread: &ThreadId, checkpoint: StoredCheckpoint) -> Result<(), StoreError> {
+    async fn put(
+        &self,
+        thread: &ThreadId,
+        checkpoint: StoredCheckpoint,
+        fence: Option<Fence>,
+    ) -> Result<(), StoreError> {
+        check(&self.fences, thread, fence)?;
         // The sequence entry stays locked while the payload is written: the pair is atomic.
         let _guard = match self.sequences.entry((thread.clone(), checkpoint.run)) {
             dashmap::Entry::Occupied(mut stored) => {
@@ -147,6 +174,7 @@ impl CheckpointStore for MemoryCheckpointStore {
 #[derive(Debug, Default)]
 pub struct MemoryRunStore {
     runs: DashMap<RunId, RunRecord>,
+    fences: Option<Arc<MemoryLeaseStore>>,
 }
 
 impl MemoryRunStore {
@@ -154,11 +182,18 @@ impl MemoryRunStore {
     pub fn new() -> Self {
         Self::default()
     }
+
+    /// Checks fenced writes against these leases (see [`RunStore::put`]).
+    pub fn fenced_by(mut self, leases: Arc<MemoryLeaseStore>) -> Self {
+        self.fences = Some(leases);
+        self
+    }
 }
 
 #[async_trait]
 impl RunStore for MemoryRunStore {
-    async fn put(&self, record: &RunRecord) -> Result<(), StoreError> {
+    async fn put(&self, record: &RunRecord, fence: Option<Fence>) -> Result<(), StoreError> {
+        check(&self.fences, &record.thread, fence)?;
         self.runs.insert(record.run_id, record.clone());
         Ok(())
     }
@@ -184,12 +219,19 @@ impl RunStore for MemoryRunStore {
 pub struct MemoryHistoryStore {
     threads: DashMap<ThreadId, (Vec<Message>, HashSet<MessageId>)>,
     fail_appends: AtomicBool,
+    fences: Option<Arc<MemoryLeaseStore>>,
 }
 
 impl MemoryHistoryStore {
     /// An empty store.
     pub fn new() -> Self {
         Self::default()
+    }
+
+    /// Checks fenced writes against these leases (see [`HistoryStore::append`]).
+    pub fn fenced_by(mut self, leases: Arc<MemoryLeaseStore>) -> Self {
+        self.fences = Some(leases);
+        self
     }
 
     /// Makes every `append` fail (or succeed again), to exercise what a run does when its
@@ -201,7 +243,13 @@ impl MemoryHistoryStore {
 
 #[async_trait]
 impl HistoryStore for MemoryHistoryStore {
-    async fn append(&self, thread: &ThreadId, messages: &[Message]) -> Result<(), StoreError> {
+    async fn append(
+        &self,
+        thread: &ThreadId,
+        messages: &[Message],
+        fence: Option<Fence>,
+    ) -> Result<(), StoreError> {
+        check(&self.fences, thread, fence)?;
         if self.fail_appends.load(Ordering::SeqCst) {
             return Err(StoreError::Unavailable(
                 "history store is failing appends".into(),
@@ -231,6 +279,7 @@ impl HistoryStore for MemoryHistoryStore {
 pub struct MemorySignalSource {
     flags: Arc<DashMap<String, tokio::time::Instant>>,
     notices: tokio::sync::broadcast::Sender<Notice>,
+    fences: Option<Arc<MemoryLeaseStore>>,
 }
 
 impl Default for MemorySignalSource {
@@ -238,6 +287,7 @@ impl Default for MemorySignalSource {
         Self {
             flags: Arc::default(),
             notices: tokio::sync::broadcast::channel(1024).0,
+            fences: None,
         }
     }
 }
@@ -246,6 +296,12 @@ impl MemorySignalSource {
     /// An empty source.
     pub fn new() -> Self {
         Self::default()
+    }
+
+    /// Checks fenced clears against these leases (see [`SignalSource::clear`]).
+    pub fn fenced_by(mut self, leases: Arc<MemoryLeaseStore>) -> Self {
+        self.fences = Some(leases);
+        self
     }
 }
 
@@ -265,7 +321,14 @@ impl SignalSource for MemorySignalSource {
         Ok(())
     }
 
-    async fn clear(&self, keys: &[String]) -> Result<(), StoreError> {
+    async fn clear(
+        &self,
+        keys: &[String],
+        fence: Option<(&ThreadId, Fence)>,
+    ) -> Result<(), StoreError> {
+        if let Some((thread, fence)) = fence {
+            check(&self.fences, thread, Some(fence))?;
+        }
         for key in keys {
             self.flags.remove(key);
         }
@@ -317,10 +380,10 @@ mod tests {
         let run = RunId::new();
         let first = checkpoint(run, 1);
         store
-            .put(&thread(), first.clone())
+            .put(&thread(), first.clone(), None)
             .await
             .expect("first write");
-        let stale = store.put(&thread(), checkpoint(run, 1)).await;
+        let stale = store.put(&thread(), checkpoint(run, 1), None).await;
         assert!(matches!(
             stale,
             Err(StoreError::StaleSequence {
@@ -331,7 +394,7 @@ mod tests {
         ));
         let second = checkpoint(run, 2);
         store
-            .put(&thread(), second.clone())
+            .put(&thread(), second.clone(), None)
             .await
             .expect("second write");
         assert_eq!(store.latest(&thread()).await, Ok(Some(second.clone())));
@@ -348,13 +411,16 @@ mod tests {
         let store = MemoryCheckpointStore::new();
         let run = RunId::new();
         let other = ThreadId::new("t2").expect("valid id");
-        store.put(&thread(), checkpoint(run, 5)).await.expect("put");
+        store
+            .put(&thread(), checkpoint(run, 5), None)
+            .await
+            .expect("put");
         // A fork copies the run's checkpoint into another thread: its first there.
         let copy = checkpoint(run, 3);
-        store.put(&other, copy.clone()).await.expect("copy");
+        store.put(&other, copy.clone(), None).await.expect("copy");
         assert_eq!(store.list(&other).await, Ok(vec![copy.id]));
         assert!(matches!(
-            store.put(&other, checkpoint(run, 3)).await,
+            store.put(&other, checkpoint(run, 3), None).await,
             Err(StoreError::StaleSequence { stored: 3, .. })
         ));
     }
@@ -365,18 +431,18 @@ mod tests {
         let a = Message::user("hi");
         let b = Message::assistant("hello");
         store
-            .append(&thread(), &[a.clone(), b.clone()])
+            .append(&thread(), &[a.clone(), b.clone()], None)
             .await
             .expect("append");
         store
-            .append(&thread(), std::slice::from_ref(&b))
+            .append(&thread(), std::slice::from_ref(&b), None)
             .await
             .expect("re-append");
         assert_eq!(store.load(&thread()).await, Ok(vec![a, b]));
         store.fail_appends(true);
         assert!(
             store
-                .append(&thread(), &[Message::user("x")])
+                .append(&thread(), &[Message::user("x")], None)
                 .await
                 .is_err()
         );
@@ -410,7 +476,7 @@ mod tests {
         tokio::time::sleep(std::time::Duration::from_millis(5)).await;
         let keys = ["a".to_owned(), "b".to_owned(), "c".to_owned()];
         assert_eq!(s.read(&keys).await, Ok(vec![true, false, false]));
-        s.clear(&keys[..1]).await.expect("clear");
+        s.clear(&keys[..1], None).await.expect("clear");
         assert_eq!(s.read(&keys[..1]).await, Ok(vec![false]));
     }
 }

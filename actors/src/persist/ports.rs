@@ -4,11 +4,22 @@
 //! implements them on Redis.
 //!
 //! Every method is fallible with a [`StoreError`]; none may panic on what it reads.
+//!
+//! Writes a run makes carry its fencing token (its thread's lease, see [`LeaseStore`]): a store
+//! refuses a write whose token is not the thread's current one ([`StoreError::Fenced`]), in the
+//! same atomic step as the write, so a run that lost its thread can never write for it. Writes
+//! without a token (tools, tests) are not checked.
 
 use async_trait::async_trait;
 use serde::{Deserialize, Serialize};
 
-use crate::model::{CheckpointId, Message, RunId, RunRecord, StoreError, ThreadId};
+use std::time::Duration;
+
+use crate::model::{
+    CheckpointId, Fence, Lease, LeaseError, LeaseHolder, Message, RunId, RunRecord, StoreError,
+    ThreadId, WorkerId, WorkerInfo,
+};
+
 /// A snapshot as the checkpoint store sees it: opaque, encoded bytes plus what indexes it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct StoredCheckpoint {
@@ -31,8 +42,13 @@ pub struct StoredCheckpoint {
 /// Ids are time-ordered; `latest` returns the checkpoint with the greatest id.
 #[async_trait]
 pub trait CheckpointStore: Send + Sync + 'static {
-    /// Writes a checkpoint of a thread.
-    async fn put(&self, thread: &ThreadId, checkpoint: StoredCheckpoint) -> Result<(), StoreError>;
+    /// Writes a checkpoint of a thread; with a fencing token, only if it is the thread's.
+    async fn put(
+        &self,
+        thread: &ThreadId,
+        checkpoint: StoredCheckpoint,
+        fence: Option<Fence>,
+    ) -> Result<(), StoreError>;
     /// Reads one checkpoint.
     async fn get(
         &self,
@@ -68,7 +84,7 @@ pub trait CheckpointStore: Send + Sync + 'static {
 #[async_trait]
 pub trait RunStore: Send + Sync + 'static {
     /// Writes a run's record.
-    async fn put(&self, record: &RunRecord) -> Result<(), StoreError>;
+    async fn put(&self, record: &RunRecord, fence: Option<Fence>) -> Result<(), StoreError>;
     /// Reads a run's record.
     async fn get(&self, run: RunId) -> Result<Option<RunRecord>, StoreError>;
     /// The records of a thread's runs, oldest first.
@@ -83,7 +99,12 @@ pub trait RunStore: Send + Sync + 'static {
 #[async_trait]
 pub trait HistoryStore: Send + Sync + 'static {
     /// Appends messages to a thread, in order.
-    async fn append(&self, thread: &ThreadId, messages: &[Message]) -> Result<(), StoreError>;
+    async fn append(
+        &self,
+        thread: &ThreadId,
+        messages: &[Message],
+        fence: Option<Fence>,
+    ) -> Result<(), StoreError>;
     /// Reads a thread's history, oldest first.
     async fn load(&self, thread: &ThreadId) -> Result<Vec<Message>, StoreError>;
 }
@@ -125,10 +146,88 @@ pub trait SignalSource: Send + Sync + 'static {
     async fn read(&self, keys: &[String]) -> Result<Vec<bool>, StoreError>;
     /// Sets a flag that expires after `ttl` (a backstop if nobody clears it).
     async fn raise(&self, key: &str, ttl: std::time::Duration) -> Result<(), StoreError>;
-    /// Removes flags.
-    async fn clear(&self, keys: &[String]) -> Result<(), StoreError>;
+    /// Removes flags. With a thread's fencing token, only while it is the thread's (a run that
+    /// lost its thread leaves the new holder's flags alone).
+    async fn clear(
+        &self,
+        keys: &[String],
+        fence: Option<(&ThreadId, Fence)>,
+    ) -> Result<(), StoreError>;
     /// Publishes a notice on the signal channel.
     async fn notify(&self, notice: &Notice) -> Result<(), StoreError>;
     /// Subscribes to the signal channel.
     async fn subscribe(&self) -> Result<NoticeStream, StoreError>;
+}
+
+/// What taking a lease gave.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct Acquired {
+    /// The lease, with its new fencing token.
+    pub lease: Lease,
+    /// The holder the lease was taken from, when its worker had stopped heartbeating (a
+    /// takeover of an orphaned run).
+    pub took_over: Option<LeaseHolder>,
+}
+
+impl Acquired {
+    /// A lease taken, from nobody or from a dead holder.
+    pub fn new(lease: Lease, took_over: Option<LeaseHolder>) -> Self {
+        Self { lease, took_over }
+    }
+}
+
+/// Keeps workers' heartbeats and threads' leases, shared by every process.
+///
+/// Contract:
+/// - `acquire` is atomic. It refuses ([`LeaseError::Busy`]) while the thread's lease is held
+///   and its holder's worker heartbeats; otherwise it bumps the thread's fencing counter and
+///   takes the lease with the new token, which is greater than every token the thread had.
+///   A lease whose worker stopped heartbeating (or that expired) is taken over.
+/// - `renew` and `release` act only while the token is the thread's. `renew` answers
+///   [`LeaseError::Lost`] once another run took the thread (the token moved on); a lease that
+///   merely expired, with nobody taking it since, is taken back. So a store out of reach for
+///   longer than the TTL costs a run nothing unless another worker took its thread meanwhile.
+/// - A caller stops renewing before it releases (a renewal after a release takes the thread
+///   again).
+/// - The thread's current token is what fenced writes of the other stores are checked against.
+#[async_trait]
+pub trait LeaseStore: Send + Sync + 'static {
+    /// Writes (or renews) a worker's heartbeat, which lives for `ttl`.
+    async fn heartbeat(&self, worker: &WorkerInfo, ttl: Duration) -> Result<(), StoreError>;
+    /// Removes a worker's heartbeat (it shuts down cleanly).
+    async fn retire(&self, worker: &WorkerId) -> Result<(), StoreError>;
+    /// The heartbeats of these workers, in order: `None` for a worker that is not alive.
+    async fn workers(&self, ids: &[WorkerId]) -> Result<Vec<Option<WorkerInfo>>, StoreError>;
+    /// Takes a thread's lease for a run, for `ttl`.
+    async fn acquire(
+        &self,
+        thread: &ThreadId,
+        holder: &LeaseHolder,
+        ttl: Duration,
+    ) -> Result<Acquired, LeaseError>;
+    /// Extends a lease for `ttl` from now.
+    async fn renew(
+        &self,
+        thread: &ThreadId,
+        lease: &Lease,
+        ttl: Duration,
+    ) -> Result<(), LeaseError>;
+    /// Renews several leases for `ttl` from now, answering for each in order. Stores that can
+    /// do it in one round trip should: a worker renews every lease it holds on each tick.
+    async fn renew_all(
+        &self,
+        leases: &[(ThreadId, Lease)],
+        ttl: Duration,
+    ) -> Vec<Result<(), LeaseError>> {
+        let mut results = Vec::with_capacity(leases.len());
+        for (thread, lease) in leases {
+            results.push(self.renew(thread, lease, ttl).await);
+        }
+        results
+    }
+    /// Gives a lease up (nothing happens when it is no longer ours).
+    async fn release(&self, thread: &ThreadId, lease: &Lease) -> Result<(), StoreError>;
+    /// The thread's lease, if it is held.
+    async fn lease(&self, thread: &ThreadId) -> Result<Option<Lease>, StoreError>;
 }

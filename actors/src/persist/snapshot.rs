@@ -274,6 +274,8 @@ pub(crate) struct SnapshotWrite {
     pub(crate) thread: ThreadId,
     pub(crate) run: RunId,
     pub(crate) sequence: u64,
+    /// The writing run's fencing token: the store refuses the write once it is stale.
+    pub(crate) fence: Option<crate::model::Fence>,
     pub(crate) snapshot: Box<Snapshot>,
 }
 

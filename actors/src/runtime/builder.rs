@@ -6,10 +6,13 @@ use super::facade::Runtime;
 use super::services::Services;
 use crate::exec::RuntimeConfig;
 use crate::kinds::{KindError, Kinds, NodeHandler, Probe};
+use crate::model::{InvalidId, WorkerId, WorkerInfo};
 use crate::persist::memory::{
     MemoryCheckpointStore, MemoryHistoryStore, MemoryRunStore, MemorySignalSource,
 };
-use crate::persist::{CheckpointStore, HistoryStore, RunStore, SignalSource};
+use crate::persist::{
+    CheckpointStore, HistoryStore, LeaseStore, MemoryLeaseStore, RunStore, SignalSource,
+};
 
 /// Builds a [`Runtime`]: node kinds, stores and config. Stores default to the in-memory
 /// (embedded) implementations.
@@ -20,8 +23,39 @@ pub struct RuntimeBuilder {
     runs: Option<Arc<dyn RunStore>>,
     checkpoints: Option<Arc<dyn CheckpointStore>>,
     signals: Option<Arc<dyn SignalSource>>,
+    leases: Option<Arc<dyn LeaseStore>>,
     probe: Option<Arc<dyn Probe>>,
     config: RuntimeConfig,
+}
+
+/// Why a runtime could not be built.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum BuildError {
+    /// A node kind could not be registered.
+    #[error(transparent)]
+    Kind(#[from] KindError),
+    /// The configured worker id is not acceptable.
+    #[error("config `worker_id`: {0}")]
+    WorkerId(InvalidId),
+    /// A setting cannot work.
+    #[error("config `{field}`: {problem}")]
+    Config {
+        /// The setting, as the config file names it.
+        field: &'static str,
+        /// What is wrong with it.
+        problem: String,
+    },
+    /// A store was given without the lease store whose fencing tokens it checks.
+    #[error(
+        "a {store} was given without a lease store: fenced writes are checked against the \
+         lease store's tokens, so give the one that goes with the stores (RedisStores::install \
+         gives both; for stores in one process, MemoryLeaseStore)"
+    )]
+    LeaseStoreMissing {
+        /// Which store was given.
+        store: &'static str,
+    },
 }
 
 impl std::fmt::Debug for RuntimeBuilder {
@@ -75,6 +109,16 @@ impl RuntimeBuilder {
         self
     }
 
+    /// Uses this lease store (workers' heartbeats, threads' leases and fencing tokens). The
+    /// stores given with it check their writes against its tokens, so they must go together
+    /// (`RedisStores::install` of the `runvisor` crate gives both); a store given without
+    /// a lease store makes [`try_build`](Self::try_build) fail. The default in-memory stores
+    /// check tokens only against the default lease store.
+    pub fn lease_store(mut self, store: Arc<dyn LeaseStore>) -> Self {
+        self.leases = Some(store);
+        self
+    }
+
     /// Installs a probe: points where a test (or a policy) may request a stop at an exact
     /// moment. The `testkit` module (cargo feature `testkit`) builds scripted interrupts on it.
     pub fn probe(mut self, probe: Arc<dyn Probe>) -> Self {
@@ -88,20 +132,68 @@ impl RuntimeBuilder {
         self
     }
 
-    /// Builds the runtime, or reports the first kind that could not be registered.
-    pub fn try_build(self) -> Result<Runtime, KindError> {
+    /// Builds the runtime, or reports what is wrong with its setup: a kind that could not be
+    /// registered, a bad worker id, or stores without their lease store.
+    pub fn try_build(self) -> Result<Runtime, BuildError> {
         if let Some(e) = self.kind_errors.into_iter().next() {
-            return Err(e);
+            return Err(BuildError::Kind(e));
         }
+        let worker = match &self.config.worker_id {
+            Some(id) => WorkerId::new(id).map_err(BuildError::WorkerId)?,
+            None => generated_worker_id(),
+        };
+        let lease = &self.config.lease;
+        if lease.renew.is_zero() || lease.renew >= lease.ttl {
+            return Err(BuildError::Config {
+                field: "lease.renew",
+                problem: format!(
+                    "{} must be greater than zero and less than `lease.ttl` ({})",
+                    humantime::format_duration(lease.renew),
+                    humantime::format_duration(lease.ttl)
+                ),
+            });
+        }
+        if self.leases.is_none() {
+            let given = [
+                ("history store", self.history.is_some()),
+                ("run store", self.runs.is_some()),
+                ("checkpoint store", self.checkpoints.is_some()),
+                ("signal source", self.signals.is_some()),
+            ];
+            if let Some((store, _)) = given.into_iter().find(|(_, given)| *given) {
+                return Err(BuildError::LeaseStoreMissing { store });
+            }
+        }
+        // The default in-memory stores check fenced writes against the default lease store;
+        // with a lease store of the host's, they cannot see its counters and check nothing.
+        let (leases, memory_leases): (Arc<dyn LeaseStore>, _) = match self.leases {
+            Some(leases) => (leases, None),
+            None => {
+                let memory = Arc::new(MemoryLeaseStore::new());
+                (memory.clone(), Some(memory))
+            }
+        };
+        let history = MemoryHistoryStore::new();
+        let runs = MemoryRunStore::new();
+        let checkpoints = MemoryCheckpointStore::new();
+        let signals = MemorySignalSource::new();
+        let (history, runs, checkpoints, signals) = match memory_leases {
+            Some(m) => (
+                history.fenced_by(m.clone()),
+                runs.fenced_by(m.clone()),
+                checkpoints.fenced_by(m.clone()),
+                signals.fenced_by(m),
+            ),
+            None => (history, runs, checkpoints, signals),
+        };
         let services = Services::new(
-            self.history
-                .unwrap_or_else(|| Arc::new(MemoryHistoryStore::new())),
-            self.runs.unwrap_or_else(|| Arc::new(MemoryRunStore::new())),
-            self.checkpoints
-                .unwrap_or_else(|| Arc::new(MemoryCheckpointStore::new())),
-            self.signals
-                .unwrap_or_else(|| Arc::new(MemorySignalSource::new())),
+            self.history.unwrap_or_else(|| Arc::new(history)),
+            self.runs.unwrap_or_else(|| Arc::new(runs)),
+            self.checkpoints.unwrap_or_else(|| Arc::new(checkpoints)),
+            self.signals.unwrap_or_else(|| Arc::new(signals)),
+            leases,
             self.config,
+            WorkerInfo::this_process(worker),
         );
         Ok(Runtime {
             kinds: Arc::new(self.kinds),
@@ -130,8 +222,32 @@ impl Runtime {
             runs: None,
             checkpoints: None,
             signals: None,
+            leases: None,
             probe: None,
             config: RuntimeConfig::default(),
         }
+    }
+}
+
+/// A worker id for this process: the host name, the process id and a random part, so two
+/// runtimes of one process differ too.
+fn generated_worker_id() -> WorkerId {
+    let host: String = crate::model::hostname()
+        .chars()
+        .filter(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '.' | '_'))
+        .take(64)
+        .collect();
+    // The random tail of a UUIDv7 (its first part is the time).
+    let random = uuid::Uuid::now_v7().simple().to_string();
+    let text = format!(
+        "{}-{}-{}",
+        if host.is_empty() { "worker" } else { &host },
+        std::process::id(),
+        &random[24..]
+    );
+    match WorkerId::new(&text) {
+        Ok(id) => id,
+        // Only letters, digits, `-`, `.` and `_`: always a valid id.
+        Err(_) => WorkerId::generate(),
     }
 }

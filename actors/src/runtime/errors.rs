@@ -1,6 +1,6 @@
 //! Why starting a run or querying one failed.
 
-use crate::model::{RunId, RunStatus, StoreError, ThreadId};
+use crate::model::{RunId, RunStatus, StoreError, ThreadId, WorkerId};
 
 /// Why a run could not start.
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
@@ -25,13 +25,23 @@ pub enum StartError {
         /// How deep an input may nest.
         limit: usize,
     },
-    /// A run of the thread is starting or live in this process.
-    #[error("thread `{thread}` has a live run {run}")]
+    /// A run of the thread is starting or live, in this process or on another worker.
+    #[error("thread `{thread}` has a live run {run}{}", worker.as_ref().map(|w| format!(" on worker {w}")).unwrap_or_default())]
     ThreadBusy {
         /// The thread.
         thread: ThreadId,
         /// The run holding it.
         run: RunId,
+        /// The worker running it.
+        worker: Option<WorkerId>,
+    },
+    /// The thread's lease could not be taken: the lease store failed.
+    #[error("could not take the lease of thread `{thread}`: {error}")]
+    Lease {
+        /// The thread.
+        thread: ThreadId,
+        /// The store's error.
+        error: StoreError,
     },
     /// The workflow uses a kind this runtime does not know.
     #[error("node kind `{0}` is not registered on this runtime")]

@@ -7,7 +7,7 @@ use super::errors::QueryError;
 use super::services::Services;
 use crate::exec::{RunMsg, RuntimeConfig};
 use crate::kinds::{Kinds, Probe};
-use crate::model::{ActorTree, RunId};
+use crate::model::{ActorTree, RunId, WorkerInfo};
 use crate::persist::{CheckpointStore, HistoryStore, RunStore, SignalSource};
 use crate::service::{RunRegistry, RunSummary};
 use crate::workflow::{ValidationErrors, Workflow, WorkflowDef};
@@ -33,6 +33,11 @@ impl Runtime {
     /// The node kinds this runtime knows.
     pub fn kinds(&self) -> &Kinds {
         &self.kinds
+    }
+
+    /// This runtime as a worker: its id (in run records, leases and logs) and heartbeat.
+    pub fn worker(&self) -> &WorkerInfo {
+        &self.services.worker
     }
 
     /// The runtime's config.

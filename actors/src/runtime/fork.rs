@@ -14,7 +14,7 @@
 
 use super::facade::Runtime;
 use super::resume::ResumeError;
-use crate::model::ThreadId;
+use crate::model::{Fence, ThreadId};
 use crate::persist::{Snapshot, StoredCheckpoint};
 
 impl Runtime {
@@ -51,6 +51,7 @@ impl Runtime {
         stored: &StoredCheckpoint,
         snapshot: &Snapshot,
         definition: &str,
+        fence: Option<Fence>,
     ) -> Result<(), ResumeError> {
         let checkpoint = stored.id;
         let mut history = self
@@ -78,7 +79,7 @@ impl Runtime {
             .map_err(ResumeError::Store)?;
         if !history.is_empty() {
             self.history_store()
-                .append(into, &history)
+                .append(into, &history, fence)
                 .await
                 .map_err(ResumeError::Store)?;
         }
@@ -99,6 +100,7 @@ impl Runtime {
                     sequence: stored.sequence,
                     bytes,
                 },
+                fence,
             )
             .await
             .map_err(ResumeError::Store)?;

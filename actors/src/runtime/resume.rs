@@ -19,11 +19,12 @@ use std::collections::HashMap;
 use super::errors::StartError;
 use super::facade::Runtime;
 use super::handle::RunHandle;
+use super::hold::HoldError;
 use super::start::Launch;
 use crate::exec::Restore;
 use crate::model::{
     AnswerError, CheckpointId, Interaction, InteractionId, Message, RunId, RunStatus, StoreError,
-    ThreadId, TooDeep, Value,
+    ThreadId, TooDeep, Value, WorkerId,
 };
 use crate::persist::snapshot::SnapshotError;
 use crate::persist::{Snapshot, check_graph};
@@ -117,12 +118,14 @@ pub enum ResumeError {
     },
     /// A run of the thread is starting or live in this process (a concurrent resume or start
     /// claimed it first).
-    #[error("thread `{thread}` has a live run {run}; stop it before resuming")]
+    #[error("thread `{thread}` has a live run {run}{}; stop it before resuming", worker.as_ref().map(|w| format!(" on worker {w}")).unwrap_or_default())]
     ThreadBusy {
         /// The thread.
         thread: ThreadId,
         /// The run holding it.
         run: RunId,
+        /// The worker running it.
+        worker: Option<WorkerId>,
     },
     /// The checkpoint's run completed: there is nothing left to run.
     #[error("checkpoint {checkpoint} is of run {run}, which {status}; nothing to resume")]
@@ -307,13 +310,19 @@ impl Runtime {
             other => other,
         };
         let run_id = RunId::new();
-        let claim =
-            self.registry()
-                .claim(&thread, run_id)
-                .map_err(|run| ResumeError::ThreadBusy {
+        let hold = self
+            .hold_thread(&thread, run_id)
+            .await
+            .map_err(|e| match e {
+                HoldError::Busy { run, worker } => ResumeError::ThreadBusy {
                     thread: thread.clone(),
                     run,
-                })?;
+                    worker,
+                },
+                HoldError::Store(e) => ResumeError::Store(e),
+            })?;
+        let fence = Some(hold.lease().fence);
+        let result: Result<RunHandle, ResumeError> = async {
         if fork {
             self.check_fork_target(&thread).await?;
         }
@@ -341,7 +350,7 @@ impl Runtime {
                 // Record it on the run that wrote the checkpoint, for whoever looks next.
                 if let Ok(Some(mut record)) = self.run_store().get(stored.run).await {
                     record.not_resumable = Some(format!("checkpoint {checkpoint}: {error}"));
-                    if let Err(e) = self.run_store().put(&record).await {
+                    if let Err(e) = self.run_store().put(&record, None).await {
                         tracing::warn!(run = %stored.run, error = %e, "could not record that the run is not resumable");
                     }
                 }
@@ -363,6 +372,7 @@ impl Runtime {
                     .append(
                         &thread,
                         &Vec::from_iter(snapshot.pending_messages.iter().cloned()),
+                        fence,
                     )
                     .await
                     .map_err(ResumeError::Store)?;
@@ -431,7 +441,7 @@ impl Runtime {
         }
 
         if fork {
-            self.copy_for_fork(&source, &thread, &stored, &snapshot, &definition)
+            self.copy_for_fork(&source, &thread, &stored, &snapshot, &definition, fence)
                 .await?;
         }
         let mut history = self.load_history(&thread).await?;
@@ -444,6 +454,7 @@ impl Runtime {
                 .append(
                     &thread,
                     &Vec::from_iter(snapshot.pending_messages.iter().cloned()),
+                    fence,
                 )
                 .await
             {
@@ -479,10 +490,22 @@ impl Runtime {
                 answers,
                 labels: snapshot.labels,
                 retry_failed: options.retry_failed,
+                lease: hold.lease().clone(),
             })
             .await?;
-        claim.hand_over();
         Ok(handle)
+        }
+        .await;
+        match result {
+            Ok(handle) => {
+                hold.hand_over();
+                Ok(handle)
+            }
+            Err(e) => {
+                hold.give_up().await;
+                Err(e)
+            }
+        }
     }
 }
 

@@ -10,11 +10,16 @@ use async_trait::async_trait;
 use ractor::{Actor, ActorRef};
 
 use crate::exec::{LiveRun, RunMsg, RunServices, RuntimeConfig};
-use crate::model::{CheckpointError, CheckpointId, RunId, RunOutcome, StopMode};
+use crate::model::{
+    CheckpointError, CheckpointId, Lease, RunId, RunOutcome, StopMode, ThreadId, WorkerInfo,
+};
 use crate::persist::snapshot::SnapshotWrite;
-use crate::persist::{CheckpointStore, HistoryStore, RunStore, SignalSource, WatchedKeys};
+use crate::persist::{
+    CheckpointStore, HistoryStore, LeaseStore, RunStore, SignalSource, WatchedKeys,
+};
 use crate::service::RunRegistry;
 use crate::service::checkpointer::{Backlog, CheckpointMsg, Checkpointer, CheckpointerArgs};
+use crate::service::keeper::{KeeperArgs, KeeperMsg, LeaseKeeper};
 use crate::service::watcher::{StopWatcher, WatchMsg, WatcherArgs};
 
 /// What every run of a runtime shares.
@@ -31,6 +36,11 @@ pub(crate) struct Services {
     pub(crate) signal_errors: Arc<AtomicU64>,
     /// Alive as long as the runtime: the stop watcher ends when it is gone.
     alive: Arc<()>,
+    /// Workers' heartbeats and threads' leases.
+    pub(crate) leases: Arc<dyn LeaseStore>,
+    /// This runtime as a worker.
+    pub(crate) worker: WorkerInfo,
+    keeper: tokio::sync::OnceCell<ActorRef<KeeperMsg>>,
 }
 
 impl Services {
@@ -39,9 +49,14 @@ impl Services {
         runs: Arc<dyn RunStore>,
         checkpoints: Arc<dyn CheckpointStore>,
         signals: Arc<dyn SignalSource>,
+        leases: Arc<dyn LeaseStore>,
         config: RuntimeConfig,
+        worker: WorkerInfo,
     ) -> Self {
         Self {
+            leases,
+            worker,
+            keeper: tokio::sync::OnceCell::new(),
             history,
             runs,
             checkpoints,
@@ -76,6 +91,31 @@ impl Services {
                     .await
                     .map(|(actor, _)| actor)
                     .map_err(|e| format!("could not spawn the stop watcher: {e}"))
+            })
+            .await
+    }
+
+    /// Removes this worker's heartbeat until a run holds a lease again.
+    pub(crate) async fn retire(&self) {
+        if let Some(keeper) = self.keeper.get() {
+            let _ = keeper.call(KeeperMsg::Retire, None).await;
+        }
+    }
+
+    /// The runtime's lease keeper, spawned on first use.
+    async fn keeper(&self) -> Result<&ActorRef<KeeperMsg>, String> {
+        self.keeper
+            .get_or_try_init(|| async {
+                let args = KeeperArgs {
+                    store: self.leases.clone(),
+                    worker: self.worker.clone(),
+                    ttl: self.config.lease.ttl,
+                    renew: self.config.lease.renew,
+                };
+                Actor::spawn(None, LeaseKeeper, args)
+                    .await
+                    .map(|(actor, _)| actor)
+                    .map_err(|e| format!("could not spawn the lease keeper: {e}"))
             })
             .await
     }
@@ -175,12 +215,49 @@ impl RunServices for Services {
     fn unregister(&self, run: RunId, waiting: bool, outcome: Arc<RunOutcome>) {
         self.registry.finish(run, waiting, outcome);
     }
+
+    async fn hold_lease(
+        &self,
+        run: RunId,
+        thread: ThreadId,
+        lease: Lease,
+        supervisor: ActorRef<RunMsg>,
+    ) {
+        match self.keeper().await {
+            Ok(keeper) => {
+                let _ = keeper.send_message(KeeperMsg::Hold {
+                    run,
+                    thread,
+                    lease,
+                    supervisor,
+                });
+            }
+            Err(e) => {
+                tracing::error!(%run, error = %e, "the run's lease is not renewed; it may be taken over")
+            }
+        }
+    }
+
+    async fn release_lease(&self, run: RunId, thread: &ThreadId, lease: &Lease, lost: bool) {
+        if let Some(keeper) = self.keeper.get() {
+            // Waits for a renewal in flight: one landing after the release would take the
+            // thread again. A keeper that is gone renews nothing.
+            let _ = keeper.call(|done| KeeperMsg::Drop(run, done), None).await;
+        }
+        if !lost && let Err(e) = self.leases.release(thread, lease).await {
+            // The lease expires by itself; the thread is busy until then.
+            tracing::warn!(%run, %thread, error = %e, "could not give the thread's lease up");
+        }
+    }
 }
 
 impl Drop for Services {
     /// The runtime is gone: its checkpointer writes what is still queued, then ends; its
-    /// watcher ends.
+    /// watcher and lease keeper end.
     fn drop(&mut self) {
+        if let Some(keeper) = self.keeper.get() {
+            keeper.stop(None);
+        }
         if let Some(checkpointer) = self.checkpointer.get() {
             let _ = checkpointer.drain();
         }

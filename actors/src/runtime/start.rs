@@ -10,12 +10,13 @@ use tokio::sync::{broadcast, watch};
 use super::errors::StartError;
 use super::facade::Runtime;
 use super::handle::RunHandle;
+use super::hold::HoldError;
 use crate::exec::{LiveState, Restore, RunArgs, RunInfo, RunSupervisor};
 use crate::kinds::Kinds;
 use crate::kinds::RunScope;
 use crate::model::{
-    MAX_DEPTH, Map, Message, NodePath, RunId, RunLabels, RunRecord, RunStatus, ThreadId, Value,
-    now_ms,
+    Lease, MAX_DEPTH, Map, Message, NodePath, RunId, RunLabels, RunRecord, RunStatus, ThreadId,
+    Value, now_ms,
 };
 use crate::persist::WatchedKeys;
 use crate::workflow::{GraphPlan, NodeSpec, Plan, Workflow};
@@ -50,44 +51,64 @@ impl Runtime {
     ) -> Result<RunHandle, StartError> {
         let inputs = check_depth(inputs)?;
         let run_id = RunId::new();
-        let claim =
-            self.registry()
-                .claim(&thread, run_id)
-                .map_err(|run| StartError::ThreadBusy {
+        let hold = self
+            .hold_thread(&thread, run_id)
+            .await
+            .map_err(|e| match e {
+                HoldError::Busy { run, worker } => StartError::ThreadBusy {
                     thread: thread.clone(),
                     run,
-                })?;
-        let inputs = workflow
-            .check_inputs(inputs)
-            .map_err(|e| StartError::InvalidInput {
-                input: e.input,
-                problem: e.problem,
+                    worker,
+                },
+                HoldError::Store(error) => StartError::Lease {
+                    thread: thread.clone(),
+                    error,
+                },
             })?;
-        let history = self.load_history(&thread).await?;
-        let mut produced = Vec::new();
-        if let Some(Value::String(query)) = inputs.get("query")
-            && !query.is_empty()
-        {
-            let mut message = Message::user(query.clone());
-            message.run_id = Some(run_id);
-            produced.push(message);
+        let result: Result<RunHandle, StartError> = async {
+            let inputs = workflow
+                .check_inputs(inputs)
+                .map_err(|e| StartError::InvalidInput {
+                    input: e.input,
+                    problem: e.problem,
+                })?;
+            let history = self.load_history(&thread).await?;
+            let mut produced = Vec::new();
+            if let Some(Value::String(query)) = inputs.get("query")
+                && !query.is_empty()
+            {
+                let mut message = Message::user(query.clone());
+                message.run_id = Some(run_id);
+                produced.push(message);
+            }
+            let handle = self
+                .launch(Launch {
+                    run_id,
+                    plan: workflow.plan().clone(),
+                    inputs,
+                    thread,
+                    history,
+                    produced,
+                    restore: None,
+                    answers: HashMap::new(),
+                    labels,
+                    retry_failed: false,
+                    lease: hold.lease().clone(),
+                })
+                .await?;
+            Ok(handle)
         }
-        let handle = self
-            .launch(Launch {
-                run_id,
-                plan: workflow.plan().clone(),
-                inputs,
-                thread,
-                history,
-                produced,
-                restore: None,
-                answers: HashMap::new(),
-                labels,
-                retry_failed: false,
-            })
-            .await?;
-        claim.hand_over();
-        Ok(handle)
+        .await;
+        match result {
+            Ok(handle) => {
+                hold.hand_over();
+                Ok(handle)
+            }
+            Err(e) => {
+                hold.give_up().await;
+                Err(e)
+            }
+        }
     }
 
     pub(crate) async fn load_history(&self, thread: &ThreadId) -> Result<Vec<Message>, StartError> {
@@ -114,6 +135,7 @@ impl Runtime {
             answers,
             labels,
             retry_failed,
+            lease,
         } = launch;
         if let Some(kind) = missing_kind(&plan.graph, &self.kinds) {
             return Err(StartError::UnknownKind(kind));
@@ -133,10 +155,12 @@ impl Runtime {
             unpersisted: None,
             labels: labels.clone(),
             not_resumable: None,
+            worker: Some(self.services.worker.id.clone()),
+            fence: Some(lease.fence.0),
         };
         self.services
             .runs
-            .put(&record)
+            .put(&record, Some(lease.fence))
             .await
             .map_err(StartError::RunStore)?;
         // The definition is stored once per thread; snapshots name it by hash. If it cannot be
@@ -184,6 +208,7 @@ impl Runtime {
             labels,
             services: self.services.clone(),
             retry_failed,
+            lease,
         });
         let args = RunArgs {
             plan,
@@ -225,6 +250,8 @@ pub(crate) struct Launch {
     pub(crate) labels: RunLabels,
     /// Failed parallel items run again (a resume asked to retry failures).
     pub(crate) retry_failed: bool,
+    /// The run's lease on its thread.
+    pub(crate) lease: Lease,
 }
 
 /// Refuses inputs that nest too deep: the inputs are one object (the `begin` node's output),

@@ -28,7 +28,8 @@ impl Runtime {
     }
 
     /// Gracefully stops every live run with reason `Shutdown` (each within the configured stop
-    /// timeout, then forced), so every run stays resumable. Returns each run's answer.
+    /// timeout, then forced), so every run stays resumable, then removes this worker's
+    /// heartbeat (a run started later writes it again). Returns each run's answer.
     pub async fn shutdown(&self) -> Vec<(RunId, Result<StopReply, StopError>)> {
         let mode = StopMode::Graceful {
             timeout: self.services.config.stop_timeout,
@@ -42,7 +43,9 @@ impl Runtime {
                 let reply = stop_run(&self.services, run_id, mode, StopReason::Shutdown).await;
                 (run_id, reply)
             });
-        futures::future::join_all(stops).await
+        let replies = futures::future::join_all(stops).await;
+        self.services.retire().await;
+        replies
     }
 }
 

@@ -243,7 +243,9 @@ impl CheckpointerState {
                     sequence: p.write.sequence,
                     bytes,
                 };
-                let result = store.put(&p.write.thread, stored.clone()).await;
+                let result = store
+                    .put(&p.write.thread, stored.clone(), p.write.fence)
+                    .await;
                 p.bytes = Some(stored.bytes);
                 (p, held, Some((result, started.elapsed())))
             }
@@ -302,7 +304,7 @@ async fn write_until(
             sequence: write.sequence,
             bytes: bytes.clone(),
         };
-        match store.put(&write.thread, stored).await {
+        match store.put(&write.thread, stored, write.fence).await {
             Ok(()) => return Ok(id),
             // An earlier attempt timed out on our side yet reached the store (a frozen or slow
             // server answers late): sequences are unique per write, so the stored one is this
@@ -312,7 +314,10 @@ async fn write_until(
             {
                 return Ok(id);
             }
-            Err(e @ StoreError::StaleSequence { .. }) => return Err(CheckpointError::Refused(e)),
+            // Refused for good: newer state is stored, or the run lost its thread.
+            Err(e @ (StoreError::StaleSequence { .. } | StoreError::Fenced { .. })) => {
+                return Err(CheckpointError::Refused(e));
+            }
             Err(e) => {
                 attempts += 1;
                 if tokio::time::Instant::now() + delay > deadline {

@@ -78,6 +78,7 @@ pub(crate) async fn put_newest(
                 sequence: snapshot.sequence + NEXT.fetch_add(1, Ordering::SeqCst),
                 bytes,
             },
+            None,
         )
         .await
         .expect("the memory store takes it");

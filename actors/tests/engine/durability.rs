@@ -2,10 +2,12 @@
 //! dependents start; `async` coalesces; `exit` writes only at the end; a failing checkpoint
 //! store makes a `sync` run wait (nothing goes on unsaved) and go on when the store is back.
 
+use runvisor_actors::store::MemoryLeaseStore;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
+use runvisor_actors::Fence;
 use runvisor_actors::snapshot::Snapshot;
 use runvisor_actors::store::memory::MemoryCheckpointStore;
 use runvisor_actors::store::{CheckpointStore, HistoryStore, StoredCheckpoint};
@@ -26,11 +28,16 @@ struct Flaky {
 
 #[async_trait]
 impl CheckpointStore for Flaky {
-    async fn put(&self, thread: &ThreadId, checkpoint: StoredCheckpoint) -> Result<(), StoreError> {
+    async fn put(
+        &self,
+        thread: &ThreadId,
+        checkpoint: StoredCheckpoint,
+        fence: Option<Fence>,
+    ) -> Result<(), StoreError> {
         if self.broken.load(Ordering::SeqCst) {
             return Err(StoreError::Unavailable("checkpoint store down".into()));
         }
-        self.inner.put(thread, checkpoint).await
+        self.inner.put(thread, checkpoint, fence).await
     }
     async fn get(
         &self,
@@ -93,6 +100,7 @@ impl NodeHandler for SeesCheckpoint {
 
 fn runtime(store: Arc<dyn CheckpointStore>, durability: Durability) -> Runtime {
     Runtime::builder()
+        .lease_store(Arc::new(MemoryLeaseStore::new()))
         .checkpoint_store(store.clone())
         .handler("sees", SeesCheckpoint(store))
         .config(RuntimeConfig {
@@ -142,6 +150,7 @@ async fn sync_stores_each_result_before_its_dependents_start() {
 async fn exit_writes_only_the_final_checkpoint() {
     let store: Arc<dyn CheckpointStore> = Arc::new(MemoryCheckpointStore::new());
     let rt = Runtime::builder()
+        .lease_store(Arc::new(MemoryLeaseStore::new()))
         .checkpoint_store(store.clone())
         .config(RuntimeConfig {
             durability: Durability::Exit,
@@ -217,7 +226,10 @@ async fn messages_refused_at_a_successful_end_are_persisted_by_the_next_resume()
     use runvisor_actors::store::memory::MemoryHistoryStore;
     use runvisor_actors::{ResumeError, ResumeInput};
     let history = Arc::new(MemoryHistoryStore::new());
-    let rt = Runtime::builder().history_store(history.clone()).build();
+    let rt = Runtime::builder()
+        .lease_store(Arc::new(MemoryLeaseStore::new()))
+        .history_store(history.clone())
+        .build();
     let wf = load(
         &rt,
         json!({"id": "w", "nodes": [
@@ -284,6 +296,7 @@ async fn a_progress_snapshot_keeps_a_loops_finished_iterations() {
     let calls = Arc::new(std::sync::Mutex::new(Vec::new()));
     let store: Arc<dyn CheckpointStore> = Arc::new(MemoryCheckpointStore::new());
     let rt = Runtime::builder()
+        .lease_store(Arc::new(MemoryLeaseStore::new()))
         .checkpoint_store(store.clone())
         .handler(
             "hold_at",

@@ -4,6 +4,7 @@
 //! untouched. Also what refuses a fork (and then writes nothing), a fork of a thread a run is
 //! live on, and a fork of a checkpoint written before snapshot schema 2.
 
+use runvisor_actors::store::MemoryLeaseStore;
 use std::sync::Arc;
 
 use runvisor_actors::snapshot::{CODEC_POSTCARD, FORMAT_VERSION, MAGIC, Snapshot};
@@ -225,7 +226,8 @@ async fn a_fork_has_the_history_as_of_its_checkpoint_and_leaves_the_source_untou
 async fn a_fork_gets_the_messages_its_checkpoint_carried_as_pending() {
     let store = Arc::new(MemoryHistoryStore::new());
     let k = kit_with(Script::new().interrupt(Interrupt::before("b")), |b| {
-        b.history_store(store.clone())
+        b.lease_store(Arc::new(MemoryLeaseStore::new()))
+            .history_store(store.clone())
     });
     let wf = chain(&k.rt);
     let intro = load(
@@ -330,7 +332,7 @@ async fn a_refused_fork_writes_nothing() {
     );
     let chatty = thread("fork-refusals-chatty");
     k.rt.history_store()
-        .append(&chatty, &[Message::user("already here")])
+        .append(&chatty, &[Message::user("already here")], None)
         .await
         .expect("append");
     assert_eq!(
@@ -373,6 +375,7 @@ async fn a_refused_fork_writes_nothing() {
         ResumeError::ThreadBusy {
             thread: busy.clone(),
             run: live.run_id(),
+            worker: Some(k.rt.worker().id.clone()),
         }
     );
     let _ = k.rt.stop(live.run_id(), StopMode::Force).await;
@@ -381,7 +384,10 @@ async fn a_refused_fork_writes_nothing() {
     // The source's history lost its messages (another store, say): the history as of cp1
     // cannot be rebuilt, and the fork says so.
     let store = k.rt.checkpoint_store().clone();
-    let forgetful = kit_with(Script::new(), |b| b.checkpoint_store(store.clone()));
+    let forgetful = kit_with(Script::new(), |b| {
+        b.lease_store(Arc::new(MemoryLeaseStore::new()))
+            .checkpoint_store(store.clone())
+    });
     assert_eq!(
         refused_fork(&forgetful.rt, fork_into(&fresh, cp1)).await,
         ResumeError::HistoryMissing {
@@ -537,6 +543,7 @@ async fn a_fork_of_a_schema_1_checkpoint_gets_the_whole_history_as_stored() {
                 sequence: 1,
                 bytes,
             },
+            None,
         )
         .await
         .expect("put");

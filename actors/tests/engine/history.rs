@@ -2,6 +2,7 @@
 //! on the same thread sees earlier messages, and the event stream reports each node's start,
 //! chunks and finish with its path, ending with `RunFinished`.
 
+use runvisor_actors::store::MemoryLeaseStore;
 use std::sync::Arc;
 
 use runvisor_actors::store::memory::MemoryHistoryStore;
@@ -313,7 +314,10 @@ async fn node_events_are_ordered_per_node_on_a_multi_thread_runtime() {
 async fn messages_the_history_store_refuses_are_reported_not_lost() {
     let store = Arc::new(MemoryHistoryStore::new());
     store.fail_appends(true);
-    let rt = Runtime::builder().history_store(store.clone()).build();
+    let rt = Runtime::builder()
+        .lease_store(Arc::new(MemoryLeaseStore::new()))
+        .history_store(store.clone())
+        .build();
     let wf = load(
         &rt,
         json!({"id": "refused", "nodes": [

@@ -175,7 +175,7 @@ async fn of_twenty_concurrent_resumes_of_a_thread_exactly_one_runs() {
     for answer in &answers {
         match answer {
             Ok(run) => assert_eq!(run.run_id(), live),
-            Err(ResumeError::ThreadBusy { thread, run }) => {
+            Err(ResumeError::ThreadBusy { thread, run, .. }) => {
                 assert_eq!(thread, &t);
                 assert_eq!(*run, live, "the refusal names the live run");
             }
@@ -192,6 +192,7 @@ async fn of_twenty_concurrent_resumes_of_a_thread_exactly_one_runs() {
         Err(StartError::ThreadBusy {
             thread: t.clone(),
             run: live,
+            worker: Some(h.rt.worker().id.clone()),
         })
     );
     assert_eq!(h.rt.registry().holder(&t), Some(live));

@@ -421,6 +421,7 @@ async fn resume_refuses_what_it_cannot_continue() {
         Some(ResumeError::ThreadBusy {
             thread: busy.clone(),
             run: live.run_id(),
+            worker: Some(k.rt.worker().id.clone()),
         })
     );
 

@@ -8,8 +8,9 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use runvisor_actors::store::memory::MemorySignalSource;
-use runvisor_actors::store::{Notice, NoticeStream, SignalSource};
+use runvisor_actors::store::{MemoryLeaseStore, Notice, NoticeStream, SignalSource};
 use runvisor_actors::testkit::Streamer;
+use runvisor_actors::{Fence, ThreadId};
 use runvisor_actors::{
     NodeContext, NodeError, NodeHandler, NodeOutput, RunLabels, RunStatus, Runtime, SignalConfig,
     StopReason, StoreError, Value, async_trait,
@@ -25,6 +26,7 @@ fn streaming_runtime(source: Arc<dyn SignalSource>) -> Runtime {
             Streamer::new(&"word ".repeat(400), Duration::from_millis(5)),
         )
         .signal_source(source)
+        .lease_store(Arc::new(MemoryLeaseStore::new()))
         .build()
 }
 
@@ -148,8 +150,12 @@ impl SignalSource for Counting {
     async fn raise(&self, key: &str, ttl: Duration) -> Result<(), StoreError> {
         self.inner.raise(key, ttl).await
     }
-    async fn clear(&self, keys: &[String]) -> Result<(), StoreError> {
-        self.inner.clear(keys).await
+    async fn clear(
+        &self,
+        keys: &[String],
+        fence: Option<(&ThreadId, Fence)>,
+    ) -> Result<(), StoreError> {
+        self.inner.clear(keys, fence).await
     }
     async fn notify(&self, notice: &Notice) -> Result<(), StoreError> {
         self.inner.notify(notice).await
@@ -178,6 +184,7 @@ async fn each_tick_reads_every_watched_flag_in_one_read() {
     let rt = Runtime::builder()
         .handler("idle", Idle)
         .signal_source(source.clone())
+        .lease_store(Arc::new(MemoryLeaseStore::new()))
         .build();
     let tick = rt.config().signals.tick;
     let wf = load(
@@ -236,8 +243,12 @@ impl SignalSource for Flaky {
     async fn raise(&self, key: &str, ttl: Duration) -> Result<(), StoreError> {
         self.inner.raise(key, ttl).await
     }
-    async fn clear(&self, keys: &[String]) -> Result<(), StoreError> {
-        self.inner.clear(keys).await
+    async fn clear(
+        &self,
+        keys: &[String],
+        fence: Option<(&ThreadId, Fence)>,
+    ) -> Result<(), StoreError> {
+        self.inner.clear(keys, fence).await
     }
     async fn notify(&self, notice: &Notice) -> Result<(), StoreError> {
         self.inner.notify(notice).await

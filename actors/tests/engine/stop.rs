@@ -2,6 +2,7 @@
 //! history, checkpoint and run record each one persists; escalation; concurrent callers; stops
 //! racing completion; a failing history store; a handler panicking during a stop.
 
+use runvisor_actors::store::MemoryLeaseStore;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -652,7 +653,10 @@ async fn history_store_failing_at_the_flush_keeps_the_messages_for_the_resume() 
     let history = Arc::new(MemoryHistoryStore::new());
     let k = kit_with(
         Script::new().interrupt(Interrupt::after_chunks("llm", 2)),
-        |b| b.history_store(history.clone()),
+        |b| {
+            b.lease_store(Arc::new(MemoryLeaseStore::new()))
+                .history_store(history.clone())
+        },
     );
     let wf = chat(&k);
     let t = thread("flush-fails");

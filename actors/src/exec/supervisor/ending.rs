@@ -15,16 +15,23 @@ impl RunState {
         for timer in self.timers.drain(..) {
             timer.abort();
         }
-        let history = self.persist_history().await;
         let (status, stop_reason) = (end.status(), end.stop_reason());
-        let (checkpoint_id, checkpoint_error) = match self
-            .write_checkpoint(status, stop_reason, &history)
-            .await
-        {
-            Ok(id) => (Some(id), None),
-            Err(e) => {
-                tracing::error!(parent: &self.span, error = %e, "could not write the final checkpoint");
-                (None, Some(e))
+        let history = self.persist_history().await;
+        let (checkpoint_id, checkpoint_error) = if self.lease_lost.is_some() {
+            // Another run holds the thread: its checkpoints are not this run's to write.
+            (None, None)
+        } else {
+            match self.write_checkpoint(status, stop_reason, &history).await {
+                Ok(id) => (Some(id), None),
+                Err(CheckpointError::Refused(e @ StoreError::Fenced { .. })) => {
+                    tracing::warn!(parent: &self.span, error = %e, "final checkpoint refused: the run lost its thread's lease");
+                    self.lease_lost = Some(Some(e.clone()));
+                    (None, Some(CheckpointError::Refused(e)))
+                }
+                Err(e) => {
+                    tracing::error!(parent: &self.span, error = %e, "could not write the final checkpoint");
+                    (None, Some(e))
+                }
             }
         };
         let outputs = self.exec.shared_outputs();
@@ -107,12 +114,35 @@ impl RunState {
                 None => note,
             });
         }
-        if let Err(e) = self.run.services.runs().put(&self.record).await {
-            tracing::error!(parent: &self.span, error = %e, "could not record the run's end");
+        if self.lease_lost.is_none() {
+            match self
+                .run
+                .services
+                .runs()
+                .put(&self.record, self.run.fence())
+                .await
+            {
+                Ok(()) => {}
+                Err(e @ StoreError::Fenced { .. }) => self.lease_lost = Some(Some(e)),
+                Err(e) => {
+                    tracing::error!(parent: &self.span, error = %e, "could not record the run's end");
+                }
+            }
         }
         // Last of the persisted state: a stop request that sees the flag cleared finds the
         // run's record and final checkpoint in place.
-        self.release_flags().await;
+        if self.lease_lost.is_none() {
+            self.release_flags().await;
+        }
+        self.run
+            .services
+            .release_lease(
+                self.run.run_id,
+                &self.run.thread,
+                &self.run.lease,
+                self.lease_lost.is_some(),
+            )
+            .await;
         {
             let mut live = self.run.live();
             live.status = status;
@@ -147,7 +177,9 @@ impl RunState {
             .max(Duration::from_millis(50))
             * 5;
         let cleared = tokio::time::timeout(deadline, async {
-            signals.clear(&keys).await?;
+            signals
+                .clear(&keys, Some((&self.run.thread, self.run.lease.fence)))
+                .await?;
             for key in &keys {
                 signals
                     .notify(&Notice {
@@ -171,16 +203,30 @@ impl RunState {
         if messages.is_empty() {
             return HistoryFlush::default();
         }
+        if let Some(refusal) = &self.lease_lost {
+            // Another run holds the thread: these messages are not this run's to write (the
+            // new holder continues from the thread's last checkpoint).
+            return HistoryFlush {
+                persisted: Vec::new(),
+                not_persisted: messages,
+                error: refusal.clone(),
+            };
+        }
         // A passing failure (a reconnect, a timeout) should not cost the messages: retry a
         // few times, briefly, before reporting them as not persisted.
         let history = self.run.services.history();
-        let mut result = history.append(&self.run.thread, &messages).await;
+        let fence = self.run.fence();
+        let mut result = history.append(&self.run.thread, &messages, fence).await;
         for delay in [50, 150, 400] {
-            if result.is_ok() {
+            if !matches!(result, Err(ref e) if !matches!(e, StoreError::Fenced { .. })) {
                 break;
             }
             tokio::time::sleep(Duration::from_millis(delay)).await;
-            result = history.append(&self.run.thread, &messages).await;
+            result = history.append(&self.run.thread, &messages, fence).await;
+        }
+        if let Err(e @ StoreError::Fenced { .. }) = &result {
+            tracing::warn!(parent: &self.span, error = %e, "history refused: the run lost its thread's lease");
+            self.lease_lost = Some(Some(e.clone()));
         }
         match result {
             Ok(()) => HistoryFlush {

@@ -1,0 +1,128 @@
+//! Holding a thread before a run starts on it: a claim in this process (so of concurrent
+//! starts and resumes of one thread here exactly one goes on) and the thread's lease in the
+//! lease store (so across processes too), with the fencing token every write of the run will
+//! carry. A hold that is not handed over to a run gives both back.
+
+use std::sync::Arc;
+
+use super::facade::Runtime;
+use crate::model::{Lease, LeaseError, LeaseHolder, RunId, StoreError, ThreadId, WorkerId};
+use crate::persist::LeaseStore;
+use crate::service::ThreadClaim;
+
+/// Why a thread could not be held.
+#[derive(Debug)]
+pub(crate) enum HoldError {
+    /// A run holds the thread (here, or on another worker).
+    Busy {
+        run: RunId,
+        worker: Option<WorkerId>,
+    },
+    /// The lease store failed.
+    Store(StoreError),
+}
+
+/// A thread held for a run that is about to start.
+pub(crate) struct ThreadHold {
+    claim: Option<ThreadClaim>,
+    lease: Lease,
+    thread: ThreadId,
+    leases: Arc<dyn LeaseStore>,
+    handed: bool,
+}
+
+impl std::fmt::Debug for ThreadHold {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ThreadHold")
+            .field("thread", &self.thread)
+            .field("lease", &self.lease)
+            .finish_non_exhaustive()
+    }
+}
+
+impl ThreadHold {
+    /// The run's lease.
+    pub(crate) fn lease(&self) -> &Lease {
+        &self.lease
+    }
+
+    /// The start failed: gives the claim and the lease back now.
+    pub(crate) async fn give_up(mut self) {
+        self.handed = true;
+        drop(self.claim.take());
+        if let Err(e) = self.leases.release(&self.thread, &self.lease).await {
+            tracing::warn!(thread = %self.thread, error = %e, "could not give an unused lease back");
+        }
+    }
+
+    /// The run is up: it holds the thread and its lease from now on.
+    pub(crate) fn hand_over(mut self) {
+        self.handed = true;
+        if let Some(claim) = self.claim.take() {
+            claim.hand_over();
+        }
+    }
+}
+
+impl Drop for ThreadHold {
+    /// Not handed over (the start failed): the claim goes with the hold, and the lease is given
+    /// back in the background (it would expire by itself otherwise).
+    fn drop(&mut self) {
+        if self.handed {
+            return;
+        }
+        let (leases, thread, lease) =
+            (self.leases.clone(), self.thread.clone(), self.lease.clone());
+        if let Ok(handle) = tokio::runtime::Handle::try_current() {
+            handle.spawn(async move {
+                if let Err(e) = leases.release(&thread, &lease).await {
+                    tracing::warn!(%thread, error = %e, "could not give an unused lease back");
+                }
+            });
+        }
+    }
+}
+
+impl Runtime {
+    /// Holds `thread` for `run`: claims it in this process, then takes its lease.
+    pub(crate) async fn hold_thread(
+        &self,
+        thread: &ThreadId,
+        run: RunId,
+    ) -> Result<ThreadHold, HoldError> {
+        let claim = self
+            .registry()
+            .claim(thread, run)
+            .map_err(|holder| HoldError::Busy {
+                run: holder,
+                worker: Some(self.services.worker.id.clone()),
+            })?;
+        let holder = LeaseHolder {
+            worker: self.services.worker.id.clone(),
+            run,
+        };
+        let ttl = self.config().lease.ttl;
+        match self.services.leases.acquire(thread, &holder, ttl).await {
+            Ok(acquired) => {
+                if let Some(previous) = &acquired.took_over {
+                    tracing::info!(%thread, %previous, %run, "took an orphaned thread over");
+                }
+                Ok(ThreadHold {
+                    claim: Some(claim),
+                    lease: acquired.lease,
+                    thread: thread.clone(),
+                    leases: self.services.leases.clone(),
+                    handed: false,
+                })
+            }
+            Err(LeaseError::Busy { holder }) => Err(HoldError::Busy {
+                run: holder.run,
+                worker: Some(holder.worker),
+            }),
+            Err(LeaseError::Store(e)) => Err(HoldError::Store(e)),
+            Err(other) => Err(HoldError::Store(StoreError::Unavailable(format!(
+                "lease store: {other}"
+            )))),
+        }
+    }
+}

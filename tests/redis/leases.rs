@@ -1,0 +1,469 @@
+//! Leases and fencing on Redis: a thread's lease is taken by one run at a time, from any
+//! process; a dead worker's lease is taken over exactly once; tokens only grow; every write
+//! with a stale token is refused and writes nothing; a run that loses its lease stops with
+//! reason `lease_lost`; a counter Redis lost is re-seated by its holder.
+
+use std::time::Duration;
+
+use runvisor::redis::RedisStores;
+use runvisor::store::StoredCheckpoint;
+use runvisor::{
+    CheckpointId, Fence, LeaseConfig, LeaseError, LeaseHolder, Map, Message, ResumeError,
+    ResumeFrom, ResumeInput, RunId, RunOutcome, Runtime, RuntimeConfig, StartError, StopMode,
+    StopReason, StoreError, WorkerId, WorkerInfo, register_standard_kinds,
+};
+
+use super::support::{RedisServer, cmd, raw, run_record, stores, thread, within};
+
+const TTL: Duration = Duration::from_secs(10);
+
+fn holder(worker: &str) -> LeaseHolder {
+    LeaseHolder {
+        worker: WorkerId::new(worker).expect("valid worker id"),
+        run: RunId::new(),
+    }
+}
+
+async fn beat(stores: &RedisStores, holder: &LeaseHolder) {
+    stores
+        .leases
+        .heartbeat(&WorkerInfo::this_process(holder.worker.clone()), TTL)
+        .await
+        .expect("heartbeat");
+}
+
+#[tokio::test]
+async fn a_thread_is_leased_to_one_run_at_a_time_and_tokens_only_grow() {
+    let server = RedisServer::start();
+    let stores = stores(&server).await;
+    let mut con = raw(&server).await;
+    let t = thread("chat:{lease}");
+    let (a, b) = (holder("worker-a"), holder("worker-b"));
+    beat(&stores, &a).await;
+    beat(&stores, &b).await;
+
+    let first = stores.leases.acquire(&t, &a, TTL).await.expect("free");
+    assert_eq!(first.took_over, None);
+    assert_eq!(first.lease.holder, a);
+    assert_eq!(
+        stores.leases.acquire(&t, &b, TTL).await,
+        Err(LeaseError::Busy { holder: a.clone() })
+    );
+    assert_eq!(
+        stores.leases.lease(&t).await.expect("read"),
+        Some(first.lease.clone())
+    );
+
+    // The key layout: a hash in the thread's slot, with the lease TTL; the counter holds the
+    // token; the heartbeat has the TTL too.
+    let key = "runvisor:lease:{chat:{lease}}";
+    let fields: Vec<String> = cmd(&mut con, &["HGETALL", key]).await;
+    assert_eq!(
+        fields,
+        [
+            "worker",
+            "worker-a",
+            "run",
+            &a.run.to_string(),
+            "token",
+            &first.lease.fence.to_string()
+        ]
+    );
+    let pttl: i64 = cmd(&mut con, &["PTTL", key]).await;
+    assert!(pttl > 0 && pttl <= 10_000, "{pttl}");
+    let counter: String = cmd(&mut con, &["GET", "runvisor:fence:{chat:{lease}}"]).await;
+    assert_eq!(counter, first.lease.fence.to_string());
+    let pttl: i64 = cmd(&mut con, &["PTTL", "runvisor:worker:worker-a"]).await;
+    assert!(pttl > 0 && pttl <= 10_000, "{pttl}");
+
+    // Released, it goes to the next run with a greater token; the old one cannot renew.
+    stores
+        .leases
+        .release(&t, &first.lease)
+        .await
+        .expect("release");
+    let second = stores
+        .leases
+        .acquire(&t, &b, TTL)
+        .await
+        .expect("free again");
+    assert!(second.lease.fence > first.lease.fence);
+    assert_eq!(
+        stores.leases.renew(&t, &first.lease, TTL).await,
+        Err(LeaseError::Lost {
+            current: Some(b.clone())
+        })
+    );
+    // Releasing a lease that is no longer ours leaves the holder's alone.
+    stores
+        .leases
+        .release(&t, &first.lease)
+        .await
+        .expect("release");
+    assert_eq!(
+        stores.leases.lease(&t).await.expect("read"),
+        Some(second.lease.clone())
+    );
+    stores
+        .leases
+        .renew(&t, &second.lease, TTL)
+        .await
+        .expect("the holder renews");
+}
+
+#[tokio::test]
+async fn a_dead_workers_lease_is_taken_over_by_exactly_one_worker() {
+    let server = RedisServer::start();
+    let stores = stores(&server).await;
+    let t = thread("orphan");
+    let dead = holder("dead");
+    beat(&stores, &dead).await;
+    let held = stores.leases.acquire(&t, &dead, TTL).await.expect("free");
+    stores.leases.retire(&dead.worker).await.expect("retire");
+    assert_eq!(
+        stores
+            .leases
+            .workers(std::slice::from_ref(&dead.worker))
+            .await
+            .expect("workers"),
+        [None]
+    );
+
+    let contenders: Vec<LeaseHolder> = (0..8).map(|i| holder(&format!("live-{i}"))).collect();
+    for c in &contenders {
+        beat(&stores, c).await;
+    }
+    let attempts =
+        futures::future::join_all(contenders.iter().map(|c| stores.leases.acquire(&t, c, TTL)))
+            .await;
+    let won: Vec<_> = attempts.iter().filter_map(|a| a.as_ref().ok()).collect();
+    assert_eq!(won.len(), 1, "{attempts:?}");
+    assert_eq!(won[0].took_over.as_ref(), Some(&dead));
+    assert!(won[0].lease.fence > held.lease.fence);
+    for attempt in &attempts {
+        if let Err(e) = attempt {
+            assert_eq!(
+                e,
+                &LeaseError::Busy {
+                    holder: won[0].lease.holder.clone()
+                }
+            );
+        }
+    }
+    assert_eq!(
+        stores.leases.renew(&t, &held.lease, TTL).await,
+        Err(LeaseError::Lost {
+            current: Some(won[0].lease.holder.clone())
+        })
+    );
+}
+
+#[tokio::test]
+async fn every_write_with_a_stale_token_is_refused_and_writes_nothing() {
+    let server = RedisServer::start();
+    let stores = stores(&server).await;
+    let mut con = raw(&server).await;
+    let t = thread("fenced");
+    let (old, new) = (holder("old"), holder("new"));
+    beat(&stores, &new).await;
+    let stale = stores
+        .leases
+        .acquire(&t, &old, TTL)
+        .await
+        .expect("free")
+        .lease
+        .fence;
+    // `old` never heartbeat: its lease is taken over at once.
+    let current = stores
+        .leases
+        .acquire(&t, &new, TTL)
+        .await
+        .expect("take over")
+        .lease
+        .fence;
+    let refused = |result: Result<(), StoreError>| {
+        assert_eq!(
+            result,
+            Err(StoreError::Fenced {
+                thread: t.clone(),
+                token: stale.0,
+                current: current.0
+            })
+        );
+    };
+    let checkpoint = StoredCheckpoint {
+        id: CheckpointId::new(),
+        run: old.run,
+        sequence: 1,
+        bytes: b"late".to_vec(),
+    };
+    refused(
+        stores
+            .checkpoints
+            .put(&t, checkpoint.clone(), Some(stale))
+            .await,
+    );
+    refused(
+        stores
+            .history
+            .append(&t, &[Message::user("late")], Some(stale))
+            .await,
+    );
+    refused(stores.runs.put(&run_record(old.run, &t), Some(stale)).await);
+    let flag = "agent_runtime_stopping:app:chat";
+    stores
+        .signals
+        .raise(flag, Duration::from_secs(60))
+        .await
+        .expect("raise");
+    refused(
+        stores
+            .signals
+            .clear(&[flag.to_owned()], Some((&t, stale)))
+            .await,
+    );
+    // Nothing landed.
+    assert_eq!(stores.checkpoints.list(&t).await, Ok(vec![]));
+    assert_eq!(stores.history.load(&t).await, Ok(vec![]));
+    assert_eq!(stores.runs.list_thread(&t).await, Ok(vec![]));
+    let exists: i64 = cmd(&mut con, &["EXISTS", flag]).await;
+    assert_eq!(exists, 1, "the new holder's flag stays");
+
+    // The holder's token writes.
+    stores
+        .checkpoints
+        .put(&t, checkpoint, Some(current))
+        .await
+        .expect("put");
+    stores
+        .history
+        .append(&t, &[Message::user("on time")], Some(current))
+        .await
+        .expect("append");
+    stores
+        .runs
+        .put(&run_record(new.run, &t), Some(current))
+        .await
+        .expect("run put");
+    stores
+        .signals
+        .clear(&[flag.to_owned()], Some((&t, current)))
+        .await
+        .expect("clear");
+    let exists: i64 = cmd(&mut con, &["EXISTS", flag]).await;
+    assert_eq!(exists, 0);
+    assert_eq!(stores.checkpoints.list(&t).await.expect("list").len(), 1);
+}
+
+#[tokio::test]
+async fn a_counter_redis_lost_is_reseated_by_its_holder_and_later_tokens_are_greater() {
+    let server = RedisServer::start();
+    let stores = stores(&server).await;
+    let mut con = raw(&server).await;
+    let t = thread("amnesia");
+    let a = holder("a");
+    beat(&stores, &a).await;
+    let lease = stores
+        .leases
+        .acquire(&t, &a, TTL)
+        .await
+        .expect("free")
+        .lease;
+    // Redis forgets everything of the thread (a restart without persistence).
+    let _: i64 = cmd(
+        &mut con,
+        &[
+            "DEL",
+            "runvisor:fence:{amnesia}",
+            "runvisor:lease:{amnesia}",
+        ],
+    )
+    .await;
+    // The holder's write goes on and makes its token the counter again; so does a renewal.
+    stores
+        .history
+        .append(&t, &[Message::user("kept")], Some(lease.fence))
+        .await
+        .expect("a write with the only token there is");
+    let counter: String = cmd(&mut con, &["GET", "runvisor:fence:{amnesia}"]).await;
+    assert_eq!(counter, lease.fence.to_string());
+    stores.leases.renew(&t, &lease, TTL).await.expect("renewed");
+    assert_eq!(
+        stores.leases.lease(&t).await.expect("read"),
+        Some(lease.clone())
+    );
+    // Lost again, and this time another worker takes the thread first: its token is greater
+    // than every token issued before, so the old holder is fenced off.
+    let _: i64 = cmd(
+        &mut con,
+        &[
+            "DEL",
+            "runvisor:fence:{amnesia}",
+            "runvisor:lease:{amnesia}",
+        ],
+    )
+    .await;
+    let b = holder("b");
+    let taken = stores
+        .leases
+        .acquire(&t, &b, TTL)
+        .await
+        .expect("free")
+        .lease;
+    assert!(taken.fence > lease.fence);
+    assert!(matches!(
+        stores
+            .history
+            .append(&t, &[Message::user("late")], Some(lease.fence))
+            .await,
+        Err(StoreError::Fenced { .. })
+    ));
+    assert!(matches!(
+        stores.leases.renew(&t, &lease, TTL).await,
+        Err(LeaseError::Lost { .. })
+    ));
+}
+
+/// `start -> nap`: a run that sleeps until stopped.
+const NAP: &str = r#"{"id": "nap", "nodes": [
+    {"id": "start", "kind": "begin"},
+    {"id": "nap", "kind": "sleep", "params": {"duration": "60s"}}
+], "edges": [{"from": "start", "to": "nap"}]}"#;
+
+fn worker(stores: &RedisStores, id: &str, lease: LeaseConfig) -> Runtime {
+    let config = RuntimeConfig {
+        worker_id: Some(id.to_owned()),
+        lease,
+        ..RuntimeConfig::default()
+    };
+    stores
+        .install(register_standard_kinds(Runtime::builder().config(config)))
+        .try_build()
+        .expect("runtime")
+}
+
+#[tokio::test]
+async fn a_busy_thread_refuses_starts_and_resumes_from_other_workers_and_one_resume_wins() {
+    let server = RedisServer::start();
+    let one = worker(&stores(&server).await, "one", LeaseConfig::default());
+    let two = worker(&stores(&server).await, "two", LeaseConfig::default());
+    let t = thread("busy");
+    let workflow = one.load_json(NAP).expect("valid");
+    let run = one
+        .start(&workflow, Map::new(), t.clone())
+        .await
+        .expect("start");
+    let busy_worker = Some(WorkerId::new("one").expect("id"));
+    match two.start(&workflow, Map::new(), t.clone()).await {
+        Err(StartError::ThreadBusy {
+            thread,
+            run: r,
+            worker,
+            ..
+        }) => {
+            assert_eq!(
+                (thread, r, worker),
+                (t.clone(), run.run_id(), busy_worker.clone())
+            );
+        }
+        other => panic!("expected ThreadBusy, got {:?}", other.map(|r| r.run_id())),
+    }
+    match two
+        .resume(ResumeFrom::Thread(t.clone()), ResumeInput::Continue)
+        .await
+    {
+        Err(ResumeError::ThreadBusy { run: r, worker, .. }) => {
+            assert_eq!((r, worker), (run.run_id(), busy_worker));
+        }
+        other => panic!("expected ThreadBusy, got {:?}", other.map(|r| r.run_id())),
+    }
+    one.stop(run.run_id(), StopMode::Force).await.expect("stop");
+    let outcome = run.wait().await;
+    assert!(matches!(outcome, RunOutcome::Stopped(_)), "{outcome:?}");
+
+    // Both workers resume the stopped thread at once: one run, one ThreadBusy.
+    let (a, b) = tokio::join!(
+        one.resume(ResumeFrom::Thread(t.clone()), ResumeInput::Continue),
+        two.resume(ResumeFrom::Thread(t.clone()), ResumeInput::Continue),
+    );
+    let (winner, loser) = match (a, b) {
+        (Ok(run), Err(e)) => ((&one, run), e),
+        (Err(e), Ok(run)) => ((&two, run), e),
+        (a, b) => panic!(
+            "exactly one resume should win: {:?} / {:?}",
+            a.map(|r| r.run_id()),
+            b.map(|r| r.run_id())
+        ),
+    };
+    assert!(
+        matches!(loser, ResumeError::ThreadBusy { run, .. } if run == winner.1.run_id()),
+        "{loser:?}"
+    );
+    winner
+        .0
+        .stop(winner.1.run_id(), StopMode::Force)
+        .await
+        .expect("stop");
+    winner.1.wait().await;
+}
+
+#[tokio::test]
+async fn a_run_whose_thread_is_taken_over_stops_with_lease_lost_and_writes_nothing_more() {
+    let server = RedisServer::start();
+    let stores = stores(&server).await;
+    let mut con = raw(&server).await;
+    let short = LeaseConfig {
+        ttl: Duration::from_secs(2),
+        renew: Duration::from_millis(100),
+    };
+    let one = worker(&stores, "one", short);
+    let t = thread("taken");
+    let workflow = one.load_json(NAP).expect("valid");
+    let run = one
+        .start(&workflow, Map::new(), t.clone())
+        .await
+        .expect("start");
+    let record = within("the run's record", async {
+        loop {
+            if let Some(record) = stores.runs.get(run.run_id()).await.expect("get") {
+                return record;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    })
+    .await;
+    assert_eq!(record.worker, Some(WorkerId::new("one").expect("id")));
+    let checkpoints = stores.checkpoints.list(&t).await.expect("list");
+    let history = stores.history.load(&t).await.expect("history");
+
+    // Another worker takes the thread (as it would after finding `one` silent).
+    let _: i64 = cmd(&mut con, &["DEL", "runvisor:lease:{taken}"]).await;
+    let intruder = holder("two");
+    let taken = stores
+        .leases
+        .acquire(&t, &intruder, TTL)
+        .await
+        .expect("taken");
+    assert!(taken.lease.fence > Fence(record.fence.expect("a fenced record")));
+
+    let outcome = within("the run to stop", run.wait()).await;
+    match &outcome {
+        RunOutcome::Stopped(stop) => assert_eq!(stop.reason, StopReason::LeaseLost),
+        other => panic!("expected a lease_lost stop, got {other:?}"),
+    }
+    // Nothing more was written for the run: no checkpoint, no message, the record as it was,
+    // and the intruder's lease stands.
+    assert_eq!(
+        stores.checkpoints.list(&t).await.expect("list"),
+        checkpoints
+    );
+    assert_eq!(stores.history.load(&t).await.expect("history"), history);
+    assert_eq!(
+        stores.runs.get(run.run_id()).await.expect("get"),
+        Some(record)
+    );
+    assert_eq!(
+        stores.leases.lease(&t).await.expect("lease"),
+        Some(taken.lease)
+    );
+}
