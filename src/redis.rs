@@ -27,6 +27,8 @@
 //! | `<p>:run:{<thread>}:<run_id>` | HASH | a run record, field by field (see below) |
 //! | `<p>:runthread:<run_id>` | STRING | the thread of a run (how a run is found by id) |
 //! | `<p>:runs:{<thread>}` | ZSET | the thread's run ids, all with score 0 |
+//! | `<p>:open` | ZSET | open runs (running, awaiting input) of every thread: members `<run_id> <thread>`, score the start (ms) |
+//! | `<p>:recent` | ZSET | every run of the last data TTL, as in `<p>:open` |
 //! | `<p>:lease:{<thread>}` | HASH | the thread's lease: `worker`, `run`, `token`; lives for the lease TTL |
 //! | `<p>:fence:{<thread>}` | STRING | the thread's newest fencing token (a counter) |
 //! | `<p>:worker:<worker_id>` | HASH | a worker's heartbeat: `host`, `pid`, `started_at`, `version`; lives for the lease TTL |

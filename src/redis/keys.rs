@@ -78,6 +78,18 @@ impl Keys {
         format!("{}:run:{run}", self.prefix)
     }
 
+    /// `<p>:open`: the open runs (running or awaiting input) of every thread (ZSET, member
+    /// `<run_id> <thread>`, score the start in ms since the epoch).
+    pub fn open_runs(&self) -> String {
+        format!("{}:open", self.prefix)
+    }
+
+    /// `<p>:recent`: every run of the data TTL (ZSET, member `<run_id> <thread>`, score the
+    /// start in ms since the epoch).
+    pub fn recent_runs(&self) -> String {
+        format!("{}:recent", self.prefix)
+    }
+
     /// `<p>:lease:{<thread>}`: the thread's lease (HASH: `worker`, `run`, `token`), with the
     /// lease TTL.
     pub fn lease(&self, thread: &ThreadId) -> String {

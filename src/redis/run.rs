@@ -9,6 +9,12 @@
 //! tools added are kept), or does nothing. A reader skips an index entry whose hash does not
 //! exist (an expired record). Records written before they moved into their thread's slot
 //! (`<p>:run:<run_id>`) are still read.
+//!
+//! Across threads, two ZSETs with members `<run_id> <thread>` scored by start time list runs
+//! for operators: `<p>:open` (running or awaiting input) and `<p>:recent` (every run, entries
+//! older than the data TTL trimmed on each write). They are updated after the record, with
+//! separate commands (they live in slots of their own), so they are hints: `list_open` checks
+//! each record and drops entries whose run is no longer open.
 
 use std::fmt;
 use std::time::Duration;
@@ -196,7 +202,7 @@ impl RunStore for RedisRunStore {
         let reply = self.conn.script(&key, &invocation).await?;
         let items = reply::array(&reply, &key)?;
         match items.first().map(|s| reply::text(s, &key)).transpose()? {
-            Some("ok") => Ok(()),
+            Some("ok") => self.index(record).await,
             Some("fenced") => {
                 let current = items.get(1).map(|c| reply::text(c, &key)).transpose()?;
                 Err(fenced(thread, fence, current, &key))
@@ -232,26 +238,133 @@ impl RunStore for RedisRunStore {
         let mut cmd = ::redis::cmd("ZRANGE");
         cmd.arg(&index).arg(0).arg(-1);
         let reply = self.conn.query(&index, &cmd).await?;
-        let ids = reply::array(&reply, &index)?
+        let entries = reply::array(&reply, &index)?
             .iter()
             .map(|m| {
                 let member = reply::text(m, &index)?;
                 member
                     .parse::<RunId>()
+                    .map(|id| (id, thread.clone()))
                     .map_err(|_| corrupt(&index, format!("member {member:?} is not a run id")))
             })
-            .collect::<Result<Vec<RunId>, StoreError>>()?;
-        let mut records = Vec::with_capacity(ids.len());
-        for batch in ids.chunks(LIST_BATCH) {
-            // The thread's records share its slot: one pipeline, even on a cluster.
-            let keys: Vec<String> = batch.iter().map(|id| self.keys.run(thread, *id)).collect();
+            .collect::<Result<Vec<_>, StoreError>>()?;
+        Ok(self
+            .read_many(&entries, &index)
+            .await?
+            .into_iter()
+            .flatten()
+            // A record of another thread is not this thread's.
+            .filter(|found| &found.thread == thread)
+            .collect())
+    }
+
+    async fn list_open(&self) -> Result<Vec<RunRecord>, StoreError> {
+        let index = self.keys.open_runs();
+        let entries = self.members(&index, 0, -1, false).await?;
+        let found = self.read_many(&entries, &index).await?;
+        let mut open = Vec::with_capacity(found.len());
+        let mut stale = Vec::new();
+        for ((run, thread), record) in entries.iter().zip(found) {
+            match record {
+                Some(record) if record.status.is_open() => open.push(record),
+                // Ended (its index update was cut short) or expired: not open any more.
+                _ => stale.push(member(*run, thread)),
+            }
+        }
+        if !stale.is_empty() {
+            let mut cmd = ::redis::cmd("ZREM");
+            cmd.arg(&index).arg(stale);
+            if let Err(e) = self.conn.query(&index, &cmd).await {
+                tracing::debug!(error = %e, "could not drop stale entries of {index}");
+            }
+        }
+        Ok(open)
+    }
+
+    async fn list_recent(&self, limit: usize) -> Result<Vec<RunRecord>, StoreError> {
+        if limit == 0 {
+            return Ok(Vec::new());
+        }
+        let index = self.keys.recent_runs();
+        let mut records = Vec::with_capacity(limit.min(LIST_BATCH));
+        let mut start = 0isize;
+        // Entries whose record expired are skipped: read on until `limit` records are found.
+        while records.len() < limit {
+            let want = isize::try_from(limit - records.len()).unwrap_or(isize::MAX);
+            let stop = start.saturating_add(want.min(LIST_BATCH as isize)) - 1;
+            let entries = self.members(&index, start, stop, true).await?;
+            if entries.is_empty() {
+                break;
+            }
+            start = stop + 1;
+            records.extend(
+                self.read_many(&entries, &index)
+                    .await?
+                    .into_iter()
+                    .flatten(),
+            );
+        }
+        records.truncate(limit);
+        Ok(records)
+    }
+}
+
+/// An entry of the open and recent indexes: `<run_id> <thread>` (thread ids hold no spaces).
+fn member(run: RunId, thread: &ThreadId) -> String {
+    format!("{run} {thread}")
+}
+
+/// Reads an index entry back.
+fn parse_member(member: &str, index: &str) -> Result<(RunId, ThreadId), StoreError> {
+    member
+        .split_once(' ')
+        .and_then(|(run, thread)| Some((run.parse().ok()?, ThreadId::new(thread).ok()?)))
+        .ok_or_else(|| {
+            corrupt(
+                index,
+                format!("member {member:?} is not `<run_id> <thread>`"),
+            )
+        })
+}
+
+impl RedisRunStore {
+    /// Entries of an open or recent index from `start` to `stop` (ZRANGE indices).
+    async fn members(
+        &self,
+        index: &str,
+        start: isize,
+        stop: isize,
+        newest_first: bool,
+    ) -> Result<Vec<(RunId, ThreadId)>, StoreError> {
+        let mut cmd = ::redis::cmd(if newest_first { "ZREVRANGE" } else { "ZRANGE" });
+        cmd.arg(index).arg(start).arg(stop);
+        let reply = self.conn.query(index, &cmd).await?;
+        reply::array(&reply, index)?
+            .iter()
+            .map(|m| parse_member(reply::text(m, index)?, index))
+            .collect()
+    }
+
+    /// The records of these runs, in order (`None` for one that does not exist), read in
+    /// pipelined batches; `index` names where the entries came from, for errors.
+    async fn read_many(
+        &self,
+        entries: &[(RunId, ThreadId)],
+        index: &str,
+    ) -> Result<Vec<Option<RunRecord>>, StoreError> {
+        let mut records = Vec::with_capacity(entries.len());
+        for batch in entries.chunks(LIST_BATCH) {
+            let keys: Vec<String> = batch
+                .iter()
+                .map(|(id, thread)| self.keys.run(thread, *id))
+                .collect();
             let mut pipe = ::redis::pipe();
             // Errors per reply, so a bad record is named by its own key.
             pipe.ignore_errors();
             for key in &keys {
                 pipe.cmd("HGETALL").arg(key);
             }
-            let replies = self.conn.pipeline(&index, &pipe).await?;
+            let replies = self.conn.pipeline(index, &pipe).await?;
             if replies.len() != keys.len() {
                 return Err(StoreError::Unavailable(format!(
                     "redis answered {} replies to {} reads of {index}",
@@ -259,18 +372,54 @@ impl RunStore for RedisRunStore {
                     keys.len()
                 )));
             }
-            for ((id, key), reply) in batch.iter().zip(&keys).zip(&replies) {
+            for (((id, _), key), reply) in batch.iter().zip(&keys).zip(&replies) {
                 reply::server_error(reply, key)?;
                 let found = match record(*id, &Fields::read(reply, key)?, key)? {
                     Some(found) => Some(found),
                     None => self.read(*id, &self.keys.legacy_run(*id)).await?,
                 };
-                // A record of another thread is not this thread's.
-                if let Some(found) = found.filter(|found| &found.thread == thread) {
-                    records.push(found);
-                }
+                records.push(found);
             }
         }
         Ok(records)
+    }
+
+    /// Files a record written just now in the open and recent indexes.
+    async fn index(&self, record: &RunRecord) -> Result<(), StoreError> {
+        let entry = member(record.run_id, &record.thread);
+        let (open, recent) = (self.keys.open_runs(), self.keys.recent_runs());
+        let now_ms = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX));
+        let oldest = now_ms.saturating_sub(self.ttl_ms);
+        let mut pipe = ::redis::pipe();
+        pipe.cmd("ZADD")
+            .arg(&recent)
+            .arg(record.started_at_ms)
+            .arg(&entry)
+            .ignore()
+            .cmd("ZREMRANGEBYSCORE")
+            .arg(&recent)
+            .arg("-inf")
+            .arg(format!("({oldest}"))
+            .ignore()
+            .cmd("PEXPIRE")
+            .arg(&recent)
+            .arg(self.ttl_ms)
+            .ignore();
+        if record.status.is_open() {
+            pipe.cmd("ZADD")
+                .arg(&open)
+                .arg(record.started_at_ms)
+                .arg(&entry)
+                .ignore()
+                .cmd("PEXPIRE")
+                .arg(&open)
+                .arg(self.ttl_ms)
+                .ignore();
+        } else {
+            pipe.cmd("ZREM").arg(&open).arg(&entry).ignore();
+        }
+        self.conn.pipeline(&recent, &pipe).await.map(drop)
     }
 }

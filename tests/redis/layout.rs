@@ -5,10 +5,17 @@ use std::collections::BTreeSet;
 use std::time::Duration;
 
 use runvisor::redis::{RedisConfig, RedisStores};
-use runvisor::store::StoredCheckpoint;
+use runvisor::store::{RunRecord, StoredCheckpoint};
 use runvisor::{CheckpointId, Message, RunId, ThreadId};
 
 use super::support::{RedisServer, cmd, config, raw, run_record, thread, within};
+
+fn now_ms() -> u64 {
+    let since = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .expect("after 1970");
+    u64::try_from(since.as_millis()).expect("fits")
+}
 
 /// Writes one of everything for a thread; returns the keys that must exist.
 async fn write_all(stores: &RedisStores, t: &ThreadId, sequence: u64) -> Vec<String> {
@@ -32,7 +39,13 @@ async fn write_all(stores: &RedisStores, t: &ThreadId, sequence: u64) -> Vec<Str
         .expect("history append");
     stores
         .runs
-        .put(&run_record(run, t), None)
+        .put(
+            &RunRecord {
+                started_at_ms: now_ms(),
+                ..run_record(run, t)
+            },
+            None,
+        )
         .await
         .expect("run put");
     let p = stores.config().prefix.clone();
@@ -45,6 +58,8 @@ async fn write_all(stores: &RedisStores, t: &ThreadId, sequence: u64) -> Vec<Str
         format!("{p}:hist:{{{t}}}"),
         format!("{p}:histids:{{{t}}}"),
         format!("{p}:runthread:{run}"),
+        format!("{p}:recent"),
+        format!("{p}:open"),
     ]
 }
 
@@ -70,7 +85,10 @@ async fn keys_follow_the_layout_and_carry_the_thread_hash_tag() {
     assert_eq!(keys, expected.iter().cloned().collect::<BTreeSet<_>>());
     for key in &keys {
         assert!(key.starts_with("acme:rv:"), "{key} is under the prefix");
-        if !key.starts_with("acme:rv:runthread:") {
+        if !key.starts_with("acme:rv:runthread:")
+            && key != "acme:rv:recent"
+            && key != "acme:rv:open"
+        {
             assert!(key.contains("{chat:42}"), "{key} carries the hash tag");
         }
     }
@@ -84,7 +102,7 @@ async fn keys_follow_the_layout_and_carry_the_thread_hash_tag() {
     assert_eq!(
         types,
         [
-            "hash", "zset", "string", "hash", "zset", "list", "set", "string"
+            "hash", "zset", "string", "hash", "zset", "list", "set", "string", "zset", "zset"
         ]
     );
     let scores: Vec<String> =

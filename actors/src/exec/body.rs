@@ -717,7 +717,7 @@ impl BodyState {
             Work::Loop(_) => "loop",
             Work::Parallel(_) => "parallel",
         };
-        let children: Vec<(NodeId, ChildRef)> = self
+        let children: Vec<(NodePath, ChildRef)> = self
             .execs_mut()
             .iter()
             .flat_map(|e| {
@@ -727,19 +727,30 @@ impl BodyState {
                     .collect::<Vec<_>>()
             })
             .collect();
-        let me = ActorTree {
-            actor_id: myself.get_id().to_string(),
+        let mut me = ActorTree::new(
+            myself.get_id().to_string(),
             kind,
-            node_id: Some(self.id.clone()),
-            status: if self.stopping { "stopping" } else { "running" }.to_owned(),
-            children: Vec::new(),
-        };
+            Some(self.id.clone()),
+            if self.stopping { "stopping" } else { "running" },
+        );
+        match &self.work {
+            Work::Loop(l) => {
+                me.iteration = l
+                    .exec
+                    .as_ref()
+                    .and_then(|e| match e.prefix().frames().last() {
+                        Some(Frame::Iteration(i)) => Some(*i),
+                        _ => None,
+                    });
+            }
+            Work::Parallel(p) => me.items = p.in_flight.keys().copied().collect(),
+        }
         tokio::spawn(async move {
             let mut tree = me;
             for (id, child) in children {
                 tree.children.push(child.describe(id, timeout).await);
             }
-            tree.children.sort_by(|a, b| a.node_id.cmp(&b.node_id));
+            tree.children.sort_by(|a, b| a.path.cmp(&b.path));
             let _ = reply.send(tree);
         });
     }

@@ -784,11 +784,16 @@ impl GraphExec {
     }
 
     /// The children, for tree queries.
-    pub(crate) fn describe_children(&self) -> Vec<(NodeId, &ChildRef)> {
+    pub(crate) fn describe_children(&self) -> Vec<(NodePath, &ChildRef)> {
         self.children
             .values()
-            .map(|c| (self.node_id(c.node).clone(), &c.actor))
+            .map(|c| (self.path(c.node), &c.actor))
             .collect()
+    }
+
+    /// Where this execution runs: empty for the run's graph, `l/#3` for an iteration.
+    pub(crate) fn prefix(&self) -> &NodePath {
+        &self.prefix
     }
 
     /// The running children (for a forced teardown from `post_stop`).

@@ -684,19 +684,13 @@ impl RunState {
             Some(doing) => doing.to_owned(),
             None => self.run.live().status.to_string(),
         };
-        let me = ActorTree {
-            actor_id: myself.get_id().to_string(),
-            kind: "run_supervisor",
-            node_id: None,
-            status,
-            children: Vec::new(),
-        };
+        let me = ActorTree::new(myself.get_id().to_string(), "run_supervisor", None, status);
         tokio::spawn(async move {
             let mut tree = me;
             for (id, child) in children {
                 tree.children.push(child.describe(id, timeout).await);
             }
-            tree.children.sort_by(|a, b| a.node_id.cmp(&b.node_id));
+            tree.children.sort_by(|a, b| a.path.cmp(&b.path));
             let _ = reply.send(tree);
         });
     }

@@ -21,8 +21,10 @@ pub enum RunStatus {
     Failed,
     /// Cancelled.
     Cancelled,
-    /// Recorded as running, but its worker stopped heartbeating: nobody runs it. A resume (or
-    /// a worker adopting orphans) takes it over. Never written: readers derive it.
+    /// Recorded as running, but its worker stopped heartbeating (or restarted since): nobody
+    /// runs it. A resume (or a worker adopting orphans) takes it over, and the record of the
+    /// orphaned run then says `stopped` with reason `lease_lost`. Never written: readers
+    /// derive it.
     Orphaned,
 }
 
@@ -30,6 +32,15 @@ impl RunStatus {
     /// Whether the run has ended (anything but running or orphaned).
     pub fn is_terminal(&self) -> bool {
         !matches!(self, RunStatus::Running | RunStatus::Orphaned)
+    }
+
+    /// Whether the run is open: running (or orphaned) or waiting for an answer. Open runs are
+    /// what operators list by default.
+    pub fn is_open(&self) -> bool {
+        matches!(
+            self,
+            RunStatus::Running | RunStatus::AwaitingInput | RunStatus::Orphaned
+        )
     }
 
     /// The lower-case name used in records and output.

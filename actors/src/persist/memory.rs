@@ -212,6 +212,24 @@ impl RunStore for MemoryRunStore {
         records.sort_by_key(|r| r.run_id);
         Ok(records)
     }
+
+    async fn list_open(&self) -> Result<Vec<RunRecord>, StoreError> {
+        let mut records: Vec<RunRecord> = self
+            .runs
+            .iter()
+            .filter(|r| r.status.is_open())
+            .map(|r| r.clone())
+            .collect();
+        records.sort_by_key(|r| (r.started_at_ms, r.run_id));
+        Ok(records)
+    }
+
+    async fn list_recent(&self, limit: usize) -> Result<Vec<RunRecord>, StoreError> {
+        let mut records: Vec<RunRecord> = self.runs.iter().map(|r| r.clone()).collect();
+        records.sort_by_key(|r| std::cmp::Reverse((r.started_at_ms, r.run_id)));
+        records.truncate(limit);
+        Ok(records)
+    }
 }
 
 /// Histories in memory; appends are idempotent by message id.

@@ -89,6 +89,11 @@ pub trait RunStore: Send + Sync + 'static {
     async fn get(&self, run: RunId) -> Result<Option<RunRecord>, StoreError>;
     /// The records of a thread's runs, oldest first.
     async fn list_thread(&self, thread: &ThreadId) -> Result<Vec<RunRecord>, StoreError>;
+    /// The records of every open run (running or awaiting input), across threads and
+    /// processes, oldest first: what operators list, and where orphans are found.
+    async fn list_open(&self) -> Result<Vec<RunRecord>, StoreError>;
+    /// The records of the newest `limit` runs, whatever their status, newest first.
+    async fn list_recent(&self, limit: usize) -> Result<Vec<RunRecord>, StoreError>;
 }
 
 /// Keeps each thread's history.

@@ -6,7 +6,10 @@
 use std::sync::Arc;
 
 use super::facade::Runtime;
-use crate::model::{Lease, LeaseError, LeaseHolder, RunId, StoreError, ThreadId, WorkerId};
+use crate::model::{
+    Fence, Lease, LeaseError, LeaseHolder, RunId, RunStatus, StopReason, StoreError, ThreadId,
+    WorkerId, now_ms,
+};
 use crate::persist::LeaseStore;
 use crate::service::ThreadClaim;
 
@@ -106,6 +109,7 @@ impl Runtime {
             Ok(acquired) => {
                 if let Some(previous) = &acquired.took_over {
                     tracing::info!(%thread, %previous, %run, "took an orphaned thread over");
+                    self.close_orphan(previous, acquired.lease.fence).await;
                 }
                 Ok(ThreadHold {
                     claim: Some(claim),
@@ -123,6 +127,27 @@ impl Runtime {
             Err(other) => Err(HoldError::Store(StoreError::Unavailable(format!(
                 "lease store: {other}"
             )))),
+        }
+    }
+
+    /// The record of a run whose thread was just taken over from its dead worker: still
+    /// `running`, it becomes `stopped` with reason `lease_lost`, written with the new holder's
+    /// token. A failure only costs the record (readers derive `orphaned` meanwhile).
+    async fn close_orphan(&self, previous: &LeaseHolder, fence: Fence) {
+        let runs = &self.services.runs;
+        let mut record = match runs.get(previous.run).await {
+            Ok(Some(record)) if record.status == RunStatus::Running => record,
+            Ok(_) => return,
+            Err(e) => {
+                tracing::warn!(run = %previous.run, error = %e, "could not read the orphaned run's record");
+                return;
+            }
+        };
+        record.status = RunStatus::Stopped;
+        record.stop_reason = Some(StopReason::LeaseLost.as_str().to_owned());
+        record.finished_at_ms = Some(now_ms());
+        if let Err(e) = runs.put(&record, Some(fence)).await {
+            tracing::warn!(run = %previous.run, error = %e, "could not record the orphaned run's end");
         }
     }
 }

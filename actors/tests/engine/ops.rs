@@ -118,7 +118,7 @@ async fn tree_lists_every_running_branch_with_distinct_actors() {
     let nodes: Vec<(Option<NodeId>, &str, &str)> = tree
         .children
         .iter()
-        .map(|c| (c.node_id.clone(), c.kind, c.status.as_str()))
+        .map(|c| (c.node_id.clone(), c.kind.as_str(), c.status.as_str()))
         .collect();
     assert_eq!(
         nodes,

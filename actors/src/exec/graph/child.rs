@@ -43,17 +43,17 @@ impl ChildRef {
     }
 
     /// Asks the child to describe itself (and, for a body, its own children).
-    pub(crate) async fn describe(&self, node: NodeId, timeout: std::time::Duration) -> ActorTree {
+    pub(crate) async fn describe(&self, path: NodePath, timeout: std::time::Duration) -> ActorTree {
         let actor_id = self.id().to_string();
+        let node = path.leaf().cloned();
         let answer = match self {
             ChildRef::Node(a) => match a.call(NodeMsg::Describe, Some(timeout)).await {
-                Ok(ractor::rpc::CallResult::Success(status)) => Some(ActorTree {
-                    actor_id: actor_id.clone(),
-                    kind: "node",
-                    node_id: Some(node.clone()),
-                    status: status.as_str().to_owned(),
-                    children: Vec::new(),
-                }),
+                Ok(ractor::rpc::CallResult::Success(status)) => Some(ActorTree::new(
+                    actor_id.clone(),
+                    "node",
+                    node.clone(),
+                    status.as_str(),
+                )),
                 _ => None,
             },
             ChildRef::Body(a) => match a.call(BodyMsg::Describe, Some(timeout * 2)).await {
@@ -61,16 +61,15 @@ impl ChildRef {
                 _ => None,
             },
         };
-        answer.unwrap_or(ActorTree {
-            actor_id,
-            kind: match self {
+        let mut tree = answer.unwrap_or_else(|| {
+            let kind = match self {
                 ChildRef::Node(_) => "node",
                 ChildRef::Body(_) => "body",
-            },
-            node_id: Some(node),
-            status: "unresponsive".into(),
-            children: Vec::new(),
-        })
+            };
+            ActorTree::new(actor_id, kind, node, "unresponsive")
+        });
+        tree.path = Some(path);
+        tree
     }
 }
 
