@@ -127,7 +127,7 @@ impl Keys {
     /// `<p>:run:{<thread>}:<run_id>`: a run record (HASH), in its thread's slot so that its
     /// writes are fenced by the thread's token in one script.
     pub fn run(&self, thread: &ThreadId, run: RunId) -> String {
-        format!("{}:run:{{{thread}}}:{run}", self.prefix)
+        format!("{}:run:{{{}}}:{run}", self.prefix, tag(thread))
     }
 
     /// `<p>:runthread:<run_id>`: the thread of a run (STRING), so a run is found by its id.
@@ -144,12 +144,12 @@ impl Keys {
     /// `<p>:lease:{<thread>}`: the thread's lease (HASH: `worker`, `run`, `token`), with the
     /// lease TTL.
     pub fn lease(&self, thread: &ThreadId) -> String {
-        format!("{}:lease:{{{thread}}}", self.prefix)
+        format!("{}:lease:{{{}}}", self.prefix, tag(thread))
     }
 
     /// `<p>:fence:{<thread>}`: the thread's newest fencing token (STRING, a counter).
     pub fn fence(&self, thread: &ThreadId) -> String {
-        format!("{}:fence:{{{thread}}}", self.prefix)
+        format!("{}:fence:{{{}}}", self.prefix, tag(thread))
     }
 
     /// `<p>:worker:<worker_id>`: a worker's heartbeat (HASH), with the lease TTL.
@@ -249,6 +249,9 @@ mod tests {
                 keys.thread_runs(&t),
                 keys.history(&t),
                 keys.history_ids(&t),
+                keys.run(&t, run),
+                keys.lease(&t),
+                keys.fence(&t),
             ];
             let slot = hash_slot(all[0].as_bytes());
             for key in &all {
