@@ -451,6 +451,28 @@ mod tests {
     }
 
     #[test]
+    fn cluster_urls_are_read_and_bad_ones_refused_without_their_password() {
+        assert_eq!(
+            Endpoint::of(&RedisConfig::new("redis+cluster://h1:7000,h2:7001")),
+            Ok(Endpoint::Cluster(vec![
+                "redis://h1:7000/".to_owned(),
+                "redis://h2:7001/".to_owned()
+            ]))
+        );
+        assert_eq!(
+            Endpoint::of(&RedisConfig::default()),
+            Ok(Endpoint::Single("redis://127.0.0.1:6379/".to_owned()))
+        );
+        match Endpoint::of(&RedisConfig::new("redis+cluster://u:pw@h1:1,,h2:2")) {
+            Err(ConnectError::InvalidConfig(message)) => {
+                assert!(message.contains("seed nodes"), "{message}");
+                assert!(!message.contains("pw"), "{message}");
+            }
+            other => panic!("expected a refusal, got {other:?}"),
+        }
+    }
+
+    #[test]
     fn passwords_never_show() {
         assert_eq!(
             redact("redis://user:s3cret@host:6379/0"),
@@ -459,6 +481,10 @@ mod tests {
         assert_eq!(redact("redis://:s3cret@host/"), "redis://:***@host/");
         assert_eq!(redact("redis://token@host"), "redis://***@host");
         assert_eq!(redact("redis://host:6379/"), "redis://host:6379/");
+        assert_eq!(
+            redact("redis+cluster://u:pw@h1:7000,h2:7001"),
+            "redis+cluster://u:***@h1:7000,h2:7001"
+        );
         let config = RedisConfig::new("rediss://u:pw@h/");
         assert!(!format!("{config:?}").contains("pw"));
     }

@@ -55,7 +55,8 @@ use super::{ConnectError, RedisConfig};
 use subscription::{Subscription, Target};
 
 /// The most keys one `MGET` of a [`read`](RedisSignalSource::read) carries; a read of more
-/// keys is one pipeline of several `MGET`s (still one round trip).
+/// keys is one pipeline of several `MGET`s (still one round trip; on a cluster, one pipeline
+/// per node, sent to all nodes at once).
 pub const READ_BATCH: usize = 1000;
 
 /// How often the shared subscription pings Redis to find a connection that died silently.
@@ -469,5 +470,38 @@ mod tests {
         let back: Notice = serde_json::from_str(&json).expect("decodes");
         assert_eq!(back, notice);
         assert_eq!(channel("rv"), "rv:signals");
+    }
+
+    #[test]
+    fn reads_are_batched_in_key_order_or_by_slot() {
+        let keys: Vec<String> = (0..2500).map(|i| format!("k{i}")).collect();
+        let single = batches(&keys, false);
+        assert_eq!(
+            single.iter().map(Vec::len).collect::<Vec<_>>(),
+            [READ_BATCH, READ_BATCH, 500]
+        );
+        assert!(single.concat().iter().copied().eq(0..keys.len()));
+
+        // Many keys of one slot (one tag) and keys of many slots.
+        let mut keys: Vec<String> = (0..1500).map(|i| format!("{{t}}:{i}")).collect();
+        keys.extend((0..300).map(|i| format!("agent_runtime_stopping:a:{i}")));
+        let cluster = batches(&keys, true);
+        let mut seen: Vec<usize> = cluster.concat();
+        seen.sort_unstable();
+        assert!(seen.iter().copied().eq(0..keys.len()), "every key once");
+        for batch in &cluster {
+            assert!(!batch.is_empty() && batch.len() <= READ_BATCH);
+            let slot = hash_slot(keys[batch[0]].as_bytes());
+            assert!(batch.iter().all(|&i| hash_slot(keys[i].as_bytes()) == slot));
+            assert!(
+                batch.windows(2).all(|w| w[0] < w[1]),
+                "key order within a slot"
+            );
+        }
+        let tagged = cluster
+            .iter()
+            .filter(|b| keys[b[0]].starts_with("{t}"))
+            .count();
+        assert_eq!(tagged, 2, "1,500 keys of one slot in two MGETs");
     }
 }
