@@ -22,7 +22,7 @@ use runvisor::{
 use super::cluster_support::{
     RedisCluster, cluster_cmd, cluster_stores, keyslot, owner, raw_cluster,
 };
-use super::support::{PATIENCE, thread, within};
+use super::support::{PATIENCE, cmd, raw as raw_node, thread, within};
 
 /// Counts its calls per node, appends "<node> done" to the history and returns
 /// `{"node": id}`; a node named in `wait` waits until the run is asked to stop instead.
@@ -339,9 +339,9 @@ async fn the_watcher_reads_flags_on_every_master_and_notices_are_sharded() {
         .expect("subscribe");
     let channel = "runvisor:signals";
     let holder = owner(&cluster, &mut raw, channel).await;
-    let mut direct = super::support::raw(cluster.node_mut(holder)).await;
+    let mut direct = raw_node(cluster.node_mut(holder)).await;
     let subscribed: Vec<::redis::Value> =
-        super::support::cmd(&mut direct, &["PUBSUB", "SHARDNUMSUB", channel]).await;
+        cmd(&mut direct, &["PUBSUB", "SHARDNUMSUB", channel]).await;
     assert_eq!(
         subscribed.get(1),
         Some(&::redis::Value::Int(1)),
@@ -395,6 +395,77 @@ async fn the_watcher_reads_flags_on_every_master_and_notices_are_sharded() {
         }
         other => panic!("expected a refusal, got {other:?}"),
     }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_read_follows_a_slot_the_cluster_moved_to_another_node() {
+    let cluster = RedisCluster::start();
+    let mut raw = raw_cluster(&cluster).await;
+    let stores = cluster_stores(&cluster).await;
+    let keys: Vec<String> = (0..30)
+        .map(|i| format!("agent_runtime_stopping:app:m{i}"))
+        .collect();
+    let moved = &keys[7];
+    let _: () = cluster_cmd(&mut raw, &["SET", moved, "1"]).await;
+    let mut expected = vec![false; keys.len()];
+    expected[7] = true;
+    // The first read learns who owns which slot.
+    assert_eq!(stores.signals.read(&keys).await.expect("read"), expected);
+
+    // Move the flag's slot, with the flag, to another master (as a resharding does).
+    let slot = keyslot(&mut raw, moved).await.to_string();
+    let from = owner(&cluster, &mut raw, moved).await;
+    let to = cluster
+        .nodes()
+        .iter()
+        .map(|n| n.port())
+        .find(|&p| p != from)
+        .expect("another master");
+    let node = |port: u16| {
+        cluster
+            .nodes()
+            .iter()
+            .find(|n| n.port() == port)
+            .expect("a node of ours")
+    };
+    let mut source = raw_node(node(from)).await;
+    let mut target = raw_node(node(to)).await;
+    let source_id: String = cmd(&mut source, &["CLUSTER", "MYID"]).await;
+    let target_id: String = cmd(&mut target, &["CLUSTER", "MYID"]).await;
+    let _: () = cmd(
+        &mut target,
+        &["CLUSTER", "SETSLOT", &slot, "IMPORTING", &source_id],
+    )
+    .await;
+    let _: () = cmd(
+        &mut source,
+        &["CLUSTER", "SETSLOT", &slot, "MIGRATING", &target_id],
+    )
+    .await;
+    let to_port = to.to_string();
+    let _: () = cmd(
+        &mut source,
+        &[
+            "MIGRATE",
+            "127.0.0.1",
+            &to_port,
+            "",
+            "0",
+            "5000",
+            "KEYS",
+            moved,
+        ],
+    )
+    .await;
+    for node in cluster.nodes() {
+        let mut con = raw_node(node).await;
+        let _: () = cmd(&mut con, &["CLUSTER", "SETSLOT", &slot, "NODE", &target_id]).await;
+    }
+    assert_eq!(owner(&cluster, &mut raw, moved).await, to);
+
+    // The old owner answers MOVED; the read sends that MGET again where it belongs.
+    assert_eq!(stores.signals.read(&keys).await.expect("read"), expected);
+    assert_eq!(stores.signals.read(&keys).await.expect("read"), expected);
 }
 
 /// Waits for `notice` on the stream (notices of runs ending may come before it).

@@ -7,10 +7,11 @@
 //!
 //! [`Cluster::fan_out`] sends independent single-slot commands (the watcher's `MGET`s, a
 //! thread's run records) as one pipeline per node, all nodes at once: it asks `CLUSTER SLOTS`
-//! once which node owns each slot and keeps the answer. A command that lands on a node that no
-//! longer owns its slot (the cluster moved it) is answered `MOVED` or `ASK`; such commands are
-//! sent again one by one, routed and redirected by the cluster connection, and the slot table
-//! is fetched anew on the next call.
+//! once which node owns each slot and keeps the answer. When the cluster has moved a slot, a
+//! node answers its commands `MOVED` or `ASK` (and the cluster connection, which redirects a
+//! pipeline as a whole, gives up on one that mixes slots): those commands, or the whole node's
+//! share, are sent again one by one, each routed and redirected by the cluster connection, and
+//! the slot table is asked anew on the next call.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -131,6 +132,13 @@ impl Cluster {
         for (group, answer) in by_node.iter().filter(|g| !g.is_empty()).zip(answers) {
             let values = match answer {
                 Ok(values) if values.len() == group.len() => values,
+                // The cluster connection redirects a whole pipeline when one of its commands is
+                // answered MOVED, which fails for commands of other slots: send them alone.
+                Err(e) if e.code().is_some_and(redirects) => {
+                    self.forget_slots();
+                    alone.extend_from_slice(group);
+                    continue;
+                }
                 Ok(values) => {
                     self.forget_slots();
                     return Err(RedisError::from((
@@ -230,9 +238,14 @@ fn cmd_slot(cmd: &Cmd) -> u16 {
 /// Whether a reply says the command went to the wrong node, or should be tried again.
 fn is_redirection(value: &Value) -> bool {
     match value {
-        Value::ServerError(e) => matches!(e.code(), "MOVED" | "ASK" | "TRYAGAIN" | "CLUSTERDOWN"),
+        Value::ServerError(e) => redirects(e.code()),
         _ => false,
     }
+}
+
+/// Whether an error code says a command went to the wrong node or should be tried again.
+fn redirects(code: &str) -> bool {
+    matches!(code, "MOVED" | "ASK" | "TRYAGAIN" | "CLUSTERDOWN")
 }
 
 /// Which node owns each slot, as `CLUSTER SLOTS` answered.
