@@ -20,11 +20,13 @@
 //! same over TLS, where this build supports `rediss://`. Everything works there as on one
 //! server:
 //!
-//! - every key of one thread carries the thread's hash tag, so it lives in the thread's slot
-//!   ([`hash_slot`]) and every script touches that one slot;
-//! - the run records of a thread and the flags of many runs (in any slots: compat keys such as
+//! - every key of one thread (run records, lease and fencing counter included) carries the
+//!   thread's hash tag, so it lives in the thread's slot ([`hash_slot`]) and every script
+//!   touches that one slot;
+//! - the flags of many runs (in any slots: compat keys such as
 //!   `agent_runtime_stopping:<app>:<chat>` have no tag) are read per slot, one pipeline per
-//!   node, all nodes at once;
+//!   node, all nodes at once; a run's fenced clear of its flags checks its token in a script
+//!   on the thread's slot, then unlinks the flags that live in other slots;
 //! - stop notices use sharded pub/sub (`SPUBLISH`/`SSUBSCRIBE`) on the same channel
 //!   `<p>:signals`, which lives on the node that owns that name's slot.
 //!

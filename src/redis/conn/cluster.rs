@@ -5,8 +5,8 @@
 //! (`rediss+cluster://` for TLS, when this build of redis-rs has it, as for `rediss://`). The
 //! client learns the other nodes and who owns which slot from them.
 //!
-//! [`Cluster::fan_out`] sends independent single-slot commands (the watcher's `MGET`s, a
-//! thread's run records) as one pipeline per node, all nodes at once: it asks `CLUSTER SLOTS`
+//! [`Cluster::fan_out`] sends independent single-slot commands (the watcher's `MGET`s, one per
+//! slot) as one pipeline per node, all nodes at once: it asks `CLUSTER SLOTS`
 //! once which node owns each slot and keeps the answer. When the cluster has moved a slot, a
 //! node answers its commands `MOVED` or `ASK` (and the cluster connection, which redirects a
 //! pipeline as a whole, gives up on one that mixes slots): those commands, or the whole node's
