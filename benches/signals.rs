@@ -16,14 +16,23 @@
 //! their flags (client side, and Redis's own time from `INFO commandstats`) is the watcher's
 //! cost per tick, and the `published` and `polled` stops are measured again among them.
 //!
+//! Then the same crowd on a 3-master Redis Cluster (the tests' cluster harness: three
+//! `redis-server`s joined by `redis-cli --cluster create`, on free loopback ports): the time of
+//! one `read` of its 20,000 flags (grouped by slot, one pipeline per node, every node at once)
+//! and Redis's time per tick summed over the nodes. The single-server crowd is shut down first.
+//!
 //! Criterion groups: `signals/stop_published`, `signals/read_20000_flags`,
-//! `signals/stop_published_among_10000_runs`.
+//! `signals/stop_published_among_10000_runs`, `signals/read_20000_flags_cluster`.
 //!
 //! Run with `cargo bench --bench signals`.
 
 #[allow(dead_code)]
 #[path = "../tests/redis/support.rs"]
 mod support;
+
+#[allow(dead_code)]
+#[path = "../tests/redis/cluster_support.rs"]
+mod cluster_support;
 
 mod common;
 
@@ -44,6 +53,7 @@ use tokio::sync::mpsc;
 
 use common::{COOPERATIVE, Cooperative};
 
+use cluster_support::RedisCluster;
 use support::RedisServer;
 
 /// Stops per printed percentile line.
@@ -189,37 +199,122 @@ impl Setup {
     /// Starts [`CROWD`] idle runs without labels (two native flags each) and returns their
     /// flags' keys.
     async fn start_crowd(&self) -> Vec<String> {
-        let config = &self.worker.config().signals;
-        let mut keys = Vec::with_capacity(2 * CROWD);
-        for i in 0..CROWD {
-            let thread = ThreadId::new(format!("crowd-{i}")).expect("valid thread id");
-            let run = self
-                .worker
-                .start(&self.idle, Map::new(), thread.clone())
-                .await
-                .expect("run starts");
-            keys.extend(
-                config
-                    .stop_keys
-                    .iter()
-                    .chain(&config.cancel_keys)
-                    .filter_map(|t| {
-                        render_key(
-                            t,
-                            &config.prefix,
-                            &RunLabels::default(),
-                            Some(&thread),
-                            Some(run.run_id()),
-                        )
-                    }),
-            );
+        start_crowd(&self.worker, &self.idle, &self.crowd).await
+    }
+}
+
+/// Starts [`CROWD`] idle runs of `idle` without labels (two native flags each), waits until
+/// `started` counts them all, and returns their flags' keys.
+async fn start_crowd(worker: &Runtime, idle: &Workflow, started: &AtomicUsize) -> Vec<String> {
+    let config = &worker.config().signals;
+    let mut keys = Vec::with_capacity(2 * CROWD);
+    for i in 0..CROWD {
+        let thread = ThreadId::new(format!("crowd-{i}")).expect("valid thread id");
+        let run = worker
+            .start(idle, Map::new(), thread.clone())
+            .await
+            .expect("run starts");
+        keys.extend(
+            config
+                .stop_keys
+                .iter()
+                .chain(&config.cancel_keys)
+                .filter_map(|t| {
+                    render_key(
+                        t,
+                        &config.prefix,
+                        &RunLabels::default(),
+                        Some(&thread),
+                        Some(run.run_id()),
+                    )
+                }),
+        );
+    }
+    let deadline = Instant::now() + Duration::from_secs(120);
+    while started.load(Ordering::SeqCst) < CROWD {
+        assert!(
+            Instant::now() < deadline,
+            "the crowd did not start in 120 s"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    keys
+}
+
+/// The crowd on a 3-master cluster: its own runtime, stores and keys.
+struct ClusterCrowd {
+    cluster: RedisCluster,
+    worker: Runtime,
+    keys: Vec<String>,
+}
+
+impl ClusterCrowd {
+    async fn new(cluster: RedisCluster) -> Self {
+        let stores = cluster_support::cluster_stores(&cluster).await;
+        let idle = Idle::default();
+        let started = idle.started.clone();
+        let worker = stores
+            .install(Runtime::builder())
+            .handler("idle", idle)
+            .build();
+        let workflow = load(&worker, "idle");
+        let begun = Instant::now();
+        let keys = start_crowd(&worker, &workflow, &started).await;
+        eprintln!(
+            "{CROWD} idle live runs started on the cluster in {:?}",
+            begun.elapsed()
+        );
+        Self {
+            cluster,
+            worker,
+            keys,
         }
-        let deadline = Instant::now() + Duration::from_secs(60);
-        while self.crowd.load(Ordering::SeqCst) < CROWD {
-            assert!(Instant::now() < deadline, "the crowd did not start in 60 s");
-            tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+
+    /// `calls` and `usec` of MGET summed over the cluster's nodes.
+    async fn mget_stats(&self) -> (u64, u64) {
+        let mut total = (0, 0);
+        for node in self.cluster.nodes() {
+            let (calls, usec) = mget_stats_of(node).await;
+            total.0 += calls;
+            total.1 += usec;
         }
-        keys
+        total
+    }
+
+    /// The watcher's cost per tick on the cluster, as [`tick_cost`] measures it on one server.
+    async fn tick_cost(&self) {
+        let signals = self.worker.signal_source();
+        let mut times = Vec::with_capacity(STOPS);
+        for _ in 0..STOPS {
+            let begun = Instant::now();
+            let flags = signals.read(&self.keys).await.expect("read");
+            times.push(begun.elapsed());
+            assert_eq!(flags.len(), self.keys.len());
+        }
+        let slots: std::collections::HashSet<u16> = self
+            .keys
+            .iter()
+            .map(|k| runvisor::redis::hash_slot(k.as_bytes()))
+            .collect();
+        eprintln!(
+            "one read of {} flags on a 3-master cluster ({} MGETs, one per slot, one pipeline \
+             per node), {STOPS} reads: {}",
+            self.keys.len(),
+            slots.len(),
+            summary(times)
+        );
+        let (calls, usec) = self.mget_stats().await;
+        let window = Duration::from_secs(3);
+        tokio::time::sleep(window).await;
+        let (calls2, usec2) = self.mget_stats().await;
+        let ticks = (calls2 - calls) / slots.len().max(1) as u64;
+        eprintln!(
+            "watcher with {CROWD} live runs on the cluster: {ticks} ticks in {window:?}, Redis \
+             busy {:.2} ms per tick summed over the nodes ({:.2} us per MGET)",
+            (usec2 - usec) as f64 / ticks.max(1) as f64 / 1000.0,
+            (usec2 - usec) as f64 / (calls2 - calls).max(1) as f64,
+        );
     }
 }
 
@@ -273,7 +368,12 @@ async fn stop_percentiles(setup: &Setup, way: Way, label: &str) {
 
 /// `calls` and `usec` of MGET in Redis's `INFO commandstats`.
 async fn mget_stats(setup: &Setup) -> (u64, u64) {
-    let mut con = support::raw(&setup.server).await;
+    mget_stats_of(&setup.server).await
+}
+
+/// `calls` and `usec` of MGET in one server's `INFO commandstats`.
+async fn mget_stats_of(server: &RedisServer) -> (u64, u64) {
+    let mut con = support::raw(server).await;
     let info: String = support::cmd(&mut con, &["INFO", "commandstats"]).await;
     let field = |name: &str| {
         info.lines()
@@ -383,6 +483,27 @@ fn benches(c: &mut Criterion) {
                     total += setup.timed_stop(Way::Published, Duration::ZERO).await;
                 }
                 total
+            }
+        });
+    });
+
+    // The same crowd on a cluster, alone: the single server's runs end first.
+    rt.block_on(setup.worker.shutdown());
+    drop(setup);
+    let cluster = RedisCluster::start();
+    let crowd = Arc::new(rt.block_on(ClusterCrowd::new(cluster)));
+    rt.block_on(crowd.tick_cost());
+    group.bench_function("read_20000_flags_cluster", |b| {
+        b.to_async(&rt).iter(|| {
+            let crowd = crowd.clone();
+            async move {
+                let flags = crowd
+                    .worker
+                    .signal_source()
+                    .read(&crowd.keys)
+                    .await
+                    .expect("read");
+                black_box(flags)
             }
         });
     });

@@ -46,7 +46,8 @@ struct Cli {
     /// Config file (JSON); every setting has a default.
     #[arg(long, global = true, value_name = "FILE")]
     config: Option<PathBuf>,
-    /// Keep runs, history and checkpoints in this Redis (overrides the config file's URL).
+    /// Keep runs, history and checkpoints in this Redis (overrides the config file's URL):
+    /// `redis://host:port/db`, or a Redis Cluster as `redis+cluster://h1:p1,h2:p2`.
     #[arg(long, global = true, value_name = "URL", env = "RUNVISOR_REDIS_URL")]
     redis: Option<String>,
     #[command(subcommand)]

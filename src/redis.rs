@@ -1,6 +1,7 @@
 //! Redis adapters for the engine's ports: checkpoints, run records and thread histories kept in
-//! one Redis server, so a run stopped in one process resumes in another; and the stop and
-//! cancel flags every process shares, so any of them can stop a run ([`RedisSignalSource`]).
+//! one Redis server or a Redis Cluster, so a run stopped in one process resumes in another; and
+//! the stop and cancel flags every process shares, so any of them can stop a run
+//! ([`RedisSignalSource`]).
 //!
 //! ```no_run
 //! # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
@@ -11,6 +12,26 @@
 //! let runtime = stores.install(Runtime::builder()).try_build()?;
 //! # let _ = runtime; Ok(()) }
 //! ```
+//!
+//! # Redis Cluster
+//!
+//! A URL `redis+cluster://h1:p1,h2:p2[,...]` (with `user:password@` before the hosts when
+//! needed) connects to a Redis Cluster through those seed nodes; `rediss+cluster://` is the
+//! same over TLS, where this build supports `rediss://`. Everything works there as on one
+//! server:
+//!
+//! - every key of one thread (run records, lease and fencing counter included) carries the
+//!   thread's hash tag, so it lives in the thread's slot ([`hash_slot`]) and every script
+//!   touches that one slot;
+//! - the flags of many runs (in any slots: compat keys such as
+//!   `agent_runtime_stopping:<app>:<chat>` have no tag) are read per slot, one pipeline per
+//!   node, all nodes at once; a run's fenced clear of its flags checks its token in a script
+//!   on the thread's slot, then unlinks the flags that live in other slots;
+//! - stop notices use sharded pub/sub (`SPUBLISH`/`SSUBSCRIBE`) on the same channel
+//!   `<p>:signals`, which lives on the node that owns that name's slot.
+//!
+//! Connecting to one node of a cluster with a plain `redis://` URL is refused: most keys would
+//! be answered `MOVED`.
 //!
 //! # Key layout
 //!
@@ -77,8 +98,8 @@
 //!
 //! # Failures
 //!
-//! Calls go through one auto-reconnecting connection with explicit connect and response
-//! timeouts, and each call is bounded by [`RedisConfig::call_timeout`] however the connection
+//! Calls go through one auto-reconnecting connection (to the server, or to every node of the
+//! cluster) with explicit connect and response timeouts, and each call is bounded by [`RedisConfig::call_timeout`] however the connection
 //! behaves: an unreachable Redis gives [`StoreError::Unavailable`](crate::StoreError::Unavailable),
 //! a silent one [`StoreError::Timeout`](crate::StoreError::Timeout). Data that cannot be read
 //! gives [`StoreError::Corrupt`](crate::StoreError::Corrupt) naming the key. Nothing panics on
@@ -106,19 +127,20 @@ use serde::{Deserialize, Serialize};
 
 pub use checkpoint::RedisCheckpointStore;
 pub use history::RedisHistoryStore;
-pub use keys::Keys;
+pub use keys::{Keys, SLOTS, hash_slot};
 pub use lease::RedisLeaseStore;
 pub use run::RedisRunStore;
 pub use signal::RedisSignalSource;
 
-use conn::Conn;
+use conn::{Conn, Endpoint};
 
 /// How to reach Redis and how long to wait for it. Durations are humantime strings in config
 /// files (`"500ms"`, `"30d"`).
 #[derive(Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct RedisConfig {
-    /// The server, as a `redis://` (or `rediss://`, `unix://`) URL.
+    /// The server, as a `redis://` (or `rediss://`, `unix://`) URL, or a Redis Cluster as
+    /// `redis+cluster://h1:p1,h2:p2[,...]` (seed nodes; `rediss+cluster://` for TLS).
     pub url: String,
     /// What every key starts with. No whitespace, no braces.
     pub prefix: String,
@@ -283,9 +305,16 @@ impl RedisStores {
     ///
     /// Logs a warning when Redis may evict keys (`maxmemory-policy` other than `noeviction`);
     /// a server that refuses `CONFIG GET` is accepted as it is.
+    ///
+    /// A `redis://` URL that names a node of a Redis Cluster is refused
+    /// ([`ConnectError::InvalidConfig`]): use `redis+cluster://`.
     pub async fn connect(config: RedisConfig) -> Result<Self, ConnectError> {
         config.check()?;
-        let conn = Conn::connect(&config).await?;
+        let endpoint = Endpoint::of(&config)?;
+        let conn = Conn::connect(&config, &endpoint).await?;
+        if !conn.is_cluster() {
+            refuse_cluster_node(&conn, &config).await?;
+        }
         check_eviction_policy(&conn, &config).await;
         let keys = Keys::new(&config.prefix);
         let ttl = config.checkpoint_ttl;
@@ -296,8 +325,9 @@ impl RedisStores {
             leases: Arc::new(RedisLeaseStore::new(conn.clone(), keys.clone(), ttl)),
             signals: Arc::new(RedisSignalSource::new(
                 conn,
-                Conn::connect(&config).await?,
+                Conn::connect(&config, &endpoint).await?,
                 &config,
+                endpoint,
             )?),
             keys,
             config,
@@ -327,11 +357,15 @@ impl RedisStores {
 
 /// Warns loudly when Redis may evict keys under memory pressure: an evicted checkpoint or
 /// history is lost work.
+/// On a cluster every master is asked.
 async fn check_eviction_policy(conn: &Conn, config: &RedisConfig) {
     let mut cmd = ::redis::cmd("CONFIG");
     cmd.arg("GET").arg("maxmemory-policy");
-    let policy = match conn.query("CONFIG GET maxmemory-policy", &cmd).await {
-        Ok(value) => reply::config_value(&value, "maxmemory-policy"),
+    let replies = match conn
+        .on_every_primary("CONFIG GET maxmemory-policy", &cmd)
+        .await
+    {
+        Ok(replies) => replies,
         Err(error) => {
             tracing::info!(
                 url = %config.redacted_url(),
@@ -341,19 +375,43 @@ async fn check_eviction_policy(conn: &Conn, config: &RedisConfig) {
             return;
         }
     };
-    match policy.as_deref() {
-        Some("noeviction") => {}
-        Some(policy) => tracing::warn!(
-            url = %config.redacted_url(),
-            policy,
-            "REDIS MAY EVICT RUNVISOR DATA: maxmemory-policy is `{policy}`, not `noeviction`; \
-             checkpoints, run records and histories can disappear under memory pressure"
-        ),
-        None => tracing::info!(
-            url = %config.redacted_url(),
-            "redis did not report its maxmemory-policy; make sure it is noeviction"
-        ),
+    for (node, value) in replies {
+        let node = node.as_deref().unwrap_or("");
+        match reply::config_value(&value, "maxmemory-policy").as_deref() {
+            Some("noeviction") => {}
+            Some(policy) => tracing::warn!(
+                url = %config.redacted_url(),
+                node,
+                policy,
+                "REDIS MAY EVICT RUNVISOR DATA: maxmemory-policy is `{policy}`, not `noeviction`; \
+                 checkpoints, run records and histories can disappear under memory pressure"
+            ),
+            None => tracing::info!(
+                url = %config.redacted_url(),
+                node,
+                "redis did not report its maxmemory-policy; make sure it is noeviction"
+            ),
+        }
     }
+}
+
+/// Refuses a single-server connection to a node of a Redis Cluster, whose other nodes own most
+/// keys. A server that does not answer `INFO cluster` is taken as it is.
+async fn refuse_cluster_node(conn: &Conn, config: &RedisConfig) -> Result<(), ConnectError> {
+    let mut cmd = ::redis::cmd("INFO");
+    cmd.arg("cluster");
+    let Ok(value) = conn.query("INFO cluster", &cmd).await else {
+        return Ok(());
+    };
+    let enabled = reply::text(&value, "INFO cluster")
+        .is_ok_and(|info| info.lines().any(|line| line.trim() == "cluster_enabled:1"));
+    if enabled {
+        return Err(ConnectError::InvalidConfig(format!(
+            "{} is a node of a Redis Cluster: connect with redis+cluster://host:port[,host:port...]",
+            config.redacted_url()
+        )));
+    }
+    Ok(())
 }
 
 #[cfg(test)]
@@ -397,6 +455,28 @@ mod tests {
     }
 
     #[test]
+    fn cluster_urls_are_read_and_bad_ones_refused_without_their_password() {
+        assert_eq!(
+            Endpoint::of(&RedisConfig::new("redis+cluster://h1:7000,h2:7001")),
+            Ok(Endpoint::Cluster(vec![
+                "redis://h1:7000/".to_owned(),
+                "redis://h2:7001/".to_owned()
+            ]))
+        );
+        assert_eq!(
+            Endpoint::of(&RedisConfig::default()),
+            Ok(Endpoint::Single("redis://127.0.0.1:6379/".to_owned()))
+        );
+        match Endpoint::of(&RedisConfig::new("redis+cluster://u:pw@h1:1,,h2:2")) {
+            Err(ConnectError::InvalidConfig(message)) => {
+                assert!(message.contains("seed nodes"), "{message}");
+                assert!(!message.contains("pw"), "{message}");
+            }
+            other => panic!("expected a refusal, got {other:?}"),
+        }
+    }
+
+    #[test]
     fn passwords_never_show() {
         assert_eq!(
             redact("redis://user:s3cret@host:6379/0"),
@@ -405,6 +485,10 @@ mod tests {
         assert_eq!(redact("redis://:s3cret@host/"), "redis://:***@host/");
         assert_eq!(redact("redis://token@host"), "redis://***@host");
         assert_eq!(redact("redis://host:6379/"), "redis://host:6379/");
+        assert_eq!(
+            redact("redis+cluster://u:pw@h1:7000,h2:7001"),
+            "redis+cluster://u:***@h1:7000,h2:7001"
+        );
         let config = RedisConfig::new("rediss://u:pw@h/");
         assert!(!format!("{config:?}").contains("pw"));
     }

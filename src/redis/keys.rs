@@ -1,14 +1,77 @@
 //! Key names: the one place that spells the layout described in the [module docs](super).
 //!
 //! Every key of a thread carries the hash tag `{<thread>}`, so a thread's keys share one
-//! Redis Cluster slot. The prefix may not contain braces, so the tag is always the thread's.
-//! (A thread id that starts with `}` makes an empty tag, which Redis ignores; that only
-//! matters on a cluster.)
+//! Redis Cluster slot ([`hash_slot`]). The prefix may not contain braces, so the tag is always
+//! the thread's: Redis hashes what lies between the first `{` and the first `}` after it, which
+//! for every key of one thread is the same text (the thread id up to its first `}`). Only an
+//! empty tag would break that (Redis then hashes the whole key), so a thread id that starts
+//! with `}` is written with that first character escaped as `%7D`, and to keep names distinct
+//! one that starts with `%` has it escaped as `%25`; every other id appears as it is.
 
+use std::borrow::Cow;
 use std::fmt;
 use std::sync::Arc;
 
 use runvisor_actors::{CheckpointId, RunId, ThreadId, WorkerId};
+
+/// The number of Redis Cluster hash slots.
+pub const SLOTS: u16 = 16_384;
+
+/// The Redis Cluster hash slot of a key, as `CLUSTER KEYSLOT` computes it: CRC16 (XMODEM) of
+/// the key's hash tag (the text between its first `{` and the next `}`, when not empty) or of
+/// the whole key, modulo [`SLOTS`].
+pub fn hash_slot(key: &[u8]) -> u16 {
+    crc16(hash_tag(key).unwrap_or(key)) % SLOTS
+}
+
+/// What Redis hashes of a key that has a non-empty hash tag.
+fn hash_tag(key: &[u8]) -> Option<&[u8]> {
+    let open = key.iter().position(|&b| b == b'{')?;
+    let rest = &key[open + 1..];
+    let len = rest.iter().position(|&b| b == b'}')?;
+    (len > 0).then(|| &rest[..len])
+}
+
+/// CRC16/XMODEM (polynomial 0x1021, initial value 0), the checksum Redis Cluster uses.
+fn crc16(bytes: &[u8]) -> u16 {
+    bytes.iter().fold(0u16, |crc, &b| {
+        (crc << 8) ^ CRC16_TABLE[usize::from((crc >> 8) as u8 ^ b)]
+    })
+}
+
+/// The CRC16/XMODEM value of every byte, computed at compile time.
+const CRC16_TABLE: [u16; 256] = {
+    let mut table = [0u16; 256];
+    let mut i = 0;
+    while i < 256 {
+        let mut crc = (i as u16) << 8;
+        let mut bit = 0;
+        while bit < 8 {
+            crc = if crc & 0x8000 != 0 {
+                (crc << 1) ^ 0x1021
+            } else {
+                crc << 1
+            };
+            bit += 1;
+        }
+        table[i] = crc;
+        i += 1;
+    }
+    table
+};
+
+/// A thread id as it appears inside its hash tag: escaped only when it starts with `}` (which
+/// would make the tag empty) or `%` (so that no two ids share a tag text).
+fn tag(thread: &ThreadId) -> Cow<'_, str> {
+    let id = thread.as_str();
+    if let Some(rest) = id.strip_prefix('}') {
+        Cow::Owned(format!("%7D{rest}"))
+    } else if let Some(rest) = id.strip_prefix('%') {
+        Cow::Owned(format!("%25{rest}"))
+    } else {
+        Cow::Borrowed(id)
+    }
+}
 
 /// Builds the Redis key names under a prefix. Cheap to clone.
 #[derive(Clone, PartialEq, Eq)]
@@ -42,29 +105,29 @@ impl Keys {
 
     /// The checkpoint key for an index member, as stored (it may not be a valid id).
     pub(crate) fn checkpoint_member(&self, thread: &ThreadId, member: &str) -> String {
-        format!("{}:cp:{{{thread}}}:{member}", self.prefix)
+        format!("{}:cp:{{{}}}:{member}", self.prefix, tag(thread))
     }
 
     /// `<p>:wf:{<thread>}:<hash>`: a workflow definition the thread's snapshots refer to by
     /// content hash (STRING, JSON).
     pub fn workflow(&self, thread: &ThreadId, hash: &str) -> String {
-        format!("{}:wf:{{{thread}}}:{hash}", self.prefix)
+        format!("{}:wf:{{{}}}:{hash}", self.prefix, tag(thread))
     }
 
     /// `<p>:cpidx:{<thread>}`: the thread's checkpoint ids (ZSET, score 0, id order).
     pub fn checkpoint_index(&self, thread: &ThreadId) -> String {
-        format!("{}:cpidx:{{{thread}}}", self.prefix)
+        format!("{}:cpidx:{{{}}}", self.prefix, tag(thread))
     }
 
     /// `<p>:cpseq:{<thread>}:<run_id>`: the newest checkpoint sequence of a run (STRING).
     pub fn checkpoint_sequence(&self, thread: &ThreadId, run: RunId) -> String {
-        format!("{}:cpseq:{{{thread}}}:{run}", self.prefix)
+        format!("{}:cpseq:{{{}}}:{run}", self.prefix, tag(thread))
     }
 
     /// `<p>:run:{<thread>}:<run_id>`: a run record (HASH), in its thread's slot so that its
     /// writes are fenced by the thread's token in one script.
     pub fn run(&self, thread: &ThreadId, run: RunId) -> String {
-        format!("{}:run:{{{thread}}}:{run}", self.prefix)
+        format!("{}:run:{{{}}}:{run}", self.prefix, tag(thread))
     }
 
     /// `<p>:runthread:<run_id>`: the thread of a run (STRING), so a run is found by its id.
@@ -93,12 +156,12 @@ impl Keys {
     /// `<p>:lease:{<thread>}`: the thread's lease (HASH: `worker`, `run`, `token`), with the
     /// lease TTL.
     pub fn lease(&self, thread: &ThreadId) -> String {
-        format!("{}:lease:{{{thread}}}", self.prefix)
+        format!("{}:lease:{{{}}}", self.prefix, tag(thread))
     }
 
     /// `<p>:fence:{<thread>}`: the thread's newest fencing token (STRING, a counter).
     pub fn fence(&self, thread: &ThreadId) -> String {
-        format!("{}:fence:{{{thread}}}", self.prefix)
+        format!("{}:fence:{{{}}}", self.prefix, tag(thread))
     }
 
     /// `<p>:worker:<worker_id>`: a worker's heartbeat (HASH), with the lease TTL.
@@ -108,17 +171,17 @@ impl Keys {
 
     /// `<p>:runs:{<thread>}`: the thread's run ids (ZSET, score 0, id order).
     pub fn thread_runs(&self, thread: &ThreadId) -> String {
-        format!("{}:runs:{{{thread}}}", self.prefix)
+        format!("{}:runs:{{{}}}", self.prefix, tag(thread))
     }
 
     /// `<p>:hist:{<thread>}`: the thread's history (LIST of JSON messages, oldest first).
     pub fn history(&self, thread: &ThreadId) -> String {
-        format!("{}:hist:{{{thread}}}", self.prefix)
+        format!("{}:hist:{{{}}}", self.prefix, tag(thread))
     }
 
     /// `<p>:histids:{<thread>}`: the ids of the messages in the history (SET).
     pub fn history_ids(&self, thread: &ThreadId) -> String {
-        format!("{}:histids:{{{thread}}}", self.prefix)
+        format!("{}:histids:{{{}}}", self.prefix, tag(thread))
     }
 }
 
@@ -160,5 +223,59 @@ mod tests {
         assert_eq!(keys.thread_runs(&t), "rv:runs:{chat:42}");
         assert_eq!(keys.history(&t), "rv:hist:{chat:42}");
         assert_eq!(keys.history_ids(&t), "rv:histids:{chat:42}");
+    }
+
+    #[test]
+    fn slots_are_redis_cluster_slots() {
+        // Values from CLUSTER KEYSLOT (the integration tests compare more with a real cluster).
+        assert_eq!(hash_slot(b"123456789"), 12739);
+        assert_eq!(hash_slot(b"somekey"), 11058);
+        assert_eq!(hash_slot(b"foo{hash_tag}"), 2515);
+        assert_eq!(hash_slot(b"bar{hash_tag}"), 2515);
+        assert_eq!(hash_slot(b"{}x"), hash_slot(b"{}x"));
+        assert_ne!(
+            hash_slot(b"a{}x"),
+            hash_slot(b"b{}x"),
+            "an empty tag hashes the whole key"
+        );
+    }
+
+    #[test]
+    fn every_key_of_a_thread_shares_its_slot_whatever_its_braces() {
+        let keys = Keys::new("rv");
+        let run: RunId = "0190a0b0-0000-7000-8000-000000000001"
+            .parse()
+            .expect("uuid");
+        let cp: CheckpointId = "0190a0b0-0000-7000-8000-000000000002"
+            .parse()
+            .expect("uuid");
+        for id in [
+            "chat:42", "}x", "}}", "{", "{}", "a}b", "a{b}c", "%7Dx", "%", "x%",
+        ] {
+            let t = ThreadId::new(id).expect("valid");
+            let all = [
+                keys.checkpoint(&t, cp),
+                keys.workflow(&t, "h"),
+                keys.checkpoint_index(&t),
+                keys.checkpoint_sequence(&t, run),
+                keys.thread_runs(&t),
+                keys.history(&t),
+                keys.history_ids(&t),
+                keys.run(&t, run),
+                keys.lease(&t),
+                keys.fence(&t),
+            ];
+            let slot = hash_slot(all[0].as_bytes());
+            for key in &all {
+                assert!(hash_tag(key.as_bytes()).is_some(), "{key} has a tag");
+                assert_eq!(hash_slot(key.as_bytes()), slot, "{key}");
+            }
+        }
+        // Escaping keeps names apart.
+        let escaped = |id: &str| keys.history(&ThreadId::new(id).expect("valid"));
+        assert_eq!(escaped("}x"), "rv:hist:{%7Dx}");
+        assert_eq!(escaped("%7Dx"), "rv:hist:{%257Dx}");
+        assert_eq!(escaped("x%"), "rv:hist:{x%}");
+        assert_ne!(escaped("}x"), escaped("%7Dx"));
     }
 }

@@ -2,9 +2,12 @@
 //! [`support`]): the store contracts checked against the in-memory stores, connecting, the
 //! key layout and TTLs, corrupt data, faults (a frozen, killed and restarted server), a
 //! whole workflow stopped in one runtime and resumed in another, stop and cancel flags
-//! set from anywhere, and thread leases with fenced writes.
+//! set from anywhere, thread leases with fenced writes; and runs, stops, resumes and flags on
+//! a real 3-master Redis Cluster ([`cluster_support`]).
 
 mod checkpoints;
+mod cluster;
+mod cluster_support;
 mod connect;
 mod corrupt;
 mod crash;

@@ -110,6 +110,11 @@ impl RedisServer {
         }
     }
 
+    /// The server's port.
+    pub(crate) fn port(&self) -> u16 {
+        self.port
+    }
+
     /// Starts `redis-server` on this server's port and waits for PONG.
     fn launch(&mut self) -> Result<(), String> {
         let log = self.dir.path().join("redis.log");
@@ -171,7 +176,7 @@ impl Drop for RedisServer {
 }
 
 /// A loopback port nobody listens on right now (never 6379).
-fn free_port() -> u16 {
+pub(crate) fn free_port() -> u16 {
     loop {
         let listener = TcpListener::bind(SocketAddrV4::new(Ipv4Addr::LOCALHOST, 0))
             .expect("bind a probe socket on 127.0.0.1");
