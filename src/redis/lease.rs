@@ -162,6 +162,8 @@ pub struct RedisLeaseStore {
     data_ttl_ms: u64,
     acquire: Script,
     renew: Script,
+    /// The renew script's text, to load it where a pipeline finds it unknown.
+    renew_source: std::sync::Arc<str>,
     release: Script,
 }
 
@@ -181,6 +183,7 @@ impl RedisLeaseStore {
             data_ttl_ms: ttl_ms(data_ttl),
             acquire: Script::new(ACQUIRE),
             renew: fenced_script(RENEW),
+            renew_source: std::sync::Arc::from(format!("{FENCE_CHECK}{RENEW}")),
             release: Script::new(RELEASE),
         }
     }
@@ -239,6 +242,21 @@ impl RedisLeaseStore {
             .arg(ttl_ms(ttl))
             .arg(self.data_ttl_ms);
         invocation
+    }
+
+    /// The renewal of one lease as a plain `EVALSHA`, for pipelines.
+    fn renewal_cmd(&self, thread: &ThreadId, lease: &Lease, ttl: Duration) -> ::redis::Cmd {
+        let mut cmd = ::redis::cmd("EVALSHA");
+        cmd.arg(self.renew.get_hash())
+            .arg(2)
+            .arg(self.keys.lease(thread))
+            .arg(self.keys.fence(thread))
+            .arg(lease.holder.worker.as_str())
+            .arg(lease.holder.run.to_string())
+            .arg(lease.fence.0.to_string())
+            .arg(ttl_ms(ttl))
+            .arg(self.data_ttl_ms);
+        cmd
     }
 
     /// Whether a worker's heartbeat is there.
@@ -392,39 +410,58 @@ impl LeaseStore for RedisLeaseStore {
     ) -> Vec<Result<(), LeaseError>> {
         let mut results = Vec::with_capacity(leases.len());
         for batch in leases.chunks(RENEW_BATCH) {
-            let invocations: Vec<_> = batch
-                .iter()
-                .map(|(thread, lease)| self.renewal(thread, lease, ttl))
-                .collect();
-            // The script is loaded first in the same pipeline, so no renewal meets NOSCRIPT;
-            // errors come per reply, so one bad lease fails alone.
-            let mut pipe = ::redis::pipe();
-            pipe.ignore_errors();
-            pipe.load_script(&self.renew).ignore();
-            for invocation in &invocations {
-                pipe.invoke_script(invocation);
-            }
             let first = self.keys.lease(&batch[0].0);
-            match self.conn.pipeline(&first, &pipe).await {
-                Ok(replies) if replies.len() == batch.len() => {
-                    for ((thread, _), reply) in batch.iter().zip(&replies) {
-                        let key = self.keys.lease(thread);
-                        results.push(
-                            reply::server_error(reply, &key)
-                                .map_err(LeaseError::from)
-                                .and_then(|()| renewed(reply, &key)),
-                        );
+            let cmds = |which: &[usize]| -> Vec<::redis::Cmd> {
+                which
+                    .iter()
+                    .map(|&i| self.renewal_cmd(&batch[i].0, &batch[i].1, ttl))
+                    .collect()
+            };
+            let all: Vec<usize> = (0..batch.len()).collect();
+            // One round trip (one per node on a cluster); errors come per reply, so one bad
+            // lease fails alone.
+            let mut replies: Vec<Result<Value, StoreError>> =
+                match self.conn.fan_out(&first, cmds(&all)).await {
+                    Ok(replies) => replies.into_iter().map(Ok).collect(),
+                    Err(error) => {
+                        results.extend(batch.iter().map(|_| Err(error.clone().into())));
+                        continue;
+                    }
+                };
+            // A server that does not know the script yet (a restart, a failover, a new node):
+            // load it on every primary and send those renewals again.
+            let unknown: Vec<usize> = replies
+                .iter()
+                .enumerate()
+                .filter(|(_, r)| matches!(r, Ok(Value::ServerError(e)) if e.code() == "NOSCRIPT"))
+                .map(|(i, _)| i)
+                .collect();
+            if !unknown.is_empty() {
+                let mut load = ::redis::cmd("SCRIPT");
+                load.arg("LOAD").arg(&*self.renew_source);
+                let again = match self.conn.on_every_primary("SCRIPT LOAD", &load).await {
+                    Ok(_) => self.conn.fan_out(&first, cmds(&unknown)).await,
+                    Err(e) => Err(e),
+                };
+                match again {
+                    Ok(again) => {
+                        for (i, reply) in unknown.into_iter().zip(again) {
+                            replies[i] = Ok(reply);
+                        }
+                    }
+                    Err(error) => {
+                        for i in unknown {
+                            replies[i] = Err(error.clone());
+                        }
                     }
                 }
-                Ok(replies) => {
-                    let error = StoreError::Unavailable(format!(
-                        "redis answered {} replies to {} lease renewals",
-                        replies.len(),
-                        batch.len()
-                    ));
-                    results.extend(batch.iter().map(|_| Err(error.clone().into())));
-                }
-                Err(error) => results.extend(batch.iter().map(|_| Err(error.clone().into()))),
+            }
+            for ((thread, _), reply) in batch.iter().zip(replies) {
+                let key = self.keys.lease(thread);
+                results.push(reply.map_err(LeaseError::from).and_then(|reply| {
+                    reply::server_error(&reply, &key)?;
+                    renewed(&reply, &key)
+                }));
             }
         }
         results

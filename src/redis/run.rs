@@ -358,20 +358,17 @@ impl RedisRunStore {
                 .iter()
                 .map(|(id, thread)| self.keys.run(thread, *id))
                 .collect();
-            let mut pipe = ::redis::pipe();
-            // Errors per reply, so a bad record is named by its own key.
-            pipe.ignore_errors();
-            for key in &keys {
-                pipe.cmd("HGETALL").arg(key);
-            }
-            let replies = self.conn.pipeline(index, &pipe).await?;
-            if replies.len() != keys.len() {
-                return Err(StoreError::Unavailable(format!(
-                    "redis answered {} replies to {} reads of {index}",
-                    replies.len(),
-                    keys.len()
-                )));
-            }
+            // Records of several threads live in several slots: on a cluster, one pipeline
+            // per node. Errors come per reply, so a bad record is named by its own key.
+            let reads = keys
+                .iter()
+                .map(|key| {
+                    let mut cmd = ::redis::cmd("HGETALL");
+                    cmd.arg(key);
+                    cmd
+                })
+                .collect();
+            let replies = self.conn.fan_out(index, reads).await?;
             for (((id, _), key), reply) in batch.iter().zip(&keys).zip(&replies) {
                 reply::server_error(reply, key)?;
                 let found = match record(*id, &Fields::read(reply, key)?, key)? {
@@ -392,34 +389,33 @@ impl RedisRunStore {
             .duration_since(std::time::UNIX_EPOCH)
             .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX));
         let oldest = now_ms.saturating_sub(self.ttl_ms);
-        let mut pipe = ::redis::pipe();
-        pipe.cmd("ZADD")
-            .arg(&recent)
-            .arg(record.started_at_ms)
-            .arg(&entry)
-            .ignore()
-            .cmd("ZREMRANGEBYSCORE")
-            .arg(&recent)
-            .arg("-inf")
-            .arg(format!("({oldest}"))
-            .ignore()
-            .cmd("PEXPIRE")
-            .arg(&recent)
-            .arg(self.ttl_ms)
-            .ignore();
+        let mut cmds = Vec::with_capacity(5);
+        let mut cmd = ::redis::cmd("ZADD");
+        cmd.arg(&recent).arg(record.started_at_ms).arg(&entry);
+        cmds.push(cmd);
+        let mut cmd = ::redis::cmd("ZREMRANGEBYSCORE");
+        cmd.arg(&recent).arg("-inf").arg(format!("({oldest}"));
+        cmds.push(cmd);
+        let mut cmd = ::redis::cmd("PEXPIRE");
+        cmd.arg(&recent).arg(self.ttl_ms);
+        cmds.push(cmd);
         if record.status.is_open() {
-            pipe.cmd("ZADD")
-                .arg(&open)
-                .arg(record.started_at_ms)
-                .arg(&entry)
-                .ignore()
-                .cmd("PEXPIRE")
-                .arg(&open)
-                .arg(self.ttl_ms)
-                .ignore();
+            let mut cmd = ::redis::cmd("ZADD");
+            cmd.arg(&open).arg(record.started_at_ms).arg(&entry);
+            cmds.push(cmd);
+            let mut cmd = ::redis::cmd("PEXPIRE");
+            cmd.arg(&open).arg(self.ttl_ms);
+            cmds.push(cmd);
         } else {
-            pipe.cmd("ZREM").arg(&open).arg(&entry).ignore();
+            let mut cmd = ::redis::cmd("ZREM");
+            cmd.arg(&open).arg(&entry);
+            cmds.push(cmd);
         }
-        self.conn.pipeline(&recent, &pipe).await.map(drop)
+        // The two indexes may live on two nodes: one round trip to each.
+        let replies = self.conn.fan_out(&recent, cmds).await?;
+        for (i, reply) in replies.iter().enumerate() {
+            reply::server_error(reply, if i < 3 { &recent } else { &open })?;
+        }
+        Ok(())
     }
 }
