@@ -50,7 +50,7 @@
 //! | `<p>:runs:{<thread>}` | ZSET | the thread's run ids, all with score 0 |
 //! | `<p>:open` | ZSET | open runs (running, awaiting input) of every thread: members `<run_id> <thread>`, score the start (ms) |
 //! | `<p>:recent` | ZSET | every run of the last data TTL, as in `<p>:open` |
-//! | `<p>:lease:{<thread>}` | HASH | the thread's lease: `worker`, `run`, `token`; lives for the lease TTL |
+//! | `<p>:lease:{<thread>}` | HASH | the thread's lease: `worker`, `run`, `token`, `expires` (ms, moved on by each renewal; an expired lease is free); deleted when released |
 //! | `<p>:fence:{<thread>}` | STRING | the thread's newest fencing token (a counter) |
 //! | `<p>:worker:<worker_id>` | HASH | a worker's heartbeat: `host`, `pid`, `started_at`, `version`; lives for the lease TTL |
 //! | `<p>:hist:{<thread>}` | LIST | the thread's history, one JSON message per entry, oldest first |

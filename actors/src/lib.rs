@@ -37,8 +37,9 @@ pub use model::{
 };
 pub use persist::{Durability, SignalConfig, render_key};
 pub use runtime::{
-    BuildError, EventStream, QueryError, ResumeError, ResumeFrom, ResumeInput, ResumeOptions,
-    RunHandle, Runtime, RuntimeBuilder, StartError, StopRequest,
+    Adoption, BuildError, EventStream, QueryError, ResumeError, ResumeFrom, ResumeInput,
+    ResumeOptions, RunHandle, RunQuery, RunView, Runtime, RuntimeBuilder, StartError, StopRequest,
+    is_orphaned,
 };
 pub use service::{RunRegistry, RunSummary};
 pub use workflow::{

@@ -21,21 +21,25 @@
 //! # Ok(()) }
 //! ```
 
+mod adopt;
 mod builder;
 mod errors;
 mod facade;
 mod fork;
 mod handle;
 mod hold;
+mod ops;
 mod resume;
 mod services;
 mod signals;
 mod start;
 mod stop;
 
+pub use adopt::Adoption;
 pub use builder::{BuildError, RuntimeBuilder};
 pub use errors::{QueryError, StartError};
 pub use facade::Runtime;
 pub use handle::{EventStream, RunHandle};
+pub use ops::{RunQuery, RunView, is_orphaned};
 pub use resume::{ResumeError, ResumeFrom, ResumeInput, ResumeOptions};
 pub use signals::StopRequest;

@@ -2,14 +2,16 @@
 //!
 //! - `<p>:worker:<id>` (HASH: `host`, `pid`, `started_at`, `version`) is a worker's heartbeat;
 //!   it lives for the lease TTL and every renew rewrites it.
-//! - `<p>:lease:{<thread>}` (HASH: `worker`, `run`, `token`) is the thread's lease; it lives
-//!   for the lease TTL.
+//! - `<p>:lease:{<thread>}` (HASH: `worker`, `run`, `token`, `expires`) is the thread's lease,
+//!   held until `expires` (ms since the epoch, by the server's clock), which every renewal
+//!   moves on by the lease TTL. An expired lease stays until it is taken or released (the key
+//!   lives as long as the thread's data), so whoever takes it over learns whose it was.
 //! - `<p>:fence:{<thread>}` (STRING) counts the thread's leases: every `acquire` increments it
 //!   and the new value is the holder's fencing token. It lives as long as the thread's data
 //!   (the checkpoint TTL), refreshed by each acquire.
 //!
-//! `acquire` is one script in the thread's slot: it takes the lease when there is none, or
-//! when the one there is the one the caller saw held by a dead worker; otherwise it answers
+//! `acquire` is one script in the thread's slot: it takes the lease when there is none, when
+//! it expired, or when it is the one the caller saw held by a dead worker; otherwise it answers
 //! busy with the holder. A free thread costs one round trip; a held one costs a heartbeat read
 //! and, when the holder is dead, a second script (a compare-and-set on the dead holder's
 //! token, so two workers taking over together cannot both win).
@@ -98,23 +100,27 @@ for i, key in ipairs(KEYS) do
   local t = redis.call('TYPE', key)['ok']
   if t ~= 'none' and t ~= kinds[i] then return {'wrongtype', key} end
 end
-local held = redis.call('HMGET', KEYS[1], 'worker', 'run', 'token')
+local time = redis.call('TIME')
+local now = tonumber(time[1]) * 1000000 + tonumber(time[2])
+local now_ms = math.floor(now / 1000)
+local held = redis.call('HMGET', KEYS[1], 'worker', 'run', 'token', 'expires')
 if redis.call('EXISTS', KEYS[1]) == 1 then
   if not (held[1] and held[2] and held[3]) then return {'corrupt', KEYS[1]} end
-  if held[3] ~= ARGV[4] then return {'busy', held[1], held[2], held[3]} end
+  local expires = tonumber(held[4] or '')
+  local expired = expires ~= nil and expires <= now_ms
+  if held[3] ~= ARGV[4] and not expired then return {'busy', held[1], held[2], held[3]} end
 end
 local counter = redis.call('GET', KEYS[2])
 if counter and not (string.match(counter, '^%d+$') and #counter <= 16
     and tonumber(counter) < 9007199254740992) then
   return {'corrupt', KEYS[2]}
 end
-local time = redis.call('TIME')
-local now = tonumber(time[1]) * 1000000 + tonumber(time[2])
 local token = string.format('%.0f', math.max((tonumber(counter) or 0) + 1, now))
 redis.call('SET', KEYS[2], token, 'PX', ARGV[5])
 redis.call('DEL', KEYS[1])
-redis.call('HSET', KEYS[1], 'worker', ARGV[1], 'run', ARGV[2], 'token', token)
-redis.call('PEXPIRE', KEYS[1], ARGV[3])
+redis.call('HSET', KEYS[1], 'worker', ARGV[1], 'run', ARGV[2], 'token', token,
+  'expires', string.format('%.0f', now_ms + tonumber(ARGV[3])))
+redis.call('PEXPIRE', KEYS[1], ARGV[5])
 if held[3] then return {'ok', token, held[1], held[2]} end
 return {'ok', token}
 "#;
@@ -135,9 +141,26 @@ if fence_refused(KEYS[2], ARGV[3], ARGV[5]) then
   local held = redis.call('HMGET', KEYS[1], 'worker', 'run')
   return {'lost', held[1] or '', held[2] or ''}
 end
-redis.call('HSET', KEYS[1], 'worker', ARGV[1], 'run', ARGV[2], 'token', ARGV[3])
-redis.call('PEXPIRE', KEYS[1], ARGV[4])
+local time = redis.call('TIME')
+local now_ms = tonumber(time[1]) * 1000 + math.floor(tonumber(time[2]) / 1000)
+redis.call('HSET', KEYS[1], 'worker', ARGV[1], 'run', ARGV[2], 'token', ARGV[3],
+  'expires', string.format('%.0f', now_ms + tonumber(ARGV[4])))
+redis.call('PEXPIRE', KEYS[1], ARGV[5])
 return {'ok'}
+"#;
+
+/// Reads a lease that has not expired.
+///
+/// KEYS: lease hash. Returns its fields (HGETALL), or nothing when it expired or is absent.
+const READ: &str = r#"
+local expires = redis.call('HGET', KEYS[1], 'expires')
+if expires then
+  local time = redis.call('TIME')
+  local now_ms = tonumber(time[1]) * 1000 + math.floor(tonumber(time[2]) / 1000)
+  local at = tonumber(expires)
+  if at and at <= now_ms then return {} end
+end
+return redis.call('HGETALL', KEYS[1])
 "#;
 
 /// Deletes a lease if it still carries the token.
@@ -165,6 +188,7 @@ pub struct RedisLeaseStore {
     /// The renew script's text, to load it where a pipeline finds it unknown.
     renew_source: std::sync::Arc<str>,
     release: Script,
+    read: Script,
 }
 
 impl fmt::Debug for RedisLeaseStore {
@@ -185,6 +209,7 @@ impl RedisLeaseStore {
             renew: fenced_script(RENEW),
             renew_source: std::sync::Arc::from(format!("{FENCE_CHECK}{RENEW}")),
             release: Script::new(RELEASE),
+            read: Script::new(READ),
         }
     }
 
@@ -476,9 +501,9 @@ impl LeaseStore for RedisLeaseStore {
 
     async fn lease(&self, thread: &ThreadId) -> Result<Option<Lease>, StoreError> {
         let key = self.keys.lease(thread);
-        let mut cmd = ::redis::cmd("HGETALL");
-        cmd.arg(&key);
-        let reply = self.conn.query(&key, &cmd).await?;
+        let mut invocation = self.read.prepare_invoke();
+        invocation.key(&key);
+        let reply = self.conn.script(&key, &invocation).await?;
         let fields = Fields::read(&reply, &key)?;
         if fields.is_empty() {
             return Ok(None);

@@ -54,12 +54,13 @@ async fn a_thread_is_leased_to_one_run_at_a_time_and_tokens_only_grow() {
         Some(first.lease.clone())
     );
 
-    // The key layout: a hash in the thread's slot, with the lease TTL; the counter holds the
-    // token; the heartbeat has the TTL too.
+    // The key layout: a hash in the thread's slot, held until `expires` (the server's clock
+    // plus the lease TTL), kept as long as the thread's data; the counter holds the token; the
+    // heartbeat lives for the TTL.
     let key = "runvisor:lease:{chat:{lease}}";
     let fields: Vec<String> = cmd(&mut con, &["HGETALL", key]).await;
     assert_eq!(
-        fields,
+        fields[..6],
         [
             "worker",
             "worker-a",
@@ -69,8 +70,19 @@ async fn a_thread_is_leased_to_one_run_at_a_time_and_tokens_only_grow() {
             &first.lease.fence.to_string()
         ]
     );
+    assert_eq!(fields[6], "expires");
+    let expires: u64 = fields[7].parse().expect("ms");
+    let time: Vec<String> = cmd(&mut con, &["TIME"]).await;
+    let now_ms: u64 = time[0].parse::<u64>().expect("s") * 1000;
+    assert!(
+        expires > now_ms && expires <= now_ms + 11_000,
+        "{expires} vs {now_ms}"
+    );
     let pttl: i64 = cmd(&mut con, &["PTTL", key]).await;
-    assert!(pttl > 0 && pttl <= 10_000, "{pttl}");
+    assert!(
+        pttl > 10_000,
+        "the lease key lives as long as the data: {pttl}"
+    );
     let counter: String = cmd(&mut con, &["GET", "runvisor:fence:{chat:{lease}}"]).await;
     assert_eq!(counter, first.lease.fence.to_string());
     let pttl: i64 = cmd(&mut con, &["PTTL", "runvisor:worker:worker-a"]).await;
@@ -109,6 +121,32 @@ async fn a_thread_is_leased_to_one_run_at_a_time_and_tokens_only_grow() {
         .renew(&t, &second.lease, TTL)
         .await
         .expect("the holder renews");
+}
+
+#[tokio::test]
+async fn an_expired_lease_is_free_and_its_taker_learns_whose_it_was() {
+    let server = RedisServer::start();
+    let stores = stores(&server).await;
+    let t = thread("expired");
+    let (a, b) = (holder("a"), holder("b"));
+    beat(&stores, &a).await;
+    beat(&stores, &b).await;
+    let short = Duration::from_millis(50);
+    let first = stores.leases.acquire(&t, &a, short).await.expect("free");
+    within("the lease to expire", async {
+        while stores.leases.lease(&t).await.expect("read").is_some() {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    })
+    .await;
+    // `a` still heartbeats, but its lease ran out: `b` takes it and is told it was `a`'s.
+    let taken = stores.leases.acquire(&t, &b, TTL).await.expect("expired");
+    assert_eq!(taken.took_over, Some(a.clone()));
+    assert!(taken.lease.fence > first.lease.fence);
+    assert!(matches!(
+        stores.leases.renew(&t, &first.lease, TTL).await,
+        Err(LeaseError::Lost { .. })
+    ));
 }
 
 #[tokio::test]

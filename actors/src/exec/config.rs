@@ -48,6 +48,14 @@ pub struct RuntimeConfig {
     pub worker_id: Option<String>,
     /// Worker heartbeats and thread leases.
     pub lease: LeaseConfig,
+    /// Whether this worker takes orphaned runs over by itself: every `adopt_every` it looks
+    /// for runs recorded as running whose worker stopped heartbeating and resumes their
+    /// threads from their newest checkpoints (finished nodes do not run again; a node that was
+    /// in flight when its worker died runs again from its start).
+    pub adopt_orphans: bool,
+    /// How often a worker adopting orphans looks for them.
+    #[serde(with = "humantime_serde")]
+    pub adopt_every: Duration,
 }
 
 /// How long a worker's heartbeat and a run's thread lease live, and how often they are
@@ -88,6 +96,8 @@ impl Default for RuntimeConfig {
             finished_outcomes: 1024,
             worker_id: None,
             lease: LeaseConfig::default(),
+            adopt_orphans: false,
+            adopt_every: Duration::from_secs(5),
         }
     }
 }

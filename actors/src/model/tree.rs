@@ -22,7 +22,7 @@ pub struct ActorTree {
     /// What the actor says it is doing: `running`, `stopping`, or `unresponsive` when it did
     /// not answer in time.
     pub status: String,
-    /// For a loop, the iteration running (counted from 1).
+    /// For a loop, the iteration running (its index, from 0, as paths show it: `l/#0/...`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub iteration: Option<u32>,
     /// For a parallel, the items in flight (by input index, from 0).

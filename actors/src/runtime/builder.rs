@@ -2,6 +2,7 @@
 
 use std::sync::Arc;
 
+use super::adopt::spawn_adopter;
 use super::facade::Runtime;
 use super::services::Services;
 use crate::exec::RuntimeConfig;
@@ -142,6 +143,12 @@ impl RuntimeBuilder {
             Some(id) => WorkerId::new(id).map_err(BuildError::WorkerId)?,
             None => generated_worker_id(),
         };
+        if self.config.adopt_orphans && self.config.adopt_every.is_zero() {
+            return Err(BuildError::Config {
+                field: "adopt_every",
+                problem: "must be greater than zero".to_owned(),
+            });
+        }
         let lease = &self.config.lease;
         if lease.renew.is_zero() || lease.renew >= lease.ttl {
             return Err(BuildError::Config {
@@ -195,11 +202,29 @@ impl RuntimeBuilder {
             self.config,
             WorkerInfo::this_process(worker),
         );
-        Ok(Runtime {
+        let runtime = Runtime {
             kinds: Arc::new(self.kinds),
             services: Arc::new(services),
             probe: self.probe,
-        })
+        };
+        if runtime.services.config.adopt_orphans {
+            let Ok(handle) = tokio::runtime::Handle::try_current() else {
+                return Err(BuildError::Config {
+                    field: "adopt_orphans",
+                    problem: "a runtime adopting orphans must be built inside a tokio runtime"
+                        .to_owned(),
+                });
+            };
+            let _enter = handle.enter();
+            let adopter = spawn_adopter(
+                Arc::downgrade(&runtime.services),
+                runtime.kinds.clone(),
+                runtime.probe.clone(),
+                runtime.services.config.adopt_every,
+            );
+            let _ = runtime.services.adopter.set(adopter.abort_handle());
+        }
+        Ok(runtime)
     }
 
     /// Builds the runtime. Panics if a kind could not be registered (a programming error in

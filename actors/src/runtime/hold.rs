@@ -87,11 +87,14 @@ impl Drop for ThreadHold {
 }
 
 impl Runtime {
-    /// Holds `thread` for `run`: claims it in this process, then takes its lease.
+    /// Holds `thread` for `run`: claims it in this process, then takes its lease. The record
+    /// of the run the lease was taken from (its worker died), and `orphan` if given, are
+    /// closed: they cannot be running any more.
     pub(crate) async fn hold_thread(
         &self,
         thread: &ThreadId,
         run: RunId,
+        orphan: Option<RunId>,
     ) -> Result<ThreadHold, HoldError> {
         let claim = self
             .registry()
@@ -100,6 +103,11 @@ impl Runtime {
                 run: holder,
                 worker: Some(self.services.worker.id.clone()),
             })?;
+        // A lease whose worker has no heartbeat may be taken over at once.
+        self.services
+            .ensure_heartbeat()
+            .await
+            .map_err(HoldError::Store)?;
         let holder = LeaseHolder {
             worker: self.services.worker.id.clone(),
             run,
@@ -109,7 +117,11 @@ impl Runtime {
             Ok(acquired) => {
                 if let Some(previous) = &acquired.took_over {
                     tracing::info!(%thread, %previous, %run, "took an orphaned thread over");
-                    self.close_orphan(previous, acquired.lease.fence).await;
+                }
+                let orphans = acquired.took_over.iter().map(|p| p.run).chain(orphan);
+                for previous in orphans.collect::<std::collections::BTreeSet<_>>() {
+                    self.close_orphan(thread, previous, acquired.lease.fence)
+                        .await;
                 }
                 Ok(ThreadHold {
                     claim: Some(claim),
@@ -133,13 +145,15 @@ impl Runtime {
     /// The record of a run whose thread was just taken over from its dead worker: still
     /// `running`, it becomes `stopped` with reason `lease_lost`, written with the new holder's
     /// token. A failure only costs the record (readers derive `orphaned` meanwhile).
-    async fn close_orphan(&self, previous: &LeaseHolder, fence: Fence) {
+    async fn close_orphan(&self, thread: &ThreadId, previous: RunId, fence: Fence) {
         let runs = &self.services.runs;
-        let mut record = match runs.get(previous.run).await {
-            Ok(Some(record)) if record.status == RunStatus::Running => record,
+        let mut record = match runs.get(previous).await {
+            Ok(Some(record)) if record.status == RunStatus::Running && &record.thread == thread => {
+                record
+            }
             Ok(_) => return,
             Err(e) => {
-                tracing::warn!(run = %previous.run, error = %e, "could not read the orphaned run's record");
+                tracing::warn!(run = %previous, error = %e, "could not read the orphaned run's record");
                 return;
             }
         };
@@ -147,7 +161,7 @@ impl Runtime {
         record.stop_reason = Some(StopReason::LeaseLost.as_str().to_owned());
         record.finished_at_ms = Some(now_ms());
         if let Err(e) = runs.put(&record, Some(fence)).await {
-            tracing::warn!(run = %previous.run, error = %e, "could not record the orphaned run's end");
+            tracing::warn!(run = %previous, error = %e, "could not record the orphaned run's end");
         }
     }
 }

@@ -241,6 +241,9 @@ pub struct ResumeOptions {
     /// With this set, every failed item of a parallel still in progress at the checkpoint (at
     /// any depth) runs again from its start. A parallel that had completed is not rerun.
     pub retry_failed: bool,
+    /// An orphaned run of the thread this resume takes over (adoption): its record, still
+    /// `running`, is closed once the thread is held.
+    pub(crate) orphan: Option<RunId>,
 }
 
 impl ResumeOptions {
@@ -311,7 +314,7 @@ impl Runtime {
         };
         let run_id = RunId::new();
         let hold = self
-            .hold_thread(&thread, run_id)
+            .hold_thread(&thread, run_id, options.orphan)
             .await
             .map_err(|e| match e {
                 HoldError::Busy { run, worker } => ResumeError::ThreadBusy {

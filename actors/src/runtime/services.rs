@@ -11,7 +11,8 @@ use ractor::{Actor, ActorRef};
 
 use crate::exec::{LiveRun, RunMsg, RunServices, RuntimeConfig};
 use crate::model::{
-    CheckpointError, CheckpointId, Lease, RunId, RunOutcome, StopMode, ThreadId, WorkerInfo,
+    CheckpointError, CheckpointId, Lease, RunId, RunOutcome, StopMode, StoreError, ThreadId,
+    WorkerInfo,
 };
 use crate::persist::snapshot::SnapshotWrite;
 use crate::persist::{
@@ -41,6 +42,8 @@ pub(crate) struct Services {
     /// This runtime as a worker.
     pub(crate) worker: WorkerInfo,
     keeper: tokio::sync::OnceCell<ActorRef<KeeperMsg>>,
+    /// The task adopting orphans, when the runtime does.
+    pub(crate) adopter: std::sync::OnceLock<tokio::task::AbortHandle>,
 }
 
 impl Services {
@@ -57,6 +60,7 @@ impl Services {
             leases,
             worker,
             keeper: tokio::sync::OnceCell::new(),
+            adopter: std::sync::OnceLock::new(),
             history,
             runs,
             checkpoints,
@@ -93,6 +97,19 @@ impl Services {
                     .map_err(|e| format!("could not spawn the stop watcher: {e}"))
             })
             .await
+    }
+
+    /// Makes sure this worker's heartbeat is written, before a run of it takes a lease.
+    pub(crate) async fn ensure_heartbeat(&self) -> Result<(), StoreError> {
+        let keeper = self.keeper().await.map_err(StoreError::Unavailable)?;
+        match keeper
+            .call(KeeperMsg::Ensure, Some(self.config.lease.ttl))
+            .await
+        {
+            Ok(ractor::rpc::CallResult::Success(result)) => result,
+            Ok(_) => Err(StoreError::Timeout(self.config.lease.ttl)),
+            Err(e) => Err(StoreError::Unavailable(format!("the lease keeper: {e}"))),
+        }
     }
 
     /// Removes this worker's heartbeat until a run holds a lease again.
@@ -255,6 +272,9 @@ impl Drop for Services {
     /// The runtime is gone: its checkpointer writes what is still queued, then ends; its
     /// watcher and lease keeper end.
     fn drop(&mut self) {
+        if let Some(adopter) = self.adopter.get() {
+            adopter.abort();
+        }
         if let Some(keeper) = self.keeper.get() {
             keeper.stop(None);
         }

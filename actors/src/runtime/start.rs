@@ -52,7 +52,7 @@ impl Runtime {
         let inputs = check_depth(inputs)?;
         let run_id = RunId::new();
         let hold = self
-            .hold_thread(&thread, run_id)
+            .hold_thread(&thread, run_id, None)
             .await
             .map_err(|e| match e {
                 HoldError::Busy { run, worker } => StartError::ThreadBusy {

@@ -14,7 +14,9 @@ use std::time::Duration;
 use ractor::{Actor, ActorProcessingErr, ActorRef, RpcReplyPort};
 
 use crate::exec::RunMsg;
-use crate::model::{Lease, LeaseError, RunId, StopMode, StopReason, ThreadId, WorkerInfo};
+use crate::model::{
+    Lease, LeaseError, RunId, StopMode, StopReason, StoreError, ThreadId, WorkerInfo,
+};
 use crate::persist::LeaseStore;
 
 /// Messages the keeper handles.
@@ -32,6 +34,9 @@ pub(crate) enum KeeperMsg {
     Drop(RunId, RpcReplyPort<()>),
     /// Time to write the heartbeat and renew the leases.
     Tick,
+    /// Make sure the heartbeat is written (before a run takes a lease: a lease whose worker
+    /// has no heartbeat may be taken over). Answers at once when it is; otherwise writes it.
+    Ensure(RpcReplyPort<Result<(), StoreError>>),
     /// The runtime shuts down: remove the heartbeat and write none until a run holds a lease
     /// again. Answers once the heartbeat is gone (or could not be removed: it then expires).
     Retire(RpcReplyPort<()>),
@@ -63,6 +68,8 @@ pub(crate) struct KeeperState {
     last_log: Option<tokio::time::Instant>,
     /// Retired: no heartbeat until the next `Hold`.
     retired: bool,
+    /// The last heartbeat was written (and not retired since).
+    beating: bool,
 }
 
 impl Actor for LeaseKeeper {
@@ -85,6 +92,7 @@ impl Actor for LeaseKeeper {
             errors: 0,
             last_log: None,
             retired: false,
+            beating: false,
         })
     }
 
@@ -128,8 +136,23 @@ impl Actor for LeaseKeeper {
                 let _ = done.send(());
             }
             KeeperMsg::Tick => state.tick(&myself).await,
+            KeeperMsg::Ensure(reply) => {
+                if state.retired {
+                    state.retired = false;
+                    state.tick(&myself).await;
+                }
+                let result = if state.beating {
+                    Ok(())
+                } else {
+                    let result = state.store.heartbeat(&state.worker, state.ttl).await;
+                    state.beating = result.is_ok();
+                    result
+                };
+                let _ = reply.send(result);
+            }
             KeeperMsg::Retire(done) => {
                 state.retired = true;
+                state.beating = false;
                 if let Some(ticker) = state.ticker.take() {
                     ticker.abort();
                 }
@@ -158,8 +181,9 @@ impl KeeperState {
     /// Writes the heartbeat, renews every held lease, stops the runs whose lease is lost, and
     /// arms the next tick.
     async fn tick(&mut self, myself: &ActorRef<KeeperMsg>) {
-        if let Err(e) = self.store.heartbeat(&self.worker, self.ttl).await {
-            self.error(&e.to_string());
+        match self.store.heartbeat(&self.worker, self.ttl).await {
+            Ok(()) => self.beating = true,
+            Err(e) => self.error(&e.to_string()),
         }
         let (runs, leases): (Vec<RunId>, Vec<(ThreadId, Lease)>) = self
             .held

@@ -17,6 +17,7 @@ mod interrupt_paths;
 mod layers;
 mod loops;
 mod ops;
+mod orphans;
 mod parallel;
 mod races;
 mod references;

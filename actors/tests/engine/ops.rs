@@ -167,3 +167,66 @@ async fn tree_of_an_unknown_run() {
     assert_eq!(rt.tree(id).await, Err(QueryError::UnknownRun(id)));
     assert!(rt.runs().is_empty());
 }
+
+#[tokio::test]
+async fn a_tree_shows_each_actor_by_path_with_the_loop_iteration_and_the_items_in_flight() {
+    let h = host();
+    let wf = load(
+        &h.rt,
+        json!({"id": "tree-bodies", "nodes": [
+            {"id": "start", "kind": "begin"},
+            {"id": "l", "kind": "loop", "params": {"mode": "array", "items": [1, 2]},
+             "body": {"nodes": [
+                {"id": "p", "kind": "parallel", "params": {
+                    "items": [10, 20, 30], "max_concurrency": 2
+                }, "body": {"nodes": [
+                    {"id": "w", "kind": "hold", "params": {"x": "{{p.item}}"}}
+                ]}}
+            ]}}
+        ], "edges": [{"from": "start", "to": "l"}]}),
+    );
+    let run =
+        h.rt.start(&wf, Default::default(), thread("tree-bodies"))
+            .await
+            .expect("start");
+    let tree = within("two items in flight", async {
+        loop {
+            if let Ok(tree) = h.rt.tree(run.run_id()).await
+                && tree
+                    .children
+                    .first()
+                    .and_then(|l| l.children.first())
+                    .is_some_and(|p| p.children.len() == 2)
+            {
+                return tree;
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+        }
+    })
+    .await;
+    let l = &tree.children[0];
+    assert_eq!((l.kind.as_str(), l.iteration), ("loop", Some(0)));
+    assert_eq!(
+        l.path.as_ref().map(ToString::to_string).as_deref(),
+        Some("l")
+    );
+    let p = &l.children[0];
+    assert_eq!(p.kind, "parallel");
+    assert_eq!(p.items, [0, 1]);
+    assert_eq!(
+        p.path.as_ref().map(ToString::to_string).as_deref(),
+        Some("l/#0/p")
+    );
+    let ws: Vec<String> = p
+        .children
+        .iter()
+        .map(|w| w.path.as_ref().map(ToString::to_string).unwrap_or_default())
+        .collect();
+    assert_eq!(ws, ["l/#0/p/@0/w", "l/#0/p/@1/w"]);
+    // The tree travels as JSON (for other processes) and reads back the same.
+    let json = serde_json::to_string(&tree).expect("serializes");
+    let back: runvisor_actors::ActorTree = serde_json::from_str(&json).expect("deserializes");
+    assert_eq!(back, tree);
+    h.log.mark("w:release");
+    assert_eq!(finish(&run).await.status(), RunStatus::Succeeded);
+}
