@@ -34,6 +34,7 @@
 //! ```
 
 pub mod config;
+pub mod ops;
 pub mod redis;
 pub mod standard;
 pub mod telemetry;

@@ -30,14 +30,37 @@ use runvisor::{
 use serde::Serialize;
 use tokio::task::JoinHandle;
 
+#[path = "cli/ops.rs"]
+mod ops_cli;
+
 /// The run failed (or ended any other way than succeeding).
 const EXIT_RUN_FAILED: u8 = 1;
 /// The run was stopped (Ctrl-C or SIGTERM), as shells report an interrupted command.
 const EXIT_STOPPED: u8 = 130;
 /// Bad input: a file that cannot be read, an invalid workflow, a bad flag value.
 const EXIT_BAD_INPUT: u8 = 2;
-/// Another run holds the thread: a start or resume of a busy thread, from any process.
+/// The store (or a worker asked through it) is unavailable or refused.
+const EXIT_STORAGE: u8 = 3;
+/// Another run holds the thread: a start or resume of a busy thread, from any process; or
+/// the run asked about does not run now.
 const EXIT_CONFLICT: u8 = 4;
+
+/// An error with its own exit code.
+#[derive(Debug, thiserror::Error)]
+#[error("{message}")]
+struct Exit {
+    code: u8,
+    message: String,
+}
+
+impl Exit {
+    fn error(code: u8, message: impl Into<String>) -> anyhow::Error {
+        anyhow::Error::new(Self {
+            code,
+            message: message.into(),
+        })
+    }
+}
 
 /// Supervised, stoppable, resumable agent workflows.
 #[derive(Debug, Parser)]
@@ -75,6 +98,14 @@ enum Command {
         #[arg(long)]
         task: String,
     },
+    /// List runs across every process sharing the Redis: open ones (running, orphaned,
+    /// awaiting input), or all with `--all`, with the nodes each runs now.
+    Ps(ops_cli::PsArgs),
+    /// Show the actor tree of a live run, whichever process runs it.
+    Tree(ops_cli::TreeArgs),
+    /// Run a worker: serve `ps` and `tree` requests for its runs and, with `--adopt-orphans`,
+    /// take orphaned runs over; until Ctrl-C or SIGTERM.
+    Worker(ops_cli::WorkerArgs),
     /// Check a workflow and print every problem found.
     Validate {
         /// The workflow file (JSON).
@@ -160,6 +191,9 @@ fn main() -> ExitCode {
 
 /// The exit code for an error: its own for a conflict, bad input otherwise.
 fn exit_code(e: &anyhow::Error) -> u8 {
+    if let Some(exit) = e.chain().find_map(|cause| cause.downcast_ref::<Exit>()) {
+        return exit.code;
+    }
     let busy = e.chain().any(|cause| {
         matches!(
             cause.downcast_ref::<StartError>(),
@@ -207,6 +241,11 @@ fn dispatch(cli: Cli) -> anyhow::Result<ExitCode> {
             DurabilityArg::Exit => Durability::Exit,
         };
     }
+    if let Command::Worker(args) = &cli.command
+        && ops_cli::adopts(args)
+    {
+        config.runtime.adopt_orphans = true;
+    }
     if let Command::Validate { file } = &cli.command {
         let runtime =
             register_standard_kinds(Runtime::builder().config(config.runtime)).try_build()?;
@@ -217,11 +256,35 @@ fn dispatch(cli: Cli) -> anyhow::Result<ExitCode> {
         .build()
         .context("cannot start the async runtime")?
         .block_on(async move {
-            let durable = config.redis.is_some();
-            let runtime = build_runtime(config).await?;
+            let (runtime, redis) = build_runtime(config).await?;
+            let durable = redis.is_some();
+            // Other processes may ask what this one runs (`ps`, `tree`).
+            let _control = match (&cli.command, &redis) {
+                (Command::Run(_) | Command::Resume(_), Some(stores)) => {
+                    Some(stores.serve_control(&runtime).await?)
+                }
+                _ => None,
+            };
             match cli.command {
                 Command::Run(args) => run(&runtime, args).await,
                 Command::Resume(args) if durable => resume(&runtime, args).await,
+                Command::Ps(args) => {
+                    ops_cli::ps(&runtime, redis.as_ref(), args)
+                        .await
+                        .map_err(|e| Exit::error(EXIT_STORAGE, format!("{e:#}")))?;
+                    Ok(ExitCode::SUCCESS)
+                }
+                Command::Tree(args) => tree(&runtime, redis.as_ref(), args).await,
+                Command::Worker(_) => match &redis {
+                    Some(stores) => {
+                        ops_cli::worker(&runtime, stores).await?;
+                        Ok(ExitCode::SUCCESS)
+                    }
+                    None => bail!(
+                        "a worker shares runs with other processes: pass --redis URL (or set \
+                         `redis` in the config file)"
+                    ),
+                },
                 Command::Stop { app, chat } if durable => {
                     report_request(runtime.request_stop(&app, &chat).await)
                 }
@@ -238,18 +301,44 @@ fn dispatch(cli: Cli) -> anyhow::Result<ExitCode> {
         })
 }
 
-/// The runtime with the standard kinds, on Redis when configured, else on the embedded
-/// in-memory stores.
-async fn build_runtime(config: Config) -> anyhow::Result<Runtime> {
+/// The runtime with the standard kinds, on Redis when configured (with the stores), else on
+/// the embedded in-memory stores.
+async fn build_runtime(config: Config) -> anyhow::Result<(Runtime, Option<RedisStores>)> {
     let mut builder = register_standard_kinds(Runtime::builder().config(config.runtime));
-    if let Some(redis) = config.redis {
-        let shown = redis.redacted_url();
-        let stores = RedisStores::connect(redis)
+    let mut redis = None;
+    if let Some(config) = config.redis {
+        let shown = config.redacted_url();
+        let stores = RedisStores::connect(config)
             .await
             .with_context(|| format!("cannot use Redis at {shown}"))?;
         builder = stores.install(builder);
+        redis = Some(stores);
     }
-    Ok(builder.try_build()?)
+    Ok((builder.try_build()?, redis))
+}
+
+/// `tree`, with an exit code per reason there is none.
+async fn tree(
+    runtime: &Runtime,
+    redis: Option<&RedisStores>,
+    args: ops_cli::TreeArgs,
+) -> anyhow::Result<ExitCode> {
+    use ops_cli::TreeFailure;
+    use runvisor::ops::TreeError;
+    match ops_cli::tree(runtime, redis, args).await {
+        Ok(()) => Ok(ExitCode::SUCCESS),
+        Err(TreeFailure::BadInput(message)) => Err(Exit::error(EXIT_BAD_INPUT, message)),
+        Err(TreeFailure::Io(e)) => Err(e),
+        Err(TreeFailure::Tree(e)) => {
+            let code = match &e {
+                TreeError::UnknownRun(_) => EXIT_BAD_INPUT,
+                TreeError::NotLive { .. } | TreeError::Orphaned { .. } => EXIT_CONFLICT,
+                TreeError::Query(_) => EXIT_RUN_FAILED,
+                _ => EXIT_STORAGE,
+            };
+            Err(Exit::error(code, e.to_string()))
+        }
+    }
 }
 
 /// Prints what a stop or cancel request did, as the seed APIs answer: success either way.

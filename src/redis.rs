@@ -52,6 +52,8 @@
 //! | `<p>:recent` | ZSET | every run of the last data TTL, as in `<p>:open` |
 //! | `<p>:lease:{<thread>}` | HASH | the thread's lease: `worker`, `run`, `token`, `expires` (ms, moved on by each renewal; an expired lease is free); deleted when released |
 //! | `<p>:fence:{<thread>}` | STRING | the thread's newest fencing token (a counter) |
+//! | `<p>:ctl:<worker_id>` | LIST | a worker's control mailbox (see [`control`]) |
+//! | `<p>:ctlreply:{<request_id>}:<worker_id>` | LIST | a worker's answer to a control request |
 //! | `<p>:worker:<worker_id>` | HASH | a worker's heartbeat: `host`, `pid`, `started_at`, `version`; lives for the lease TTL |
 //! | `<p>:hist:{<thread>}` | LIST | the thread's history, one JSON message per entry, oldest first |
 //! | `<p>:histids:{<thread>}` | SET | the ids of the messages in that list |
@@ -110,6 +112,7 @@
 
 mod checkpoint;
 mod conn;
+pub mod control;
 mod history;
 mod keys;
 mod lease;
@@ -290,6 +293,8 @@ pub struct RedisStores {
     pub leases: Arc<dyn LeaseStore>,
     keys: Keys,
     config: RedisConfig,
+    conn: Conn,
+    endpoint: Endpoint,
 }
 
 impl fmt::Debug for RedisStores {
@@ -324,13 +329,15 @@ impl RedisStores {
             history: Arc::new(RedisHistoryStore::new(conn.clone(), keys.clone(), ttl)),
             leases: Arc::new(RedisLeaseStore::new(conn.clone(), keys.clone(), ttl)),
             signals: Arc::new(RedisSignalSource::new(
-                conn,
+                conn.clone(),
                 Conn::connect(&config, &endpoint).await?,
                 &config,
-                endpoint,
+                endpoint.clone(),
             )?),
             keys,
             config,
+            conn,
+            endpoint,
         })
     }
 

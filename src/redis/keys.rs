@@ -153,6 +153,17 @@ impl Keys {
         format!("{}:recent", self.prefix)
     }
 
+    /// `<p>:ctl:<worker_id>`: a worker's control mailbox (LIST of JSON requests).
+    pub fn control(&self, worker: &WorkerId) -> String {
+        format!("{}:ctl:{worker}", self.prefix)
+    }
+
+    /// `<p>:ctlreply:{<request_id>}:<worker_id>`: a worker's answer to a control request
+    /// (LIST); the answers to one request share a slot.
+    pub fn control_reply(&self, request: &str, worker: &WorkerId) -> String {
+        format!("{}:ctlreply:{{{request}}}:{worker}", self.prefix)
+    }
+
     /// `<p>:lease:{<thread>}`: the thread's lease (HASH: `worker`, `run`, `token`), with the
     /// lease TTL.
     pub fn lease(&self, thread: &ThreadId) -> String {

@@ -56,6 +56,13 @@ pub(crate) enum BodyMsg {
     Deadline,
     /// The coalescing window passed: hand the run the progress made since the last report.
     ReportProgress,
+    /// A loop or parallel running in one of this body's executions made progress.
+    ChildProgress {
+        child: ractor::ActorId,
+        node: NodeIndex,
+        frame: Box<FrameState>,
+        messages: Vector<Message>,
+    },
 }
 
 pub(crate) struct BodyActor;
@@ -72,6 +79,8 @@ pub(crate) struct BodyArgs {
     pub(crate) run: Arc<RunInfo>,
     pub(crate) report: oneshot::Sender<NodeReport>,
     pub(crate) restore: Option<FrameState>,
+    /// The body hosting this one; `None` when the run's supervisor does.
+    pub(crate) parent: Option<ActorRef<BodyMsg>>,
 }
 
 /// A loop: its machine (once begun) and the current iteration's graph.
@@ -130,6 +139,8 @@ pub(crate) struct BodyState {
     /// next window (`async` durability reports at most once per coalescing window).
     reported_at: Option<tokio::time::Instant>,
     report_waiting: bool,
+    /// Where progress goes: the hosting body, or the run's supervisor when `None`.
+    parent: Option<ActorRef<BodyMsg>>,
     span: tracing::Span,
 }
 
@@ -187,6 +198,7 @@ impl Actor for BodyActor {
             deadline: None,
             reported_at: None,
             report_waiting: false,
+            parent: args.parent,
             span,
         })
     }
@@ -228,7 +240,22 @@ impl Actor for BodyActor {
             BodyMsg::ReportProgress => {
                 if state.report_waiting && !state.stopping && state.end.is_none() {
                     state.report_waiting = false;
-                    state.send_progress();
+                    state.send_progress(&myself);
+                }
+            }
+            BodyMsg::ChildProgress {
+                child,
+                node,
+                frame,
+                messages,
+            } => {
+                let noted = !state.stopping
+                    && state.end.is_none()
+                    && state
+                        .exec_of(&child)
+                        .is_some_and(|(_, exec)| exec.note_nested_progress(node, *frame, messages));
+                if noted {
+                    state.report_progress(&myself.get_cell());
                 }
             }
             BodyMsg::Deadline => {

@@ -101,6 +101,8 @@ pub(crate) struct GraphExec {
     /// What running loop and parallel nodes reported they have finished, for progress
     /// snapshots (a crash reruns only what was in flight).
     running_frames: HashMap<NodeIndex, FrameState>,
+    /// The messages running loop and parallel nodes produced so far (with their progress).
+    running_messages: HashMap<NodeIndex, Vector<Message>>,
     /// Assignments to variables this execution does not own, in order (for the host).
     pub(crate) up: Vec<(String, Value)>,
     /// The history this execution's nodes see: what it started with, then the messages of
@@ -172,6 +174,7 @@ impl GraphExec {
             restore_frames: HashMap::new(),
             saved_frames: Vec::new(),
             running_frames: HashMap::new(),
+            running_messages: HashMap::new(),
             up: Vec::new(),
             history,
             produced: Vector::new(),
@@ -474,6 +477,9 @@ impl GraphExec {
                     run: host.run.clone(),
                     report: report_tx,
                     restore: self.restore_frames.remove(&node),
+                    // The workflow's graph runs in the run's supervisor; a body's in its actor.
+                    parent: (!self.prefix.frames().is_empty())
+                        .then(|| ActorRef::<BodyMsg>::from(host.cell.clone())),
                 };
                 Actor::spawn_linked(None, BodyActor, args, host.cell.clone())
                     .await
@@ -580,6 +586,31 @@ impl GraphExec {
         true
     }
 
+    /// [`note_progress`](Self::note_progress) of a loop or parallel nested in a body, with the
+    /// messages it produced so far (they travel up with the body's own progress).
+    pub(crate) fn note_nested_progress(
+        &mut self,
+        node: NodeIndex,
+        frame: FrameState,
+        messages: Vector<Message>,
+    ) -> bool {
+        if !self.note_progress(node, frame) {
+            return false;
+        }
+        self.running_messages.insert(node, messages);
+        true
+    }
+
+    /// The messages this execution's finished nodes produced, then those its running loops
+    /// and parallels produced so far: what a progress report of its body carries.
+    pub(crate) fn progress_messages(&self) -> impl Iterator<Item = &Message> {
+        let mut running: Vec<_> = self.running_messages.iter().collect();
+        running.sort_by_key(|(node, _)| **node);
+        self.produced
+            .iter()
+            .chain(running.into_iter().flat_map(|(_, m)| m.iter()))
+    }
+
     /// The nodes running now.
     pub(crate) fn running_nodes(&self) -> Vec<NodeIndex> {
         self.schedule.running().collect()
@@ -600,6 +631,7 @@ impl GraphExec {
         let path = self.path(node);
         host.run.live().running.remove(&path);
         self.running_frames.remove(&node);
+        self.running_messages.remove(&node);
         self.keep_messages(report.messages);
         let mut events = Vec::new();
         if let Some((mode, reason)) = report.requested_stop {
@@ -716,6 +748,7 @@ impl GraphExec {
         let path = self.path(child.node);
         host.run.live().running.remove(&path);
         let _ = self.schedule.requeue(child.node);
+        self.running_messages.remove(&child.node);
         if let Some(state) = self.running_frames.remove(&child.node) {
             // What it reported finished before it was lost still counts.
             self.saved_frames.push(SavedFrame {

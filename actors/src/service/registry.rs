@@ -12,13 +12,13 @@ use std::sync::{Arc, Mutex};
 
 use dashmap::DashMap;
 use dashmap::mapref::entry::Entry;
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 pub(crate) use crate::exec::LiveRun;
 use crate::model::{NodePath, RunId, RunOutcome, RunStatus, ThreadId};
 
 /// What ops tooling sees of a live run.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[non_exhaustive]
 pub struct RunSummary {
     /// The run.

@@ -425,3 +425,129 @@ async fn a_run_past_its_deadline_stops_with_reason_timeout_and_stays_resumable()
     );
     assert_eq!(streamer.calls(), 2);
 }
+
+/// The finished items of the parallel nested in the loop's current iteration, as a stored
+/// snapshot says.
+fn nested_items_done(snapshot: &Snapshot) -> usize {
+    use runvisor_actors::snapshot::FrameState;
+    snapshot
+        .graph
+        .frames
+        .iter()
+        .filter_map(|f| match &f.state {
+            FrameState::Loop(l) => Some(l),
+            _ => None,
+        })
+        .flat_map(|l| l.body.frames.iter())
+        .filter_map(|f| match &f.state {
+            FrameState::Parallel(p) => Some(p.done.iter().filter(|d| **d).count()),
+            _ => None,
+        })
+        .sum()
+}
+
+#[tokio::test]
+async fn progress_inside_nested_bodies_is_stored_while_running_so_a_crash_costs_only_what_ran() {
+    for durability in [Durability::Sync, Durability::Async] {
+        let config = RuntimeConfig {
+            durability,
+            checkpoint_coalesce: Duration::from_millis(20),
+            ..RuntimeConfig::default()
+        };
+        let first = host_with(|b, _| b.config(config.clone()));
+        let wf = load(
+            &first.rt,
+            json!({"id": "nested", "nodes": [
+                {"id": "start", "kind": "begin"},
+                {"id": "l", "kind": "loop", "params": {"mode": "array", "items": [1, 2]},
+                 "body": {"nodes": [
+                    {"id": "p", "kind": "parallel", "params": {
+                        "items": [5, 5, 60000], "max_concurrency": 3
+                    }, "body": {"nodes": [
+                        {"id": "w", "kind": "sleep", "params": {
+                            "ms": "{{p.item}}", "message": "item {{p.index}} of {{l.index}}"
+                        }}
+                    ]}}
+                 ]}}
+            ], "edges": [{"from": "start", "to": "l"}]}),
+        );
+        let t = thread("nested-crash");
+        let run = first
+            .rt
+            .start(&wf, Default::default(), t.clone())
+            .await
+            .expect("start");
+        // Wait, with the run still going, for a stored snapshot that knows items 0 and 1 of
+        // the current iteration finished.
+        let stored = within("a snapshot with the nested progress", async {
+            loop {
+                if let Some(latest) = first
+                    .rt
+                    .checkpoint_store()
+                    .latest(&t)
+                    .await
+                    .expect("latest")
+                    && nested_items_done(&Snapshot::decode(&latest.bytes).expect("decodes")) == 2
+                {
+                    return latest;
+                }
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            }
+        })
+        .await;
+        let snapshot = Snapshot::decode(&stored.bytes).expect("decodes");
+        let pending: Vec<&str> = snapshot
+            .pending_messages
+            .iter()
+            .map(|m| m.content.as_str())
+            .collect();
+        assert!(
+            pending.contains(&"item 0 of 0") && pending.contains(&"item 1 of 0"),
+            "{durability:?}: the finished items' messages travel with their progress: {pending:?}"
+        );
+
+        // The process dies here: another one, with only what was stored, resumes the thread.
+        let second = host_with(|b, _| b.config(config.clone()));
+        let definition = first
+            .rt
+            .checkpoint_store()
+            .get_workflow(&t, &snapshot.workflow_hash)
+            .await
+            .expect("read")
+            .expect("the workflow is stored");
+        let copy = second.rt.checkpoint_store();
+        copy.put_workflow(&t, &snapshot.workflow_hash, &definition)
+            .await
+            .expect("copy the workflow");
+        copy.put(&t, stored, None)
+            .await
+            .expect("copy the stored checkpoint");
+        let resumed = second
+            .rt
+            .resume(
+                runvisor_actors::ResumeFrom::Thread(t.clone()),
+                runvisor_actors::ResumeInput::Continue,
+            )
+            .await
+            .expect("resume");
+        assert!(second.log.wait_mark("w:started", PATIENCE).await);
+        let first_items: Vec<i64> = second
+            .log
+            .inputs("w")
+            .iter()
+            .filter_map(|input| input.get("ms").and_then(Value::as_i64))
+            .collect();
+        assert_eq!(
+            first_items,
+            [60000],
+            "{durability:?}: only the item that was running runs again"
+        );
+        resumed
+            .stop(runvisor_actors::StopMode::Force)
+            .await
+            .expect("stop");
+        run.stop(runvisor_actors::StopMode::Force)
+            .await
+            .expect("stop");
+    }
+}

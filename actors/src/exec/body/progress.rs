@@ -11,10 +11,8 @@ impl BodyState {
     /// report goes per coalescing window (a shared vector is copied on its next change, so
     /// fewer reports also mean fewer copies); `sync` reports every step.
     pub(super) fn report_progress(&mut self, cell: &ActorCell) {
-        if self.path.frames().len() != 1 {
-            return;
-        }
         let config = self.run.config();
+        let me: ActorRef<BodyMsg> = cell.clone().into();
         match config.durability {
             Durability::Exit => return,
             Durability::Sync => {}
@@ -24,7 +22,6 @@ impl BodyState {
                 if self.reported_at.is_some_and(|at| now < at + window) {
                     if !self.report_waiting {
                         self.report_waiting = true;
-                        let me: ActorRef<BodyMsg> = cell.clone().into();
                         let at = self.reported_at.map_or(now, |at| at + window);
                         tokio::spawn(async move {
                             tokio::time::sleep_until(at).await;
@@ -35,28 +32,40 @@ impl BodyState {
                 }
             }
         }
-        self.send_progress();
+        self.send_progress(&me);
     }
 
-    /// Hands the run this body's progress now.
-    pub(super) fn send_progress(&mut self) {
+    /// Hands this body's progress to whoever hosts it now: everything finished so far, in
+    /// finished iterations and items and in the current ones (down to nested loops and
+    /// parallels), with the messages they produced, so that a worker dying now costs only
+    /// what was running.
+    pub(super) fn send_progress(&mut self, myself: &ActorRef<BodyMsg>) {
         self.reported_at = Some(tokio::time::Instant::now());
-        let frame = match &self.work {
-            Work::Loop(l) => match &l.machine {
-                Some(m) => loop_state(m.progress(), GraphState::default()),
-                None => return,
-            },
-            Work::Parallel(p) => match &p.machine {
-                Some(m) => parallel_state(m.progress(), Vec::new(), Vec::new()),
-                None => return,
-            },
+        let Some(frame) = self.progress_frame() else {
+            return;
         };
-        if let Some(supervisor) = self.run.supervisor.get() {
-            let _ = supervisor.send_message(RunMsg::Progress {
-                node: self.node,
-                frame: Box::new(frame),
-                messages: self.produced.clone(),
-            });
+        let mut messages = self.produced.clone();
+        for exec in self.execs_mut() {
+            messages.extend(exec.progress_messages().cloned());
+        }
+        match &self.parent {
+            Some(parent) => {
+                let _ = parent.send_message(BodyMsg::ChildProgress {
+                    child: myself.get_id(),
+                    node: self.node,
+                    frame: Box::new(frame),
+                    messages,
+                });
+            }
+            None => {
+                if let Some(supervisor) = self.run.supervisor.get() {
+                    let _ = supervisor.send_message(RunMsg::Progress {
+                        node: self.node,
+                        frame: Box::new(frame),
+                        messages,
+                    });
+                }
+            }
         }
     }
 

@@ -1,0 +1,192 @@
+//! What operators ask about runs, answered across every process that shares the stores: the
+//! runs (`runvisor ps`) with the nodes each runs now, and the actor tree of a live run
+//! (`runvisor tree`), wherever it runs.
+//!
+//! Records come from the run store ([`Runtime::list_runs`]: `orphaned` is derived there from
+//! the workers' heartbeats); what a run of another process runs now comes from that process,
+//! asked through its control mailbox ([`crate::redis::control`]) when the stores are on Redis.
+
+use std::collections::BTreeSet;
+use std::time::Duration;
+
+use runvisor_actors::{
+    ActorTree, NodePath, QueryError, RunId, RunQuery, RunStatus, Runtime, StoreError, ThreadId,
+    WorkerId,
+};
+use serde::Serialize;
+
+use crate::redis::RedisStores;
+use crate::redis::control::ControlError;
+
+/// One run as `runvisor ps` shows it.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+#[non_exhaustive]
+pub struct RunRow {
+    /// The run.
+    pub run_id: RunId,
+    /// Its thread.
+    pub thread: ThreadId,
+    /// The workflow it runs.
+    pub workflow_id: String,
+    /// Its status: `running`, `awaiting_input`, `orphaned`, `stopped`, `succeeded`, `failed`
+    /// or `cancelled`.
+    pub status: RunStatus,
+    /// Its app id, if it has one.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub app_id: Option<String>,
+    /// Its chat id, if it has one.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub chat_id: Option<String>,
+    /// Its task id, if it has one.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub task_id: Option<String>,
+    /// The worker that runs (or ran) it.
+    pub worker: Option<WorkerId>,
+    /// Whether that worker heartbeats.
+    pub worker_alive: bool,
+    /// When it started, in ms since the epoch.
+    pub started_at_ms: u64,
+    /// When it ended, if it did.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub finished_at_ms: Option<u64>,
+    /// Why it stopped, if it did.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub stop_reason: Option<String>,
+    /// The nodes it runs now, by path; `None` when unknown (it does not run, or its worker
+    /// did not answer).
+    pub nodes: Option<Vec<NodePath>>,
+}
+
+/// Why a tree could not be shown.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum TreeError {
+    /// No run has this id.
+    #[error("no run {0}")]
+    UnknownRun(RunId),
+    /// The run does not run now: it has no actors.
+    #[error("run {run} has no actors: it is {status}")]
+    NotLive {
+        /// The run.
+        run: RunId,
+        /// Its status.
+        status: RunStatus,
+    },
+    /// The run's worker is gone.
+    #[error("run {run} is orphaned: its worker {worker} stopped heartbeating")]
+    Orphaned {
+        /// The run.
+        run: RunId,
+        /// Its worker.
+        worker: WorkerId,
+    },
+    /// This process runs it, and it did not answer.
+    #[error(transparent)]
+    Query(#[from] QueryError),
+    /// Its worker did not answer, or Redis failed.
+    #[error(transparent)]
+    Control(#[from] ControlError),
+    /// The stores failed.
+    #[error(transparent)]
+    Store(#[from] StoreError),
+}
+
+/// The runs `query` selects, from every worker sharing `runtime`'s stores, newest first. With
+/// Redis stores, the workers running them are asked what they run now (waiting `wait` at most).
+pub async fn list_runs(
+    runtime: &Runtime,
+    redis: Option<&RedisStores>,
+    query: &RunQuery,
+    wait: Duration,
+) -> Result<Vec<RunRow>, StoreError> {
+    let views = runtime.list_runs(query).await?;
+    let elsewhere: Vec<WorkerId> = views
+        .iter()
+        .filter(|v| !v.here && v.status == RunStatus::Running)
+        .filter_map(|v| v.worker.as_ref().map(|w| w.id.clone()))
+        .collect::<BTreeSet<_>>()
+        .into_iter()
+        .collect();
+    let remote = match redis {
+        Some(redis) if !elsewhere.is_empty() => match redis.ask_runs(&elsewhere, wait).await {
+            Ok(answers) => answers,
+            Err(e) => {
+                tracing::warn!(error = %e, "could not ask the workers what they run");
+                Default::default()
+            }
+        },
+        _ => Default::default(),
+    };
+    Ok(views
+        .into_iter()
+        .map(|view| {
+            let record = &view.record;
+            let nodes = if view.here {
+                Some(view.running_nodes.clone())
+            } else if view.status == RunStatus::Running {
+                record
+                    .worker
+                    .as_ref()
+                    .and_then(|w| remote.get(w))
+                    .map(|runs| {
+                        runs.iter()
+                            .find(|s| s.run_id == record.run_id)
+                            .map(|s| s.running_nodes.clone())
+                            .unwrap_or_default()
+                    })
+            } else {
+                None
+            };
+            RunRow {
+                run_id: record.run_id,
+                thread: record.thread.clone(),
+                workflow_id: record.workflow_id.clone(),
+                status: view.status,
+                app_id: record.labels.app_id().map(str::to_owned),
+                chat_id: record.labels.chat_id().map(str::to_owned),
+                task_id: record.labels.task_id().map(str::to_owned),
+                worker: record.worker.clone(),
+                worker_alive: view.worker.is_some() || view.here,
+                started_at_ms: record.started_at_ms,
+                finished_at_ms: record.finished_at_ms,
+                stop_reason: record.stop_reason.clone(),
+                nodes,
+            }
+        })
+        .collect())
+}
+
+/// The actor tree of a live run: asked of this runtime when it runs it, else of the worker
+/// that does (with Redis stores), waiting `wait` at most.
+pub async fn tree(
+    runtime: &Runtime,
+    redis: Option<&RedisStores>,
+    run: RunId,
+    wait: Duration,
+) -> Result<ActorTree, TreeError> {
+    if runtime.registry().summary(&run).is_some() {
+        return Ok(runtime.tree(run).await?);
+    }
+    let record = runtime
+        .run_store()
+        .get(run)
+        .await?
+        .ok_or(TreeError::UnknownRun(run))?;
+    let view = runtime
+        .list_runs(&RunQuery {
+            thread: Some(record.thread.clone()),
+            limit: usize::MAX,
+            ..RunQuery::default()
+        })
+        .await?
+        .into_iter()
+        .find(|v| v.record.run_id == run);
+    let status = view.as_ref().map_or(record.status, |v| v.status);
+    match (status, record.worker.clone(), redis) {
+        (RunStatus::Running, Some(worker), Some(redis)) => {
+            Ok(redis.ask_tree(&worker, run, wait).await?)
+        }
+        (RunStatus::Orphaned, Some(worker), _) => Err(TreeError::Orphaned { run, worker }),
+        (status, ..) => Err(TreeError::NotLive { run, status }),
+    }
+}

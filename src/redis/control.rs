@@ -1,0 +1,315 @@
+//! Control requests between processes: what a worker runs now, and the actor tree of one of
+//! its runs, asked by any process (`runvisor ps`, `runvisor tree`) of the worker that runs it.
+//!
+//! Each worker serving requests ([`RedisStores::serve_control`]) waits on its mailbox, a LIST
+//! `<p>:ctl:<worker>`, with `BLPOP` on a connection of its own. A request is a JSON object
+//! `{"id": "<uuid>", "op": "runs"}` or `{"id": ..., "op": "tree", "run": "<run_id>"}`
+//! pushed onto the mailbox (which expires after [`MAILBOX_TTL`] unless a request refreshes it,
+//! so the mailbox of a worker that died does not stay). The worker pushes its answer onto
+//! `<p>:ctlreply:{<id>}:<worker>` (expiring after [`MAILBOX_TTL`]): `{"ok": true, "runs":
+//! [...]}`, `{"ok": true, "tree": {...}}` or `{"ok": false, "error": "..."}`. The asker waits
+//! for the answers with `BLPOP` over the reply keys of one request, which share a hash tag and
+//! so a Cluster slot.
+//!
+//! The answers are what the worker's own registry and actors say at that moment; a worker
+//! that is alive but not serving requests (a host that did not call `serve_control`) does not
+//! answer, and askers say so.
+
+use std::collections::HashMap;
+use std::time::Duration;
+
+use runvisor_actors::{ActorTree, RunId, RunSummary, Runtime, StoreError, WorkerId};
+use serde::{Deserialize, Serialize};
+
+use super::conn::{Conn, Endpoint};
+use super::reply;
+use super::{ConnectError, RedisConfig, RedisStores};
+
+/// How long a worker blocks on its mailbox per call (then it calls again).
+const BLOCK: Duration = Duration::from_secs(1);
+
+/// How long an unserved mailbox and an unread answer live.
+pub const MAILBOX_TTL: Duration = Duration::from_secs(10);
+
+/// What went wrong asking a worker.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum ControlError {
+    /// The worker did not answer in time: it is busy, not serving control requests, or gone.
+    #[error("worker {worker} did not answer within {waited:?} (is it serving control requests?)")]
+    NoAnswer {
+        /// The worker asked.
+        worker: WorkerId,
+        /// How long the asker waited.
+        waited: Duration,
+    },
+    /// The worker answered with an error.
+    #[error("worker {worker}: {error}")]
+    Refused {
+        /// The worker asked.
+        worker: WorkerId,
+        /// What it said.
+        error: String,
+    },
+    /// Redis failed.
+    #[error(transparent)]
+    Store(#[from] StoreError),
+    /// A connection for the request could not be opened.
+    #[error(transparent)]
+    Connect(#[from] ConnectError),
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(tag = "op", rename_all = "snake_case")]
+enum Op {
+    Runs,
+    Tree { run: RunId },
+}
+
+#[derive(Debug, Serialize, Deserialize)]
+struct Request {
+    id: String,
+    #[serde(flatten)]
+    op: Op,
+}
+
+#[derive(Debug, Serialize, Deserialize)]
+struct Answer {
+    ok: bool,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    runs: Option<Vec<RunSummary>>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    tree: Option<ActorTree>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    error: Option<String>,
+}
+
+/// A worker answering control requests; it stops when dropped.
+#[derive(Debug)]
+pub struct ControlServer {
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl Drop for ControlServer {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+/// A connection whose calls may block for `block` (a `BLPOP`) on top of the usual timeouts.
+async fn blocking_conn(
+    config: &RedisConfig,
+    endpoint: &Endpoint,
+    block: Duration,
+) -> Result<Conn, ConnectError> {
+    let config = RedisConfig {
+        response_timeout: config.response_timeout + block,
+        call_timeout: config.call_timeout + block,
+        ..config.clone()
+    };
+    Conn::connect(&config, endpoint).await
+}
+
+impl RedisStores {
+    /// Answers control requests for `runtime` (this worker): what it runs, and the actor tree
+    /// of a run, for `runvisor ps` and `runvisor tree` in other processes. Runs until the
+    /// returned server is dropped.
+    pub async fn serve_control(&self, runtime: &Runtime) -> Result<ControlServer, ConnectError> {
+        let conn = blocking_conn(&self.config, &self.endpoint, BLOCK).await?;
+        let keys = self.keys.clone();
+        let runtime = runtime.clone();
+        let mailbox = keys.control(&runtime.worker().id);
+        let task = tokio::spawn(async move {
+            let mut errors = 0u64;
+            loop {
+                let mut cmd = ::redis::cmd("BLPOP");
+                cmd.arg(&mailbox).arg(BLOCK.as_secs_f64());
+                let request = match conn.query(&mailbox, &cmd).await {
+                    Ok(reply) => reply,
+                    Err(e) => {
+                        errors += 1;
+                        if errors.is_power_of_two() {
+                            tracing::warn!(error = %e, count = errors, "control mailbox unreachable");
+                        }
+                        tokio::time::sleep(BLOCK).await;
+                        continue;
+                    }
+                };
+                // Nil: nothing came within the block time.
+                let Some(text) = popped(&request, &mailbox) else {
+                    continue;
+                };
+                let request: Request = match serde_json::from_str(&text) {
+                    Ok(request) => request,
+                    Err(e) => {
+                        tracing::debug!(error = %e, "ignored a malformed control request");
+                        continue;
+                    }
+                };
+                let answer = answer(&runtime, request.op).await;
+                let reply = keys.control_reply(&request.id, &runtime.worker().id);
+                let Ok(json) = serde_json::to_string(&answer) else {
+                    continue;
+                };
+                let mut pipe = ::redis::pipe();
+                pipe.atomic()
+                    .cmd("RPUSH")
+                    .arg(&reply)
+                    .arg(json)
+                    .ignore()
+                    .cmd("PEXPIRE")
+                    .arg(&reply)
+                    .arg(MAILBOX_TTL.as_millis() as u64)
+                    .ignore();
+                if let Err(e) = conn.pipeline(&reply, &pipe).await {
+                    tracing::debug!(error = %e, "could not answer a control request");
+                }
+            }
+        });
+        Ok(ControlServer { task })
+    }
+
+    /// What each of these workers runs now, by its own registry: one request each, answered
+    /// within `wait`. A worker that does not answer in time is missing from the map.
+    pub async fn ask_runs(
+        &self,
+        workers: &[WorkerId],
+        wait: Duration,
+    ) -> Result<HashMap<WorkerId, Vec<RunSummary>>, ControlError> {
+        let answers = self.ask(workers, &Op::Runs, wait).await?;
+        Ok(answers
+            .into_iter()
+            .filter_map(|(worker, answer)| Some((worker, answer.runs?)))
+            .collect())
+    }
+
+    /// The actor tree of a run, asked of the worker that runs it.
+    pub async fn ask_tree(
+        &self,
+        worker: &WorkerId,
+        run: RunId,
+        wait: Duration,
+    ) -> Result<ActorTree, ControlError> {
+        let mut answers = self
+            .ask(std::slice::from_ref(worker), &Op::Tree { run }, wait)
+            .await?;
+        match answers.remove(worker) {
+            Some(Answer {
+                tree: Some(tree), ..
+            }) => Ok(tree),
+            Some(Answer { error, .. }) => Err(ControlError::Refused {
+                worker: worker.clone(),
+                error: error.unwrap_or_else(|| "no tree in the answer".to_owned()),
+            }),
+            None => Err(ControlError::NoAnswer {
+                worker: worker.clone(),
+                waited: wait,
+            }),
+        }
+    }
+
+    /// Sends one request to each worker and collects the answers that come within `wait`.
+    async fn ask(
+        &self,
+        workers: &[WorkerId],
+        op: &Op,
+        wait: Duration,
+    ) -> Result<HashMap<WorkerId, Answer>, ControlError> {
+        let id = uuid::Uuid::now_v7().to_string();
+        let request = serde_json::to_string(&Request {
+            id: id.clone(),
+            op: op.clone(),
+        })
+        .map_err(|e| StoreError::Unavailable(format!("cannot encode a control request: {e}")))?;
+        let ttl = MAILBOX_TTL.as_millis() as u64;
+        for worker in workers {
+            let mailbox = self.keys.control(worker);
+            let mut pipe = ::redis::pipe();
+            pipe.atomic()
+                .cmd("RPUSH")
+                .arg(&mailbox)
+                .arg(&request)
+                .ignore()
+                .cmd("PEXPIRE")
+                .arg(&mailbox)
+                .arg(ttl)
+                .ignore();
+            self.conn.pipeline(&mailbox, &pipe).await?;
+        }
+        let mut waiting: HashMap<String, WorkerId> = workers
+            .iter()
+            .map(|w| (self.keys.control_reply(&id, w), w.clone()))
+            .collect();
+        let mut answers = HashMap::new();
+        if waiting.is_empty() {
+            return Ok(answers);
+        }
+        let conn = blocking_conn(&self.config, &self.endpoint, wait).await?;
+        let deadline = tokio::time::Instant::now() + wait;
+        while !waiting.is_empty() {
+            let left = deadline.saturating_duration_since(tokio::time::Instant::now());
+            if left < Duration::from_millis(1) {
+                break;
+            }
+            let mut cmd = ::redis::cmd("BLPOP");
+            for key in waiting.keys() {
+                cmd.arg(key);
+            }
+            cmd.arg(left.as_secs_f64());
+            let first = waiting.keys().next().cloned().unwrap_or_default();
+            let reply = conn.query(&first, &cmd).await?;
+            let Some((key, text)) = popped_from(&reply, &first) else {
+                break;
+            };
+            if let Some(worker) = waiting.remove(&key)
+                && let Ok(answer) = serde_json::from_str::<Answer>(&text)
+            {
+                answers.insert(worker, answer);
+            }
+        }
+        Ok(answers)
+    }
+}
+
+/// Answers one request from this worker's registry and actors.
+async fn answer(runtime: &Runtime, op: Op) -> Answer {
+    match op {
+        Op::Runs => Answer {
+            ok: true,
+            runs: Some(runtime.runs()),
+            tree: None,
+            error: None,
+        },
+        Op::Tree { run } => match runtime.tree(run).await {
+            Ok(tree) => Answer {
+                ok: true,
+                runs: None,
+                tree: Some(tree),
+                error: None,
+            },
+            Err(e) => Answer {
+                ok: false,
+                runs: None,
+                tree: None,
+                error: Some(e.to_string()),
+            },
+        },
+    }
+}
+
+/// The value a `BLPOP` of one key popped; `None` when it timed out (or answered otherwise).
+fn popped(reply: &::redis::Value, key: &str) -> Option<String> {
+    popped_from(reply, key).map(|(_, value)| value)
+}
+
+/// The key and value a `BLPOP` popped.
+fn popped_from(reply: &::redis::Value, key: &str) -> Option<(String, String)> {
+    let items = reply::array(reply, key).ok()?;
+    match items {
+        [k, v] => Some((
+            reply::text(k, key).ok()?.to_owned(),
+            reply::text(v, key).ok()?.to_owned(),
+        )),
+        _ => None,
+    }
+}
