@@ -18,6 +18,7 @@ mod fork;
 mod history;
 mod layout;
 mod leases;
+mod ops;
 mod resume;
 mod runs;
 mod signals;
