@@ -1,15 +1,17 @@
 //! `runvisor`, the command line: `run` executes a workflow file and shows its progress,
 //! `resume` continues a thread from its newest checkpoint or forks a new thread from an older
-//! one, `stop` and `cancel` stop a run from any
-//! process, `validate` checks a workflow and lists every problem.
+//! one, `stop` and `cancel` stop a run from any process, `ps` and `tree` show runs across
+//! processes, `worker` serves them (and adopts orphans), `validate` checks a workflow and lists
+//! every problem.
 //!
 //! Stores: the embedded in-memory default, or Redis (`--redis URL` or the config file), which
-//! `resume`, `stop` and `cancel` need since they act on runs of other processes.
+//! `resume`, `stop`, `cancel` and `worker` need since they act on runs of other processes.
 //!
-//! Exit codes: 0 success (or waiting for input), 1 the run failed, 2 bad input (unreadable
-//! file, invalid workflow, bad `--input`, ...), 4 the thread is busy (another run holds it),
-//! 130 the run was stopped (Ctrl-C: graceful, twice: forced). Every error is one `error: ...`
-//! line on stderr, never a panic.
+//! Exit codes (README lists them): 0 success (or waiting for input), 1 the run failed, 2 bad
+//! input (unreadable file, invalid workflow, bad `--input`, ...), 3 the store or a worker is
+//! unavailable, 4 conflict (the thread is busy; the run asked about does not run), 130 the run
+//! was stopped (Ctrl-C: graceful, twice: forced). Every error is one `error: ...` line on
+//! stderr, never a panic.
 
 use std::collections::HashMap;
 use std::io::{self, Write};
