@@ -85,7 +85,8 @@ enum Command {
     Run(RunArgs),
     /// Continue a thread from its newest checkpoint, or fork a new thread from a named one.
     Resume(ResumeArgs),
-    /// Ask the run of a FastGPT app and chat to stop; waits (5 s at most) for it to end.
+    /// Ask the run of a FastGPT app and chat to stop; waits (5 s at most) for it to end. With
+    /// no live run of them, sets nothing and exits 4.
     Stop {
         /// The app id.
         #[arg(long)]
@@ -94,7 +95,8 @@ enum Command {
         #[arg(long)]
         chat: String,
     },
-    /// Ask the run of a RAGFlow task to cancel; waits (5 s at most) for it to end.
+    /// Ask the run of a RAGFlow task to cancel; waits (5 s at most) for it to end. With no
+    /// live run of it, sets nothing and exits 4.
     Cancel {
         /// The task id.
         #[arg(long)]
@@ -287,11 +289,12 @@ fn dispatch(cli: Cli) -> anyhow::Result<ExitCode> {
                          `redis` in the config file)"
                     ),
                 },
-                Command::Stop { app, chat } if durable => {
-                    report_request(runtime.request_stop(&app, &chat).await)
-                }
+                Command::Stop { app, chat } if durable => report_request(
+                    runtime.request_stop(&app, &chat).await,
+                    &format!("app {app} chat {chat}"),
+                ),
                 Command::Cancel { task } if durable => {
-                    report_request(runtime.request_cancel(&task).await)
+                    report_request(runtime.request_cancel(&task).await, &format!("task {task}"))
                 }
                 Command::Resume(_) | Command::Stop { .. } | Command::Cancel { .. } => bail!(
                     "this command acts on runs of other processes: pass --redis URL (or set \
@@ -343,8 +346,15 @@ async fn tree(
     }
 }
 
-/// Prints what a stop or cancel request did, as the seed APIs answer: success either way.
-fn report_request(request: StopRequest) -> anyhow::Result<ExitCode> {
+/// Prints what a stop or cancel request did; a request for labels no live run carries is a
+/// conflict (no flag was set).
+fn report_request(request: StopRequest, target: &str) -> anyhow::Result<ExitCode> {
+    if request.no_live_run {
+        return Err(Exit::error(
+            EXIT_CONFLICT,
+            format!("no live run of {target}: no flag was set"),
+        ));
+    }
     let document = serde_json::json!({
         "success": true,
         "key": request.key,

@@ -35,7 +35,7 @@ pub use model::{
     StopMode, StopReason, StopReply, StopRequested, StopResult, StoreError, ThreadId, TooDeep,
     Usage, Value, WorkerId, WorkerInfo,
 };
-pub use persist::{Durability, SignalConfig, render_key};
+pub use persist::{Durability, SignalConfig, escape_label, render_key};
 pub use runtime::{
     Adoption, BuildError, EventStream, QueryError, ResumeError, ResumeFrom, ResumeInput,
     ResumeOptions, RunHandle, RunQuery, RunView, Runtime, RuntimeBuilder, StartError, StopRequest,

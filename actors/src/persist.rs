@@ -17,7 +17,7 @@ pub(crate) mod snapshot;
 pub(crate) use check::check_graph;
 pub use durability::Durability;
 pub(crate) use keys::WatchedKeys;
-pub use keys::{SignalConfig, render_key};
+pub use keys::{SignalConfig, escape_label, render_key};
 pub use ports::{
     Acquired, CheckpointStore, HistoryStore, LeaseStore, Notice, NoticeStream, RunStore, Signal,
     SignalSource, StoredCheckpoint,

@@ -244,3 +244,30 @@ async fn a_run_or_resume_of_a_thread_live_in_another_process_exits_4_with_one_li
     let out = finish(first);
     assert_eq!(out.status.code(), Some(130));
 }
+
+#[tokio::test]
+async fn runvisor_stop_with_no_live_run_exits_4_and_leaves_no_flag() {
+    let server = RedisServer::start();
+    for args in [
+        vec!["stop", "--app", "A", "--chat", "nobody"],
+        vec!["cancel", "--task", "T"],
+    ] {
+        let out = Command::new(BIN)
+            .args(["--redis", &server.url()])
+            .args(&args)
+            .output()
+            .expect("run the cli");
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(4), "{args:?}: {stderr}");
+        assert_eq!(stderr.lines().count(), 1, "{stderr}");
+        assert!(stderr.starts_with("error: no live run of "), "{stderr}");
+    }
+    let mut con = raw(&server).await;
+    let keys: Vec<String> = cmd(&mut con, &["KEYS", "*"]).await;
+    assert!(
+        !keys
+            .iter()
+            .any(|k| k.starts_with("agent_runtime_stopping") || k.ends_with("-cancel")),
+        "{keys:?}"
+    );
+}

@@ -15,8 +15,8 @@ use runvisor::redis::signal::READ_BATCH;
 use runvisor::store::{Notice, NoticeStream};
 use runvisor::{
     Map, NodeContext, NodeError, NodeHandler, NodeOutput, RunHandle, RunLabels, RunOutcome,
-    RunStatus, Runtime, RuntimeConfig, SignalConfig, StopReason, StoreError, Value, Workflow,
-    async_trait, render_key,
+    RunStatus, Runtime, RuntimeConfig, SignalConfig, StopMode, StopReason, StoreError, Value,
+    Workflow, async_trait, render_key,
 };
 
 use super::support::{PATIENCE, RedisServer, cmd, raw, stores, thread, within};
@@ -465,7 +465,7 @@ async fn a_stop_request_returns_once_the_flag_is_deleted() {
             let _: i64 = cmd(&mut con, &["DEL", FASTGPT_KEY]).await;
         }
     });
-    let request = within("stop request", runtime.request_stop("app", "chat")).await;
+    let request = within("stop request", runtime.request_flag(FASTGPT_KEY)).await;
     // It answered because of the DEL, not before it.
     assert!(
         deleting.load(Ordering::SeqCst),
@@ -486,27 +486,52 @@ async fn a_stop_request_returns_once_the_flag_is_deleted() {
 }
 
 #[tokio::test]
-async fn a_stop_request_for_no_run_answers_after_the_configured_wait() {
+async fn a_stop_request_for_no_live_run_sets_no_flag() {
     let server = RedisServer::start();
     let stores = stores(&server).await;
-    let wait = Duration::from_millis(300);
-    let runtime = redis_runtime(
-        &stores,
-        Idle::default(),
-        SignalConfig {
-            request_wait: wait,
-            ..SignalConfig::default()
-        },
-    );
-    // (That it waits exactly its configured wait is proved on the paused clock, in the
-    // engine's tests: the waiting is the engine's, Redis only holds the flag.)
-    let request = within("stop request", runtime.request_stop("app", "chat")).await;
-    assert!(!request.ended, "{request:?}");
-    assert_eq!(request.error, None);
-    // The flag stays for the run, whenever it looks (and expires by itself).
+    let runtime = redis_runtime(&stores, Idle::default(), SignalConfig::default());
     let mut con = raw(&server).await;
-    let pttl: i64 = cmd(&mut con, &["PTTL", FASTGPT_KEY]).await;
-    assert!((55_000..=60_000).contains(&pttl), "PTTL {pttl}");
+    let request = within("stop request", runtime.request_stop("app", "chat")).await;
+    assert!(request.no_live_run && !request.ended, "{request:?}");
+    assert_eq!(request.error, None);
+    let exists: i64 = cmd(&mut con, &["EXISTS", FASTGPT_KEY]).await;
+    assert_eq!(exists, 0, "no flag is left to stop a later run");
+    let request = within("cancel request", runtime.request_cancel("T")).await;
+    assert!(request.no_live_run, "{request:?}");
+    let exists: i64 = cmd(&mut con, &["EXISTS", "T-cancel"]).await;
+    assert_eq!(exists, 0);
+}
+
+#[tokio::test]
+async fn labels_with_separators_stop_only_their_own_run_and_stale_flags_are_cleared_at_start() {
+    let server = RedisServer::start();
+    let stores = stores(&server).await;
+    let mut con = raw(&server).await;
+    let talk = Talk::endless();
+    let runtime = redis_runtime(&stores, talk.clone(), SignalConfig::default());
+    let wf = workflow(&runtime);
+    // A flag another system left for app `a`, chat `b:c` while nothing ran.
+    let _: () = cmd(
+        &mut con,
+        &["SET", "agent_runtime_stopping:a:b%3Ac", "1", "EX", "60"],
+    )
+    .await;
+    let start_on = |t: &'static str, app: &'static str, chat: &'static str| {
+        let labels = RunLabels::app_chat(app, chat).expect("valid labels");
+        runtime.start_with(&wf, Map::new(), thread(t), labels)
+    };
+    let theirs = start_on("theirs", "a", "b:c").await.expect("start");
+    let ours = start_on("ours", "a:b", "c").await.expect("start");
+    talk.wait_started(2).await;
+    let exists: i64 = cmd(&mut con, &["EXISTS", "agent_runtime_stopping:a:b%3Ac"]).await;
+    assert_eq!(exists, 0, "the stale flag was cleared when the run started");
+    // Stopping app `a:b` chat `c` stops that run only.
+    let request = within("stop request", runtime.request_stop("a:b", "c")).await;
+    assert_eq!(request.key, "agent_runtime_stopping:a%3Ab:c");
+    assert!(request.ended, "{request:?}");
+    assert!(matches!(ours.wait().await, RunOutcome::Stopped(_)));
+    assert!(theirs.outcome().is_none(), "the other run goes on");
+    theirs.stop(StopMode::Force).await.expect("stop");
 }
 
 #[tokio::test]
@@ -515,16 +540,8 @@ async fn concurrent_stop_requests_set_one_flag_and_all_return() {
     let stores = stores(&server).await;
     let mut con = raw(&server).await;
 
-    // Nobody runs: ten requests at once all answer after the wait; one flag is set.
-    let wait = Duration::from_millis(300);
-    let runtime = redis_runtime(
-        &stores,
-        Talk::endless(),
-        SignalConfig {
-            request_wait: wait,
-            ..SignalConfig::default()
-        },
-    );
+    // Nobody runs: ten requests at once all answer "no live run"; no flag is set.
+    let runtime = redis_runtime(&stores, Talk::endless(), SignalConfig::default());
     let requests = within(
         "ten stop requests",
         futures::future::join_all((0..10).map(|_| runtime.request_stop("app", "nobody"))),
@@ -532,11 +549,13 @@ async fn concurrent_stop_requests_set_one_flag_and_all_return() {
     .await;
     assert_eq!(requests.len(), 10);
     for request in &requests {
-        assert!(!request.ended && request.error.is_none(), "{request:?}");
-        assert_eq!(request.key, "agent_runtime_stopping:app:nobody");
+        assert!(
+            request.no_live_run && request.error.is_none(),
+            "{request:?}"
+        );
     }
     let keys: Vec<String> = cmd(&mut con, &["KEYS", "agent_runtime_stopping:*"]).await;
-    assert_eq!(keys, ["agent_runtime_stopping:app:nobody"]);
+    assert!(keys.is_empty(), "{keys:?}");
 
     // A live run: ten requests from ten tasks, all answered once the run has ended.
     let talk = Talk::endless();

@@ -58,7 +58,27 @@ impl Default for SignalConfig {
     }
 }
 
-/// Fills a key template; `None` when it names a label the run lacks (or is malformed).
+/// A label as keys carry it: as it is, except `%` and `:` (written `%25` and `%3A`), so that
+/// two different labels never make one key (app `a:b` with chat `c`, and app `a` with chat
+/// `b:c`, would otherwise both stop at `agent_runtime_stopping:a:b:c`). Ids of the systems the
+/// key formats come from (hexadecimal object ids, UUIDs) have neither and stay as they are.
+pub fn escape_label(label: &str) -> String {
+    if !label.contains(['%', ':']) {
+        return label.to_owned();
+    }
+    let mut out = String::with_capacity(label.len() + 8);
+    for c in label.chars() {
+        match c {
+            '%' => out.push_str("%25"),
+            ':' => out.push_str("%3A"),
+            c => out.push(c),
+        }
+    }
+    out
+}
+
+/// Fills a key template; `None` when it names a label the run lacks (or is malformed). Labels
+/// are escaped ([`escape_label`]).
 pub fn render_key(
     template: &str,
     prefix: &str,
@@ -83,9 +103,9 @@ pub fn render_key(
             let end = tail.find('}')?;
             let value = match &tail[1..end] {
                 "prefix" => Some(prefix.to_owned()),
-                "app_id" => labels.app_id().map(str::to_owned),
-                "chat_id" => labels.chat_id().map(str::to_owned),
-                "task_id" => labels.task_id().map(str::to_owned),
+                "app_id" => labels.app_id().map(escape_label),
+                "chat_id" => labels.chat_id().map(escape_label),
+                "task_id" => labels.task_id().map(escape_label),
                 "thread" => thread.map(ToString::to_string),
                 "run_id" => run.map(|r| r.to_string()),
                 _ => None,
@@ -127,6 +147,18 @@ impl WatchedKeys {
         }
     }
 
+    /// The flags named after the run's labels alone (not its thread or id): the ones other
+    /// systems set (`agent_runtime_stopping:<app>:<chat>`, `<task>-cancel`), which a request
+    /// made before this run may have left behind.
+    pub(crate) fn by_labels(config: &SignalConfig, labels: &RunLabels) -> Vec<String> {
+        config
+            .stop_keys
+            .iter()
+            .chain(&config.cancel_keys)
+            .filter_map(|t| render_key(t, &config.prefix, labels, None, None))
+            .collect()
+    }
+
     pub(crate) fn all(&self) -> Vec<String> {
         self.stop.iter().chain(&self.cancel).cloned().collect()
     }
@@ -166,6 +198,16 @@ mod tests {
             None
         );
         assert_eq!(render_key("{nope}", "p", &labels, None, None), None);
+        // Labels with separators never make another target's key.
+        let stop = "agent_runtime_stopping:{app_id}:{chat_id}";
+        let one = RunLabels::app_chat("a:b", "c").expect("valid");
+        let two = RunLabels::app_chat("a", "b:c").expect("valid");
+        let key = |l: &RunLabels| render_key(stop, "p", l, None, None);
+        assert_ne!(key(&one), key(&two));
+        assert_eq!(key(&one).as_deref(), Some("agent_runtime_stopping:a%3Ab:c"));
+        assert_eq!(key(&two).as_deref(), Some("agent_runtime_stopping:a:b%3Ac"));
+        let three = RunLabels::app_chat("a%3Ab", "c").expect("valid");
+        assert_ne!(key(&one), key(&three));
         assert_eq!(render_key("a}b", "p", &labels, None, None), None);
         let keys = WatchedKeys::for_run(
             &SignalConfig::default(),

@@ -1,13 +1,15 @@
 //! Stop requests from anywhere: set a run's stop or cancel flag in the signal source, publish
-//! it, and wait (bounded) until the run has ended, as the FastGPT stop API does: the answer is
-//! a success either way, saying whether the run ended within the wait.
+//! it, and wait (bounded) until the run has ended, as the FastGPT stop API does: the answer
+//! says whether the run ended within the wait. A request for labels no live run carries sets
+//! no flag and says so: a flag left behind would stop the next run of those labels.
 
 use std::time::Duration;
 
 use futures::StreamExt;
 
 use super::facade::Runtime;
-use crate::model::RunLabels;
+use super::ops::RunQuery;
+use crate::model::{RunLabels, RunStatus};
 use crate::persist::{Notice, render_key};
 /// What a stop or cancel request did.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -21,6 +23,9 @@ pub struct StopRequest {
     pub waited: Duration,
     /// A signal source error, if setting or watching the flag failed.
     pub error: Option<String>,
+    /// No run of these labels was running (in any process sharing the stores): no flag was
+    /// set.
+    pub no_live_run: bool,
 }
 
 impl Runtime {
@@ -34,7 +39,7 @@ impl Runtime {
             Err(e) => return refused(e),
         };
         match self.first_key(&self.config().signals.stop_keys, &labels) {
-            Some(key) => self.request_flag(&key).await,
+            Some(key) => self.request_for(&labels, &key).await,
             None => no_template("stop", "app_id and chat_id"),
         }
     }
@@ -48,8 +53,39 @@ impl Runtime {
             Err(e) => return refused(e),
         };
         match self.first_key(&self.config().signals.cancel_keys, &labels) {
-            Some(key) => self.request_flag(&key).await,
+            Some(key) => self.request_for(&labels, &key).await,
             None => no_template("cancel", "task_id"),
+        }
+    }
+
+    /// Sets `key` if a run of `labels` is running, in any process; answers "no live run"
+    /// without setting anything otherwise. When the runs cannot be listed, the flag is set
+    /// anyway (a live run would otherwise miss its stop) and the error is reported.
+    async fn request_for(&self, labels: &RunLabels, key: &str) -> StopRequest {
+        let query = RunQuery {
+            statuses: vec![RunStatus::Running],
+            app_id: labels.app_id().map(str::to_owned),
+            chat_id: labels.chat_id().map(str::to_owned),
+            task_id: labels.task_id().map(str::to_owned),
+            limit: 1,
+            ..RunQuery::default()
+        };
+        match self.list_runs(&query).await {
+            Ok(live) if live.is_empty() => StopRequest {
+                key: key.to_owned(),
+                ended: false,
+                waited: Duration::ZERO,
+                error: None,
+                no_live_run: true,
+            },
+            Ok(_) => self.request_flag(key).await,
+            Err(e) => {
+                let mut request = self.request_flag(key).await;
+                request
+                    .error
+                    .get_or_insert(format!("could not list the live runs: {e}"));
+                request
+            }
         }
     }
 
@@ -72,6 +108,7 @@ impl Runtime {
             ended,
             waited: started.elapsed(),
             error,
+            no_live_run: false,
         };
         // Subscribe before raising, so the run's "cleared" notice cannot slip by.
         let mut notices = source.subscribe().await.ok();
@@ -124,6 +161,7 @@ fn no_template(what: &str, labels: &str) -> StopRequest {
         ended: false,
         waited: Duration::ZERO,
         error: Some(format!("no {what} key template uses only {labels}")),
+        no_live_run: false,
     }
 }
 
@@ -133,5 +171,6 @@ fn refused(error: crate::model::InvalidId) -> StopRequest {
         ended: false,
         waited: Duration::ZERO,
         error: Some(error.to_string()),
+        no_live_run: false,
     }
 }

@@ -163,6 +163,19 @@ impl Runtime {
             .put(&record, Some(lease.fence))
             .await
             .map_err(StartError::RunStore)?;
+        // A stop or cancel meant for an earlier run of these labels (set while none ran) must
+        // not stop this one: the flags named after the labels alone are cleared first, as
+        // FastGPT does. A failure only leaves them (the request would have timed out anyway).
+        let stale = WatchedKeys::by_labels(&self.services.config.signals, &labels);
+        if !stale.is_empty()
+            && let Err(e) = self
+                .services
+                .signals
+                .clear(&stale, Some((&thread, lease.fence)))
+                .await
+        {
+            tracing::warn!(%thread, %run_id, error = %e, "could not clear stale stop flags");
+        }
         // The definition is stored once per thread; snapshots name it by hash. If it cannot be
         // stored, each snapshot carries it instead.
         let workflow_hash = plan.def_hash();

@@ -104,7 +104,7 @@ async fn a_ragflow_cancel_flag_cancels_the_run() {
 }
 
 #[tokio::test(start_paused = true)]
-async fn a_stop_request_for_no_run_answers_after_the_wait() {
+async fn a_flag_nobody_clears_is_waited_for_until_the_wait_is_over() {
     const WAIT: Duration = Duration::from_millis(200);
     let rt = Runtime::builder()
         .config(runvisor_actors::RuntimeConfig {
@@ -117,7 +117,7 @@ async fn a_stop_request_for_no_run_answers_after_the_wait() {
         .build();
     let request = tokio::spawn({
         let rt = rt.clone();
-        async move { rt.request_stop("nobody", "none").await }
+        async move { rt.request_flag("some:flag").await }
     });
     // Nobody clears the flag: just before its wait is over, the request still waits.
     tokio::time::sleep(WAIT - Duration::from_millis(1)).await;
@@ -126,6 +126,44 @@ async fn a_stop_request_for_no_run_answers_after_the_wait() {
     assert!(!request.ended);
     assert_eq!(request.waited, WAIT, "{request:?}");
     assert_eq!(request.error, None);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_stop_for_labels_no_run_carries_sets_no_flag_and_a_stale_flag_stops_no_later_run() {
+    let source = Arc::new(MemorySignalSource::new());
+    let rt = streaming_runtime(source.clone());
+    // Nothing runs for A/C: the answer comes at once, and no flag is left.
+    let request = rt.request_stop("A", "C").await;
+    assert!(request.no_live_run, "{request:?}");
+    assert!(!request.ended);
+    assert_eq!(request.waited, Duration::ZERO);
+    let key = "agent_runtime_stopping:A:C".to_owned();
+    assert_eq!(
+        source.read(std::slice::from_ref(&key)).await,
+        Ok(vec![false])
+    );
+    let cancel = rt.request_cancel("T").await;
+    assert!(cancel.no_live_run, "{cancel:?}");
+    assert_eq!(source.read(&["T-cancel".to_owned()]).await, Ok(vec![false]));
+
+    // Another system left a flag for A/C while nothing ran: the next run of A/C clears it
+    // when it starts and runs to its end.
+    source
+        .raise(&key, Duration::from_secs(60))
+        .await
+        .expect("raise");
+    let wf = workflow(&rt);
+    let labels = RunLabels::app_chat("A", "C").expect("labels");
+    let run = rt
+        .start_with(&wf, Default::default(), thread("stale-flag"), labels)
+        .await
+        .expect("start");
+    assert_eq!(
+        source.read(std::slice::from_ref(&key)).await,
+        Ok(vec![false])
+    );
+    let outcome = within("the run", run.wait()).await;
+    assert_eq!(outcome.status(), RunStatus::Succeeded, "{outcome:?}");
 }
 
 /// A signal source that records how many keys each read asked for.
