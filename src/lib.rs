@@ -38,6 +38,7 @@ pub mod ops;
 pub mod redis;
 pub mod standard;
 pub mod telemetry;
+pub mod worker;
 
 pub use config::{Config, ConfigError};
 pub use runvisor_actors::*;

@@ -22,6 +22,7 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, anyhow, bail};
 use clap::{Parser, Subcommand};
 use runvisor::InputDecl;
+use runvisor::redis::queue::Job;
 use runvisor::redis::{RedisConfig, RedisStores};
 use runvisor::{
     CheckpointId, Config, Durability, Interaction, InteractionId, InteractionKind, Map, Message,
@@ -110,6 +111,9 @@ enum Command {
     /// Run a worker: serve `ps` and `tree` requests for its runs and, with `--adopt-orphans`,
     /// take orphaned runs over; until Ctrl-C or SIGTERM.
     Worker(ops_cli::WorkerArgs),
+    /// Queue a run of a workflow on a new thread for the workers (`runvisor worker`): the
+    /// first free worker starts it; prints the job and its thread.
+    Submit(SubmitArgs),
     /// Check a workflow and print every problem found.
     Validate {
         /// The workflow file (JSON).
@@ -174,6 +178,30 @@ struct RunArgs {
     durability: Option<DurabilityArg>,
 }
 
+#[derive(Debug, clap::Args)]
+struct SubmitArgs {
+    /// The workflow file (JSON).
+    file: PathBuf,
+    /// A run input, typed by the begin node's declaration (as for `run`). Repeat for several.
+    #[arg(short, long = "input", value_name = "KEY=VALUE")]
+    inputs: Vec<String>,
+    /// The thread (conversation) to run on; a new one by default.
+    #[arg(long, value_name = "ID")]
+    thread: Option<String>,
+    /// The FastGPT app id the run belongs to (names its stop flag).
+    #[arg(long, requires = "chat")]
+    app: Option<String>,
+    /// The FastGPT chat id the run belongs to (names its stop flag).
+    #[arg(long, requires = "app")]
+    chat: Option<String>,
+    /// The RAGFlow task id the run belongs to (names its cancel flag).
+    #[arg(long)]
+    task: Option<String>,
+    /// Print a JSON document (`{"job": ..., "thread": ...}`).
+    #[arg(long)]
+    json: bool,
+}
+
 #[derive(Debug, Clone, Copy, clap::ValueEnum)]
 enum DurabilityArg {
     Sync,
@@ -234,11 +262,12 @@ fn dispatch(cli: Cli) -> anyhow::Result<ExitCode> {
         redis.url = url;
         config.redis = Some(redis);
     }
-    if let Command::Run(RunArgs {
-        durability: Some(d),
-        ..
-    }) = &cli.command
-    {
+    let durability = match &cli.command {
+        Command::Run(RunArgs { durability, .. }) => *durability,
+        Command::Worker(args) => ops_cli::durability(args),
+        _ => None,
+    };
+    if let Some(d) = durability {
         config.runtime.durability = match d {
             DurabilityArg::Sync => Durability::Sync,
             DurabilityArg::Async => Durability::Async,
@@ -279,14 +308,21 @@ fn dispatch(cli: Cli) -> anyhow::Result<ExitCode> {
                     Ok(ExitCode::SUCCESS)
                 }
                 Command::Tree(args) => tree(&runtime, redis.as_ref(), args).await,
-                Command::Worker(_) => match &redis {
+                Command::Worker(args) => match &redis {
                     Some(stores) => {
-                        ops_cli::worker(&runtime, stores).await?;
+                        ops_cli::worker(&runtime, stores, args).await?;
                         Ok(ExitCode::SUCCESS)
                     }
                     None => bail!(
                         "a worker shares runs with other processes: pass --redis URL (or set \
                          `redis` in the config file)"
+                    ),
+                },
+                Command::Submit(args) => match &redis {
+                    Some(stores) => submit(&runtime, stores, args).await,
+                    None => bail!(
+                        "jobs are queued for workers in Redis: pass --redis URL (or set `redis` \
+                         in the config file)"
                     ),
                 },
                 Command::Stop { app, chat } if durable => report_request(
@@ -462,6 +498,54 @@ async fn run(runtime: &Runtime, args: RunArgs) -> anyhow::Result<ExitCode> {
         .await
         .context("the run could not start")?;
     follow(runtime, run, signals, workflow.id(), args.json).await
+}
+
+/// `submit`: validates the workflow and its inputs here, then queues the job.
+async fn submit(
+    runtime: &Runtime,
+    stores: &RedisStores,
+    args: SubmitArgs,
+) -> anyhow::Result<ExitCode> {
+    let Some(workflow) = load(runtime, &args.file)? else {
+        return Ok(ExitCode::from(EXIT_BAD_INPUT));
+    };
+    let inputs = parse_inputs(&workflow, &args.inputs)?;
+    let thread = match &args.thread {
+        Some(id) => ThreadId::new(id).context("bad --thread")?,
+        None => ThreadId::generate(),
+    };
+    // A job's runs are all the runs of its thread: workers tell what a job did by them.
+    let runs = runtime
+        .run_store()
+        .list_thread(&thread)
+        .await
+        .map_err(|e| Exit::error(EXIT_STORAGE, format!("cannot read thread {thread}: {e}")))?;
+    if !runs.is_empty() {
+        return Err(Exit::error(
+            EXIT_CONFLICT,
+            format!(
+                "thread {thread} has runs already: a job starts a new thread (continue this one \
+                 with `resume --thread {thread}`)"
+            ),
+        ));
+    }
+    let labels =
+        RunLabels::new(args.app, args.chat, args.task).context("bad --app, --chat or --task")?;
+    let text = std::fs::read_to_string(&args.file)
+        .with_context(|| format!("cannot read workflow {}", args.file.display()))?;
+    let job = Job::new(thread, text, inputs, labels);
+    stores
+        .submit(&job)
+        .await
+        .map_err(|e| Exit::error(EXIT_STORAGE, format!("cannot queue the job: {e}")))?;
+    let mut out = io::stdout().lock();
+    if args.json {
+        let document = serde_json::json!({"job": job.id, "thread": job.thread.as_str()});
+        writeln!(out, "{document}")?;
+    } else {
+        writeln!(out, "submitted job {} on thread {}", job.id, job.thread)?;
+    }
+    Ok(ExitCode::SUCCESS)
 }
 
 /// `resume`: the newest checkpoint of the thread, or a fork from a named one into a new

@@ -55,6 +55,10 @@
 //! | `<p>:ctl:<worker_id>` | LIST | a worker's control mailbox (see [`control`]) |
 //! | `<p>:ctlreply:{<request_id>}:<worker_id>` | LIST | a worker's answer to a control request |
 //! | `<p>:worker:<worker_id>` | HASH | a worker's heartbeat: `host`, `pid`, `started_at`, `version`; lives for the lease TTL |
+//! | `<p>:jobs:{jobs}` | LIST | submitted jobs waiting for a worker, JSON (see [`queue`]) |
+//! | `<p>:claimed:{jobs}:<worker_id>` | LIST | the jobs a worker claimed and has not settled |
+//! | `<p>:claimers:{jobs}` | SET | the workers that claimed jobs (whose lists a sweep looks at) |
+//! | `<p>:rejected:{jobs}` | LIST | jobs no worker can run, each `{"job", "worker", "error"}` |
 //! | `<p>:hist:{<thread>}` | LIST | the thread's history, one JSON message per entry, oldest first |
 //! | `<p>:histids:{<thread>}` | SET | the ids of the messages in that list |
 //! | stop and cancel flags, named by the runtime's [`SignalConfig`](crate::SignalConfig) templates | STRING | a flag: any non-empty value, with a TTL |
@@ -116,6 +120,7 @@ pub mod control;
 mod history;
 mod keys;
 mod lease;
+pub mod queue;
 mod reply;
 mod run;
 pub mod signal;

@@ -7,6 +7,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use anyhow::Context;
 use runvisor::ops::{RunRow, TreeError};
 use runvisor::redis::RedisStores;
+use runvisor::worker::WorkerOptions;
 use runvisor::{ActorTree, RunId, RunQuery, RunStatus, Runtime, ThreadId, WorkerId};
 
 /// `runvisor ps` flags.
@@ -65,6 +66,17 @@ pub(crate) struct WorkerArgs {
     /// `runtime.adopt_orphans` does.
     #[arg(long)]
     adopt_orphans: bool,
+    /// How many queued jobs (`runvisor submit`) this worker runs at once.
+    #[arg(long, value_name = "N", default_value_t = 16, value_parser = clap::value_parser!(u16).range(1..))]
+    concurrency: u16,
+    /// When progress is saved (as for `run`); the config's `runtime.durability` otherwise.
+    #[arg(long, value_enum)]
+    durability: Option<super::DurabilityArg>,
+}
+
+/// The durability `runvisor worker` was given.
+pub(crate) fn durability(args: &WorkerArgs) -> Option<super::DurabilityArg> {
+    args.durability
 }
 
 fn parse_status(text: &str) -> Result<RunStatus, String> {
@@ -296,42 +308,57 @@ pub(crate) fn adopts(args: &WorkerArgs) -> bool {
 /// `runvisor worker`: serves control requests (and adopts orphans when configured) until
 /// Ctrl-C or SIGTERM, then stops its runs gracefully (they stay resumable) and removes its
 /// heartbeat.
-pub(crate) async fn worker(runtime: &Runtime, stores: &RedisStores) -> anyhow::Result<()> {
+pub(crate) async fn worker(
+    runtime: &Runtime,
+    stores: &RedisStores,
+    args: WorkerArgs,
+) -> anyhow::Result<()> {
     let _control = stores
         .serve_control(runtime)
         .await
         .context("cannot serve control requests")?;
+    let signals = shutdown_signals()?;
     eprintln!(
-        "worker {} ready{}",
+        "worker {} ready: up to {} jobs at once{}",
         runtime.worker().id,
+        args.concurrency,
         if runtime.config().adopt_orphans {
             ", adopting orphaned runs"
         } else {
             ""
         }
     );
-    wait_for_shutdown().await?;
-    eprintln!("worker {} shutting down", runtime.worker().id);
-    runtime.shutdown().await;
+    let options = WorkerOptions::default()
+        .concurrency(usize::from(args.concurrency))
+        .sweep_every(runtime.config().lease.renew);
+    let id = runtime.worker().id.clone();
+    runvisor::worker::serve(runtime, stores, options, async move {
+        signals.await;
+        eprintln!("worker {id} shutting down");
+    })
+    .await
+    .context("cannot take jobs from the queue")?;
     Ok(())
 }
 
-async fn wait_for_shutdown() -> anyhow::Result<()> {
+/// Completes at the first Ctrl-C or SIGTERM.
+fn shutdown_signals() -> anyhow::Result<impl std::future::Future<Output = ()>> {
     #[cfg(unix)]
     {
         use tokio::signal::unix::{SignalKind, signal};
         let mut interrupt = signal(SignalKind::interrupt()).context("cannot listen for Ctrl-C")?;
         let mut terminate = signal(SignalKind::terminate()).context("cannot listen for SIGTERM")?;
-        tokio::select! {
-            _ = interrupt.recv() => {}
-            _ = terminate.recv() => {}
-        }
+        Ok(async move {
+            tokio::select! {
+                _ = interrupt.recv() => {}
+                _ = terminate.recv() => {}
+            }
+        })
     }
     #[cfg(not(unix))]
     {
-        tokio::signal::ctrl_c()
-            .await
-            .context("cannot listen for Ctrl-C")?;
+        Ok(async {
+            let _ = tokio::signal::ctrl_c().await;
+        })
     }
-    Ok(())
 }

@@ -97,7 +97,7 @@ impl Drop for ControlServer {
 }
 
 /// A connection whose calls may block for `block` (a `BLPOP`) on top of the usual timeouts.
-async fn blocking_conn(
+pub(crate) async fn blocking_conn(
     config: &RedisConfig,
     endpoint: &Endpoint,
     block: Duration,

@@ -194,6 +194,28 @@ impl Keys {
     pub fn history_ids(&self, thread: &ThreadId) -> String {
         format!("{}:histids:{{{}}}", self.prefix, tag(thread))
     }
+
+    /// LIST of submitted jobs waiting for a worker (pushed on the left, claimed from the
+    /// right). The job keys share the hash tag `{jobs}`, so moving a job between them is one
+    /// command on one Cluster slot.
+    pub fn job_queue(&self) -> String {
+        format!("{}:jobs:{{jobs}}", self.prefix)
+    }
+
+    /// LIST of the jobs a worker claimed and has not finished.
+    pub fn claimed_jobs(&self, worker: &WorkerId) -> String {
+        format!("{}:claimed:{{jobs}}:{worker}", self.prefix)
+    }
+
+    /// SET of the workers that ever claimed a job (whose claimed lists a sweep looks at).
+    pub fn job_claimers(&self) -> String {
+        format!("{}:claimers:{{jobs}}", self.prefix)
+    }
+
+    /// LIST of jobs no worker can run (malformed, invalid workflow), each with why.
+    pub fn rejected_jobs(&self) -> String {
+        format!("{}:rejected:{{jobs}}", self.prefix)
+    }
 }
 
 #[cfg(test)]
@@ -234,6 +256,12 @@ mod tests {
         assert_eq!(keys.thread_runs(&t), "rv:runs:{chat:42}");
         assert_eq!(keys.history(&t), "rv:hist:{chat:42}");
         assert_eq!(keys.history_ids(&t), "rv:histids:{chat:42}");
+        assert_eq!(keys.job_queue(), "rv:jobs:{jobs}");
+        assert_eq!(keys.claimed_jobs(&w), "rv:claimed:{jobs}:host-1");
+        assert_eq!(
+            hash_slot(keys.job_queue().as_bytes()),
+            hash_slot(keys.claimed_jobs(&w).as_bytes())
+        );
     }
 
     #[test]

@@ -5,6 +5,7 @@
 //! set from anywhere, thread leases with fenced writes; and runs, stops, resumes and flags on
 //! a real 3-master Redis Cluster ([`cluster_support`]).
 
+mod chaos;
 mod checkpoints;
 mod cluster;
 mod cluster_support;

@@ -493,7 +493,14 @@ impl GraphExec {
                     stop.clone(),
                     history,
                 );
-                let span = tracing::info_span!("node", node = %path, kind = %kind);
+                let span = tracing::info_span!(
+                    "node",
+                    node = %path,
+                    kind = %kind,
+                    run_id = %host.run.run_id,
+                    thread = %host.run.thread,
+                    fence = host.run.lease.fence.0,
+                );
                 let args = NodeArgs {
                     node,
                     handler,

@@ -175,6 +175,8 @@ pub(crate) struct NodeState {
     /// Told when an abort begins (a probe that stopped the run at the handler's return waits
     /// for it, so the abort meets a handler that has returned).
     aborting: Arc<Notify>,
+    /// The node's span (its run, thread and fencing token).
+    span: tracing::Span,
 }
 
 impl NodeState {
@@ -208,6 +210,7 @@ impl Actor for NodeActor {
             ctx: args.ctx,
             report: Some(args.report),
             task: None,
+            span: args.span.clone(),
             start: Some((args.handler, args.input, args.span)),
             end: None,
             returned: Arc::default(),
@@ -228,6 +231,9 @@ impl Actor for NodeActor {
         let aborting = state.aborting.clone();
         state.task = Some(tokio::spawn(
             async move {
+                // Each execution of a node, with its run, thread and fencing token (in the
+                // span): what an audit of who ran what, and when, reads.
+                tracing::debug!("node started");
                 let result = AssertUnwindSafe(handler.run(input, ctx.clone()))
                     .catch_unwind()
                     .await
@@ -235,6 +241,7 @@ impl Actor for NodeActor {
                     .and_then(checked_output);
                 // No await between the handler's return and this: an abort either came before
                 // the return or finds the result here.
+                tracing::debug!(ok = result.is_ok(), "node returned");
                 *returned.lock().unwrap_or_else(|e| e.into_inner()) = Some(result);
                 if let Some((mode, _)) = ctx.probe_returned() {
                     // A probe stopped the run at this instant: let the stop reach the actor
@@ -273,6 +280,7 @@ impl Actor for NodeActor {
                 if state.end.is_none() {
                     state.aborting.notify_one();
                     abort_task(state).await;
+                    tracing::debug!(parent: &state.span, "node aborted");
                     // A handler that returned before the abort took effect is finished.
                     state.end = Some(state.take_returned().unwrap_or(NodeEnd::interrupted(true)));
                 }

@@ -7,7 +7,7 @@ use super::errors::QueryError;
 use super::services::Services;
 use crate::exec::{RunMsg, RuntimeConfig};
 use crate::kinds::{Kinds, Probe};
-use crate::model::{ActorTree, RunId, WorkerInfo};
+use crate::model::{ActorTree, RunId, StoreError, WorkerInfo};
 use crate::persist::{CheckpointStore, HistoryStore, RunStore, SignalSource};
 use crate::service::{RunRegistry, RunSummary};
 use crate::workflow::{ValidationErrors, Workflow, WorkflowDef};
@@ -38,6 +38,13 @@ impl Runtime {
     /// This runtime as a worker: its id (in run records, leases and logs) and heartbeat.
     pub fn worker(&self) -> &WorkerInfo {
         &self.services.worker
+    }
+
+    /// Writes this worker's heartbeat now and keeps renewing it (every `lease.renew`) until
+    /// [`Runtime::shutdown`]: a worker that takes work from others (a job queue) shows it is
+    /// alive before it holds any lease.
+    pub async fn heartbeat(&self) -> Result<(), StoreError> {
+        self.services.ensure_heartbeat().await
     }
 
     /// The runtime's config.
