@@ -505,3 +505,139 @@ async fn a_run_whose_thread_is_taken_over_stops_with_lease_lost_and_writes_nothi
         Some(taken.lease)
     );
 }
+
+/// `start -> m0 -> s0 -> m1 -> s1 -> ...`: `pairs` messages, each followed by a short sleep.
+fn chain_of_messages(pairs: usize) -> String {
+    let mut nodes = vec![r#"{"id": "start", "kind": "begin"}"#.to_owned()];
+    let mut edges = Vec::new();
+    let mut previous = "start".to_owned();
+    for i in 0..pairs {
+        nodes.push(format!(
+            r#"{{"id": "m{i}", "kind": "stream_text", "params": {{"text": "m{i}", "interval": "0s"}}}}"#
+        ));
+        nodes.push(format!(
+            r#"{{"id": "s{i}", "kind": "sleep", "params": {{"duration": "40ms"}}}}"#
+        ));
+        edges.push(format!(r#"{{"from": "{previous}", "to": "m{i}"}}"#));
+        edges.push(format!(r#"{{"from": "m{i}", "to": "s{i}"}}"#));
+        previous = format!("s{i}");
+    }
+    format!(
+        r#"{{"id": "chain", "nodes": [{}], "edges": [{}]}}"#,
+        nodes.join(","),
+        edges.join(",")
+    )
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn no_write_of_the_old_holder_lands_after_a_takeover_across_a_redis_frozen_past_the_ttl() {
+    let server = RedisServer::start();
+    let short = LeaseConfig {
+        ttl: Duration::from_secs(1),
+        renew: Duration::from_millis(200),
+    };
+    let durable = |id: &str, stores: &RedisStores| {
+        let config = RuntimeConfig {
+            worker_id: Some(id.to_owned()),
+            lease: short.clone(),
+            durability: runvisor::Durability::Sync,
+            ..RuntimeConfig::default()
+        };
+        stores
+            .install(register_standard_kinds(Runtime::builder().config(config)))
+            .try_build()
+            .expect("runtime")
+    };
+    let stores = stores(&server).await;
+    let one = durable("one", &stores);
+    let two = durable("two", &super::support::stores(&server).await);
+    let t = thread("frozen");
+    const PAIRS: usize = 40;
+    let workflow = one.load_json(&chain_of_messages(PAIRS)).expect("valid");
+    let first = one
+        .start(&workflow, Map::new(), t.clone())
+        .await
+        .expect("start");
+    within("the first checkpoints", async {
+        while stores.checkpoints.list(&t).await.map_or(0, |c| c.len()) < 3 {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    })
+    .await;
+
+    // Redis freezes for longer than the lease TTL. The old holder cannot confirm its lease
+    // meanwhile and stops; a renewal it sent during the freeze may still land when Redis
+    // answers again, so the other worker tries until the thread is free, then takes it over.
+    // (Three seconds: the heartbeat and the renewal each time out after one second, so the
+    // old holder has given up before Redis answers again.)
+    server.freeze();
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    server.thaw();
+    let second = within("the takeover", async {
+        loop {
+            match two
+                .resume_with(
+                    ResumeFrom::Thread(t.clone()),
+                    ResumeInput::Continue,
+                    runvisor::ResumeOptions::default(),
+                )
+                .await
+            {
+                Ok(run) => return run,
+                Err(ResumeError::ThreadBusy { .. }) => {
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                }
+                Err(e) => panic!("resume after the freeze: {e}"),
+            }
+        }
+    })
+    .await;
+
+    // The old holder learns it lost the lease and stops; the new one finishes the thread.
+    match within("the old holder to stop", first.wait()).await {
+        RunOutcome::Stopped(stop) => assert_eq!(stop.reason, StopReason::LeaseLost),
+        other => panic!("the old holder ended {:?}", other.status()),
+    }
+    let outcome = within("the new holder to finish", second.wait()).await;
+    assert!(
+        matches!(outcome, RunOutcome::Completed { .. }),
+        "the new holder ended {:?}",
+        outcome.status()
+    );
+
+    // Nothing the old holder wrote landed after the takeover: in the history every message of
+    // the first run comes before every message of the second, and each message is there once;
+    // every checkpoint of the first run is older than every checkpoint of the second.
+    let history = stores.history.load(&t).await.expect("history");
+    let texts: Vec<&str> = history.iter().map(|m| m.content.as_str()).collect();
+    let expected: Vec<String> = (0..PAIRS).map(|i| format!("m{i}")).collect();
+    assert_eq!(texts, expected, "messages lost, repeated or out of order");
+    let runs: Vec<RunId> = history.iter().filter_map(|m| m.run_id).collect();
+    let first_of_second = runs
+        .iter()
+        .position(|r| *r == second.run_id())
+        .expect("the new holder wrote messages");
+    assert!(
+        runs[first_of_second..]
+            .iter()
+            .all(|r| *r == second.run_id()),
+        "a message of the old holder landed after the new holder's first"
+    );
+    let mut by_run: std::collections::HashMap<RunId, Vec<CheckpointId>> =
+        std::collections::HashMap::new();
+    for id in stores.checkpoints.list(&t).await.expect("list") {
+        let stored = stores
+            .checkpoints
+            .get(&t, id)
+            .await
+            .expect("get")
+            .expect("listed checkpoints exist");
+        by_run.entry(stored.run).or_default().push(id);
+    }
+    let old_newest = by_run[&first.run_id()].iter().max().copied();
+    let new_oldest = by_run[&second.run_id()].iter().min().copied();
+    assert!(
+        old_newest < new_oldest,
+        "a checkpoint of the old holder ({old_newest:?}) is newer than the new holder's first ({new_oldest:?})"
+    );
+}

@@ -4,8 +4,11 @@
 //! live run, all in one call ([`LeaseStore::renew_all`]: one round trip on Redis). A lease the store says is lost (another worker took the
 //! thread over, or it expired while the store was out of reach) stops its run at once, with
 //! reason `lease_lost`: the run writes nothing more, and its fenced writes would be refused
-//! anyway. A store error leaves the lease alone and is retried at the next tick; errors are
-//! counted and logged at most every ten seconds.
+//! anyway. A store error leaves the lease alone and is retried at the next tick, until the
+//! lease has gone unconfirmed for the lease TTL less one renew interval: then it may have
+//! expired at the store and another worker may run the thread, so the run stops the same way
+//! (its nodes' side effects must not overlap the new holder's). Errors are counted and logged
+//! at most every ten seconds.
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -55,6 +58,8 @@ struct Held {
     thread: ThreadId,
     lease: Lease,
     supervisor: ActorRef<RunMsg>,
+    /// When the lease was last known held: taken, or a renewal sent then succeeded.
+    confirmed: tokio::time::Instant,
 }
 
 pub(crate) struct KeeperState {
@@ -128,6 +133,7 @@ impl Actor for LeaseKeeper {
                         thread,
                         lease,
                         supervisor,
+                        confirmed: tokio::time::Instant::now(),
                     },
                 );
             }
@@ -190,15 +196,36 @@ impl KeeperState {
             .iter()
             .map(|(run, held)| (*run, (held.thread.clone(), held.lease.clone())))
             .unzip();
+        let sent = tokio::time::Instant::now();
         let results = if leases.is_empty() {
             Vec::new()
         } else {
             self.store.renew_all(&leases, self.ttl).await
         };
+        // A lease not confirmed for this long may have expired at the store (give or take one
+        // renew interval of clock and latency): its run stops rather than go on unsure.
+        let unsure_after = self.ttl.saturating_sub(self.renew);
         for (run, result) in runs.into_iter().zip(results) {
             match result {
-                Ok(()) => {}
-                Err(LeaseError::Store(e)) => self.error(&e.to_string()),
+                Ok(()) => {
+                    if let Some(held) = self.held.get_mut(&run) {
+                        held.confirmed = sent;
+                    }
+                }
+                Err(LeaseError::Store(e)) => {
+                    self.error(&e.to_string());
+                    let unconfirmed = self
+                        .held
+                        .get(&run)
+                        .is_some_and(|held| held.confirmed.elapsed() >= unsure_after);
+                    if unconfirmed && let Some(held) = self.held.remove(&run) {
+                        tracing::warn!(%run, thread = %held.thread, error = %e, "lease not renewed for a whole TTL: another worker may hold the thread now; stopping the run");
+                        let _ = held.supervisor.send_message(RunMsg::Stop {
+                            mode: StopMode::Force,
+                            reason: StopReason::LeaseLost,
+                        });
+                    }
+                }
                 Err(lost) => {
                     if let Some(held) = self.held.remove(&run) {
                         tracing::warn!(%run, thread = %held.thread, error = %lost, "lease lost: stopping the run");
