@@ -3,7 +3,9 @@
 //! native stop key), resumed in a third with nothing lost; every key of a thread shares one
 //! slot, as the cluster computes it; the watcher sees flags set on every master and notices
 //! travel by sharded pub/sub; a plain `redis://` URL to a cluster node is refused; and the
-//! `runvisor` binary runs and stops a workflow on the cluster from two processes.
+//! `runvisor` binary runs and stops a workflow on the cluster from two processes; and runs
+//! queued on the cluster (`submit`, `worker`) whose worker is killed show as orphaned and are
+//! taken over by another worker without running a finished node again.
 
 use std::collections::{BTreeMap, BTreeSet, HashSet};
 use std::process::{Command, Stdio};
@@ -565,4 +567,158 @@ async fn the_binary_runs_on_a_cluster_and_another_process_stops_it() {
     assert!(checkpoints > 0, "the stop was checkpointed");
     let flag: i64 = cluster_cmd(&mut raw, &["EXISTS", "agent_runtime_stopping:A:k1"]).await;
     assert_eq!(flag, 0);
+}
+
+/// Runs the binary with `args` on the cluster; its output.
+fn on_cluster(
+    cluster: &RedisCluster,
+    config: &std::path::Path,
+    args: &[&str],
+) -> std::process::Output {
+    Command::new(BIN)
+        .arg("--config")
+        .arg(config)
+        .args(["--redis", &cluster.url()])
+        .args(args)
+        .env_remove("RUST_LOG")
+        .output()
+        .expect("run runvisor")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn queued_runs_of_a_killed_worker_are_taken_over_on_a_cluster_with_nothing_lost() {
+    const JOBS: usize = 12;
+    let cluster = RedisCluster::start();
+    let dir = tempfile::tempdir().expect("tempdir");
+    let config = dir.path().join("config.json");
+    std::fs::write(
+        &config,
+        r#"{"runtime": {"lease": {"ttl": "1s", "renew": "200ms"}, "adopt_every": "200ms",
+            "durability": "sync"}}"#,
+    )
+    .expect("config");
+    let file = dir.path().join("two.json");
+    std::fs::write(
+        &file,
+        r#"{"id": "two", "nodes": [
+            {"id": "start", "kind": "begin"},
+            {"id": "one", "kind": "stream_text", "params": {"text": "one", "interval": "0s"}},
+            {"id": "w", "kind": "sleep", "params": {"duration": "3s"}},
+            {"id": "two", "kind": "stream_text", "params": {"text": "two", "interval": "0s"}}
+        ], "edges": [{"from": "start", "to": "one"}, {"from": "one", "to": "w"},
+            {"from": "w", "to": "two"}]}"#,
+    )
+    .expect("workflow");
+    let threads: Vec<String> = (0..JOBS).map(|i| format!("q{{{i}}}")).collect();
+    for t in &threads {
+        let out = on_cluster(
+            &cluster,
+            &config,
+            &[
+                "submit",
+                file.to_str().expect("utf-8"),
+                "--thread",
+                t,
+                "--json",
+            ],
+        );
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    let spawn_worker = |adopt: bool| {
+        let mut cmd = Command::new(BIN);
+        cmd.arg("--config")
+            .arg(&config)
+            .args(["--redis", &cluster.url(), "worker"])
+            .env_remove("RUST_LOG")
+            .stdout(Stdio::null())
+            .stderr(Stdio::null());
+        if adopt {
+            cmd.arg("--adopt-orphans");
+        }
+        cmd.spawn().expect("spawn runvisor worker")
+    };
+    let mut first = spawn_worker(false);
+    let stores = cluster_stores(&cluster).await;
+    let sleeping = within("every job to reach its sleep", async {
+        loop {
+            let mut started = 0;
+            for t in &threads {
+                let checkpoints = stores.checkpoints.list(&thread(t)).await.expect("list");
+                started += usize::from(!checkpoints.is_empty());
+            }
+            if started == JOBS {
+                return started;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    })
+    .await;
+    assert_eq!(sleeping, JOBS);
+    // A thread with runs is refused: a job starts a new thread.
+    let refused = on_cluster(
+        &cluster,
+        &config,
+        &[
+            "submit",
+            file.to_str().expect("utf-8"),
+            "--thread",
+            &threads[0],
+        ],
+    );
+    assert_eq!(refused.status.code(), Some(4));
+
+    first.kill().expect("SIGKILL the worker");
+    first.wait().expect("reap it");
+    // Its runs show as orphaned within a lease TTL.
+    within("the orphans to show", async {
+        loop {
+            let out = on_cluster(&cluster, &config, &["ps", "--json", "--status", "orphaned"]);
+            let rows: Vec<serde_json::Value> =
+                serde_json::from_slice(&out.stdout).expect("ps --json");
+            if rows.len() == JOBS {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    })
+    .await;
+
+    let mut second = spawn_worker(true);
+    let finished = tokio::time::timeout(PATIENCE * 4, async {
+        loop {
+            let mut done = 0;
+            for t in &threads {
+                let records = stores.runs.list_thread(&thread(t)).await.expect("runs");
+                let newest = records.iter().max_by_key(|r| (r.started_at_ms, r.run_id));
+                done += usize::from(newest.map(|r| r.status) == Some(RunStatus::Succeeded));
+            }
+            if done == JOBS {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    })
+    .await;
+    second.kill().expect("stop the second worker");
+    second.wait().expect("reap it");
+    assert!(finished.is_ok(), "not every taken-over run finished");
+    for t in &threads {
+        let history = stores.history.load(&thread(t)).await.expect("history");
+        let texts: Vec<&str> = history.iter().map(|m| m.content.as_str()).collect();
+        assert_eq!(
+            texts,
+            ["one", "two"],
+            "thread {t}: finished nodes ran again or lost"
+        );
+        let records = stores.runs.list_thread(&thread(t)).await.expect("runs");
+        assert!(
+            records.iter().any(|r| r.status == RunStatus::Stopped
+                && r.stop_reason.as_deref() == Some("lease_lost")),
+            "thread {t}: the orphan's record was closed"
+        );
+    }
 }
