@@ -18,7 +18,7 @@ use runvisor_actors::store::{CheckpointStore, StoredCheckpoint};
 use runvisor_actors::{CheckpointId, Fence, RunId, StoreError, ThreadId};
 
 use super::conn::Conn;
-use super::keys::Keys;
+use super::keys::{Keys, ttl_ms};
 use super::lease::{fenced, fenced_script, token_arg};
 use super::reply::{self, Fields, corrupt};
 
@@ -141,11 +141,6 @@ impl RedisCheckpointStore {
             .map(|m| reply::text(m, index).map(str::to_owned))
             .collect()
     }
-}
-
-/// A TTL in whole milliseconds, at least 1 (0 would delete the key).
-pub(crate) fn ttl_ms(ttl: Duration) -> u64 {
-    u64::try_from(ttl.as_millis()).unwrap_or(u64::MAX).max(1)
 }
 
 fn parse_id(member: &str, index: &str) -> Result<CheckpointId, StoreError> {

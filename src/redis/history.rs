@@ -13,9 +13,9 @@ use async_trait::async_trait;
 use runvisor_actors::store::HistoryStore;
 use runvisor_actors::{Fence, Message, StoreError, ThreadId};
 
-use super::checkpoint::ttl_ms;
 use super::conn::Conn;
 use super::keys::Keys;
+use super::keys::ttl_ms;
 use super::lease::{fenced, fenced_script, token_arg};
 use super::reply::{self, corrupt};
 

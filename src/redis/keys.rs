@@ -73,6 +73,11 @@ fn tag(thread: &ThreadId) -> Cow<'_, str> {
     }
 }
 
+/// A key's TTL in whole milliseconds, at least 1 (0 would delete the key).
+pub(crate) fn ttl_ms(ttl: std::time::Duration) -> u64 {
+    u64::try_from(ttl.as_millis()).unwrap_or(u64::MAX).max(1)
+}
+
 /// Builds the Redis key names under a prefix. Cheap to clone.
 #[derive(Clone, PartialEq, Eq)]
 pub struct Keys {

@@ -29,9 +29,9 @@ use runvisor_actors::{
     Fence, Lease, LeaseError, LeaseHolder, RunId, StoreError, ThreadId, WorkerId, WorkerInfo,
 };
 
-use super::checkpoint::ttl_ms;
 use super::conn::Conn;
 use super::keys::Keys;
+use super::keys::ttl_ms;
 use super::reply::{self, Fields, corrupt};
 
 /// Lua prepended to every fenced script: `fence_refused(key, token, ttl)` answers the

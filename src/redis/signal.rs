@@ -46,8 +46,8 @@ use runvisor_actors::{Fence, StoreError, ThreadId};
 use tokio::sync::broadcast;
 use tokio::time::Instant;
 
-use super::checkpoint::ttl_ms;
 use super::conn::{Conn, Endpoint};
+use super::keys::ttl_ms;
 use super::keys::{Keys, hash_slot};
 use super::lease::{fenced, fenced_script};
 use super::reply;
