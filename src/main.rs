@@ -23,12 +23,12 @@ use anyhow::{Context, anyhow, bail};
 use clap::{Parser, Subcommand};
 use runvisor::InputDecl;
 use runvisor::redis::queue::Job;
-use runvisor::redis::{RedisConfig, RedisStores};
+use runvisor::redis::{ConnectError, RedisConfig, RedisStores};
 use runvisor::{
     CheckpointId, Config, Durability, Interaction, InteractionId, InteractionKind, Map, Message,
     NodeId, NodePath, ResumeError, ResumeFrom, ResumeInput, RunEvent, RunHandle, RunId, RunLabels,
     RunOutcome, RunStatus, Runtime, StartError, StopMode, StopReason, StopRequest, StopResult,
-    ThreadId, ValidationErrors, Value, Workflow, WorkflowDef, register_standard_kinds,
+    StoreError, ThreadId, ValidationErrors, Value, Workflow, WorkflowDef, register_standard_kinds,
 };
 use serde::Serialize;
 use tokio::task::JoinHandle;
@@ -221,7 +221,8 @@ fn main() -> ExitCode {
     }
 }
 
-/// The exit code for an error: its own for a conflict, bad input otherwise.
+/// The exit code for an error: its own for a conflict or a store that failed or refused,
+/// bad input otherwise.
 fn exit_code(e: &anyhow::Error) -> u8 {
     if let Some(exit) = e.chain().find_map(|cause| cause.downcast_ref::<Exit>()) {
         return exit.code;
@@ -235,7 +236,26 @@ fn exit_code(e: &anyhow::Error) -> u8 {
             Some(ResumeError::ThreadBusy { .. })
         )
     });
-    if busy { EXIT_CONFLICT } else { EXIT_BAD_INPUT }
+    if busy {
+        return EXIT_CONFLICT;
+    }
+    let storage = e.chain().any(|cause| {
+        cause.is::<StoreError>()
+            || cause
+                .downcast_ref::<ConnectError>()
+                .is_some_and(|e| !matches!(e, ConnectError::InvalidConfig(_)))
+            || cause
+                .downcast_ref::<StartError>()
+                .is_some_and(|e| e.store_error().is_some())
+            || cause
+                .downcast_ref::<ResumeError>()
+                .is_some_and(|e| e.store_error().is_some())
+    });
+    if storage {
+        EXIT_STORAGE
+    } else {
+        EXIT_BAD_INPUT
+    }
 }
 
 /// An error and its causes on one line (a cause's own line breaks become spaces).
@@ -349,9 +369,13 @@ async fn build_runtime(config: Config) -> anyhow::Result<(Runtime, Option<RedisS
     let mut redis = None;
     if let Some(config) = config.redis {
         let shown = config.redacted_url();
-        let stores = RedisStores::connect(config)
-            .await
-            .with_context(|| format!("cannot use Redis at {shown}"))?;
+        let stores = RedisStores::connect(config).await.map_err(|e| match e {
+            // The other errors name the server themselves.
+            ConnectError::InvalidConfig(_) => {
+                anyhow::Error::new(e).context(format!("cannot use Redis at {shown}"))
+            }
+            e => anyhow::Error::new(e),
+        })?;
         builder = stores.install(builder);
         redis = Some(stores);
     }

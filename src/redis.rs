@@ -105,11 +105,25 @@
 //! # Failures
 //!
 //! Calls go through one auto-reconnecting connection (to the server, or to every node of the
-//! cluster) with explicit connect and response timeouts, and each call is bounded by [`RedisConfig::call_timeout`] however the connection
-//! behaves: an unreachable Redis gives [`StoreError::Unavailable`](crate::StoreError::Unavailable),
-//! a silent one [`StoreError::Timeout`](crate::StoreError::Timeout). Data that cannot be read
-//! gives [`StoreError::Corrupt`](crate::StoreError::Corrupt) naming the key. Nothing panics on
-//! what Redis returns.
+//! cluster) with explicit connect and response timeouts, and each call is bounded by
+//! [`RedisConfig::call_timeout`] however the connection behaves. Each call is tried once;
+//! errors say whether trying again may help ([`StoreError::is_transient`](crate::StoreError::is_transient)):
+//!
+//! - transient: an unreachable Redis (refused, reset or dropped connections) gives
+//!   [`StoreError::Unavailable`](crate::StoreError::Unavailable), a silent one
+//!   [`StoreError::Timeout`](crate::StoreError::Timeout); so do `LOADING`, `BUSY`, `TRYAGAIN`,
+//!   `MASTERDOWN`, `CLUSTERDOWN`, `READONLY` (a failover), `OOM`, `MISCONF` and unresolved
+//!   `MOVED`/`ASK` replies. The engine retries these with backoff until its store deadline.
+//! - permanent: `NOAUTH`, `WRONGPASS`, `NOPERM`, `CROSSSLOT`, `EXECABORT`, `NOSCRIPT` (once
+//!   the script was loaded again), script errors, any other `ERR`, and a reply that does not
+//!   parse (the endpoint is not Redis) give [`StoreError::Rejected`](crate::StoreError::Rejected)
+//!   naming the command (or script) and the key; a key of the wrong type gives
+//!   [`StoreError::Corrupt`](crate::StoreError::Corrupt) naming the key, as does data that
+//!   cannot be read. These fail at once.
+//!
+//! [`RedisStores::connect`] sends a `PING` first: a server that refuses this client (a
+//! password required or wrong) or does not speak Redis is [`ConnectError::Refused`] there.
+//! Nothing panics on what Redis returns.
 //!
 //! Redis should run with `maxmemory-policy noeviction`: an evicting policy may drop
 //! checkpoints. [`RedisStores::connect`] warns when it is not.
@@ -280,6 +294,24 @@ pub enum ConnectError {
         /// How long it was given.
         timeout: Duration,
     },
+    /// The endpoint answered, but refuses this client for a reason that retrying cannot fix:
+    /// a password that is required, wrong, or a user without permission; or it does not speak
+    /// the Redis protocol at all (another service on that port).
+    #[error("redis at {url} refused the connection: {error}")]
+    Refused {
+        /// The server (password hidden).
+        url: String,
+        /// What it said.
+        error: String,
+    },
+}
+
+impl ConnectError {
+    /// Whether connecting again later may succeed (Redis was out of reach or slow), as
+    /// opposed to a config that cannot work or a refusal.
+    pub fn is_transient(&self) -> bool {
+        matches!(self, Self::Connect { .. } | Self::Timeout { .. })
+    }
 }
 
 /// The Redis-backed stores and signal source, sharing one connection (the signal source adds
@@ -317,11 +349,15 @@ impl RedisStores {
     /// a server that refuses `CONFIG GET` is accepted as it is.
     ///
     /// A `redis://` URL that names a node of a Redis Cluster is refused
-    /// ([`ConnectError::InvalidConfig`]): use `redis+cluster://`.
+    /// ([`ConnectError::InvalidConfig`]): use `redis+cluster://`. So is a server that refuses
+    /// this client for good (a password required or wrong, a user without permission to
+    /// `PING`) or an endpoint that does not speak Redis ([`ConnectError::Refused`]): nothing
+    /// would work on it.
     pub async fn connect(config: RedisConfig) -> Result<Self, ConnectError> {
         config.check()?;
         let endpoint = Endpoint::of(&config)?;
         let conn = Conn::connect(&config, &endpoint).await?;
+        conn.check_access(&config).await?;
         if !conn.is_cluster() {
             refuse_cluster_node(&conn, &config).await?;
         }

@@ -172,7 +172,10 @@ impl CheckpointStore for RedisCheckpointStore {
             .arg(checkpoint.bytes.as_slice())
             .arg(self.ttl_ms)
             .arg(token_arg(fence));
-        let reply = self.conn.script(&payload, &invocation).await?;
+        let reply = self
+            .conn
+            .script("checkpoint put", &payload, &invocation)
+            .await?;
         let items = reply::array(&reply, &payload)?;
         let status = items
             .first()
@@ -259,7 +262,10 @@ impl CheckpointStore for RedisCheckpointStore {
             for member in batch {
                 invocation.arg(member.as_str());
             }
-            let reply = self.conn.script(&index, &invocation).await?;
+            let reply = self
+                .conn
+                .script("checkpoint prune", &index, &invocation)
+                .await?;
             let count = reply::int(&reply, &index)?;
             removed += usize::try_from(count).unwrap_or(0);
         }
@@ -277,7 +283,7 @@ impl CheckpointStore for RedisCheckpointStore {
         let mut cmd = ::redis::cmd("SET");
         cmd.arg(&key).arg(definition).arg("PX").arg(self.ttl_ms);
         let reply = self.conn.query(&key, &cmd).await?;
-        reply::server_error(&reply, &key)
+        reply::server_error(&reply, "SET", &key)
     }
 
     async fn get_workflow(

@@ -10,12 +10,17 @@
 //!
 //! During an outage no call blocks for longer than the call timeout: a dead server answers
 //! [`StoreError::Unavailable`] (the connection reconnects in the background and later calls
-//! succeed again), a silent one (frozen, partitioned) answers [`StoreError::Timeout`].
+//! succeed again), a silent one (frozen, partitioned) answers [`StoreError::Timeout`]. Errors
+//! that retrying cannot fix (a refused password or permission, a command across cluster slots,
+//! a script error, an endpoint that does not speak Redis) are [`StoreError::Rejected`], naming
+//! the command and the key, or [`StoreError::Corrupt`] for a key of the wrong type (see
+//! [`classify`]). Calls are tried once: callers retry transient errors up to their deadline.
 //!
 //! On a cluster a command or a script must touch one slot (every key of one thread carries the
 //! thread's hash tag), and so must a [`pipeline`](Conn::pipeline); independent commands on keys
 //! of any slots go through [`fan_out`](Conn::fan_out), which sends one pipeline per node.
 
+mod classify;
 pub(crate) mod cluster;
 
 use std::fmt;
@@ -27,6 +32,8 @@ use ::redis::{Cmd, Pipeline, RedisResult, ScriptInvocation, Value};
 use runvisor_actors::StoreError;
 
 use super::{ConnectError, RedisConfig};
+use classify::{command_name, describe, pipeline_name};
+pub(crate) use classify::{is_transient, server_error};
 
 /// Reconnection attempts per outage episode before calls fail fast (the next call starts a
 /// new episode).
@@ -105,9 +112,13 @@ fn connected<T>(
             url,
             timeout: config.connect_timeout,
         }),
-        Ok(Err(e)) => Err(ConnectError::Connect {
+        Ok(Err(e)) if is_transient(&e) => Err(ConnectError::Connect {
             url,
-            error: e.to_string(),
+            error: describe(&e),
+        }),
+        Ok(Err(e)) => Err(ConnectError::Refused {
+            url,
+            error: describe(&e),
         }),
         Err(_) => Err(ConnectError::Timeout {
             url,
@@ -164,16 +175,21 @@ impl Conn {
     /// to the node of its key's slot (`MGET`, `UNLINK` and `DEL` of keys in several slots are
     /// split per slot by the cluster connection).
     pub(crate) async fn query(&self, key: &str, cmd: &Cmd) -> Result<Value, StoreError> {
+        let name = command_name(cmd);
         match &self.link {
             Link::Single(manager) => {
                 let mut con = manager.clone();
-                self.bounded(key, async move { cmd.query_async::<Value>(&mut con).await })
-                    .await
+                self.bounded(&name, key, async move {
+                    cmd.query_async::<Value>(&mut con).await
+                })
+                .await
             }
             Link::Cluster(cluster) => {
                 let mut con = cluster.connection();
-                self.bounded(key, async move { cmd.query_async::<Value>(&mut con).await })
-                    .await
+                self.bounded(&name, key, async move {
+                    cmd.query_async::<Value>(&mut con).await
+                })
+                .await
             }
         }
     }
@@ -185,17 +201,18 @@ impl Conn {
         key: &str,
         pipe: &Pipeline,
     ) -> Result<Vec<Value>, StoreError> {
+        let name = pipeline_name(pipe);
         match &self.link {
             Link::Single(manager) => {
                 let mut con = manager.clone();
-                self.bounded(key, async move {
+                self.bounded(&name, key, async move {
                     pipe.query_async::<Vec<Value>>(&mut con).await
                 })
                 .await
             }
             Link::Cluster(cluster) => {
                 let mut con = cluster.connection();
-                self.bounded(key, async move {
+                self.bounded(&name, key, async move {
                     pipe.query_async::<Vec<Value>>(&mut con).await
                 })
                 .await
@@ -216,6 +233,7 @@ impl Conn {
             return Ok(Vec::new());
         }
         let count = cmds.len();
+        let name = cmds.first().map(command_name).unwrap_or_default();
         let replies = match &self.link {
             Link::Single(manager) => {
                 let mut pipe = ::redis::pipe();
@@ -224,12 +242,12 @@ impl Conn {
                     pipe.add_command(cmd);
                 }
                 let mut con = manager.clone();
-                self.bounded(key, async move {
+                self.bounded(&name, key, async move {
                     pipe.query_async::<Vec<Value>>(&mut con).await
                 })
                 .await?
             }
-            Link::Cluster(cluster) => self.bounded(key, cluster.fan_out(cmds)).await?,
+            Link::Cluster(cluster) => self.bounded(&name, key, cluster.fan_out(cmds)).await?,
         };
         if replies.len() != count {
             return Err(StoreError::Unavailable(format!(
@@ -249,28 +267,34 @@ impl Conn {
     ) -> Result<Vec<(Option<String>, Value)>, StoreError> {
         match &self.link {
             Link::Single(_) => Ok(vec![(None, self.query(what, cmd).await?)]),
-            Link::Cluster(cluster) => self.bounded(what, cluster.on_every_primary(cmd)).await,
+            Link::Cluster(cluster) => {
+                self.bounded(&command_name(cmd), what, cluster.on_every_primary(cmd))
+                    .await
+            }
         }
     }
 
-    /// Runs a script (EVALSHA, loading it first if the server does not know it). On a cluster
-    /// it goes to the node of its first key's slot; all its keys must share that slot.
+    /// Runs a script (EVALSHA, loading it first if the server does not know it); `name` says
+    /// which, for errors. On a cluster it goes to the node of its first key's slot; all its
+    /// keys must share that slot.
     pub(crate) async fn script(
         &self,
+        name: &str,
         key: &str,
         invocation: &ScriptInvocation<'_>,
     ) -> Result<Value, StoreError> {
+        let command = format!("the {name} script");
         match &self.link {
             Link::Single(manager) => {
                 let mut con = manager.clone();
-                self.bounded(key, async move {
+                self.bounded(&command, key, async move {
                     invocation.invoke_async::<Value>(&mut con).await
                 })
                 .await
             }
             Link::Cluster(cluster) => {
                 let mut con = cluster.connection();
-                self.bounded(key, async move {
+                self.bounded(&command, key, async move {
                     invocation.invoke_async::<Value>(&mut con).await
                 })
                 .await
@@ -278,28 +302,52 @@ impl Conn {
         }
     }
 
+    /// Asks the server whether it serves this client at all: a `PING` answered, or the
+    /// permanent refusal (a password required or wrong, an endpoint that does not speak
+    /// Redis) as a connection error. A transient failure is left for the calls to meet.
+    pub(crate) async fn check_access(&self, config: &RedisConfig) -> Result<(), ConnectError> {
+        let ping = ::redis::cmd("PING");
+        let command = command_name(&ping);
+        let result = match &self.link {
+            Link::Single(manager) => {
+                let mut con = manager.clone();
+                tokio::time::timeout(self.call_timeout, async move {
+                    ping.query_async::<Value>(&mut con).await
+                })
+                .await
+            }
+            Link::Cluster(cluster) => {
+                let mut con = cluster.connection();
+                tokio::time::timeout(self.call_timeout, async move {
+                    ping.query_async::<Value>(&mut con).await
+                })
+                .await
+            }
+        };
+        match result {
+            Ok(Err(e)) if !is_transient(&e) => Err(ConnectError::Refused {
+                url: config.redacted_url(),
+                error: format!("{command}: {}", describe(&e)),
+            }),
+            _ => Ok(()),
+        }
+    }
+
     async fn bounded<T>(
         &self,
+        command: &str,
         key: &str,
         call: impl Future<Output = RedisResult<T>>,
     ) -> Result<T, StoreError> {
         match tokio::time::timeout(self.call_timeout, call).await {
             Ok(Ok(value)) => Ok(value),
-            Ok(Err(e)) => Err(self.store_error(key, &e)),
+            Ok(Err(e)) => Err(classify::store_error(
+                command,
+                key,
+                &e,
+                self.response_timeout,
+            )),
             Err(_) => Err(StoreError::Timeout(self.call_timeout)),
-        }
-    }
-
-    fn store_error(&self, key: &str, e: &::redis::RedisError) -> StoreError {
-        if e.is_timeout() {
-            StoreError::Timeout(self.response_timeout)
-        } else if e.code() == Some("WRONGTYPE") {
-            StoreError::Corrupt {
-                key: key.to_owned(),
-                reason: "the key holds a value of another type".to_owned(),
-            }
-        } else {
-            StoreError::Unavailable(format!("redis: {e}"))
         }
     }
 }

@@ -99,7 +99,10 @@ impl HistoryStore for RedisHistoryStore {
             })?;
             invocation.arg(message.id.to_string()).arg(json);
         }
-        let reply = self.conn.script(&list, &invocation).await?;
+        let reply = self
+            .conn
+            .script("history append", &list, &invocation)
+            .await?;
         let items = reply::array(&reply, &list)?;
         match items.first().map(|s| reply::text(s, &list)).transpose()? {
             Some("ok") => Ok(()),

@@ -232,7 +232,10 @@ impl RedisLeaseStore {
             .arg(ttl_ms(ttl))
             .arg(dead.unwrap_or(""))
             .arg(self.data_ttl_ms);
-        let reply = self.conn.script(&lease, &invocation).await?;
+        let reply = self
+            .conn
+            .script("lease acquire", &lease, &invocation)
+            .await?;
         let items = texts(&reply, &lease)?;
         match items.as_slice() {
             ["ok", token] => Ok(Attempt::Taken(token_of(token, &fence)?, None)),
@@ -424,7 +427,7 @@ impl LeaseStore for RedisLeaseStore {
     ) -> Result<(), LeaseError> {
         let key = self.keys.lease(thread);
         let invocation = self.renewal(thread, lease, ttl);
-        let reply = self.conn.script(&key, &invocation).await?;
+        let reply = self.conn.script("lease renewal", &key, &invocation).await?;
         renewed(&reply, &key)
     }
 
@@ -484,7 +487,7 @@ impl LeaseStore for RedisLeaseStore {
             for ((thread, _), reply) in batch.iter().zip(replies) {
                 let key = self.keys.lease(thread);
                 results.push(reply.map_err(LeaseError::from).and_then(|reply| {
-                    reply::server_error(&reply, &key)?;
+                    reply::server_error(&reply, "the lease renewal script", &key)?;
                     renewed(&reply, &key)
                 }));
             }
@@ -496,14 +499,17 @@ impl LeaseStore for RedisLeaseStore {
         let key = self.keys.lease(thread);
         let mut invocation = self.release.prepare_invoke();
         invocation.key(&key).arg(lease.fence.0.to_string());
-        self.conn.script(&key, &invocation).await.map(drop)
+        self.conn
+            .script("lease release", &key, &invocation)
+            .await
+            .map(drop)
     }
 
     async fn lease(&self, thread: &ThreadId) -> Result<Option<Lease>, StoreError> {
         let key = self.keys.lease(thread);
         let mut invocation = self.read.prepare_invoke();
         invocation.key(&key);
-        let reply = self.conn.script(&key, &invocation).await?;
+        let reply = self.conn.script("lease read", &key, &invocation).await?;
         let fields = Fields::read(&reply, &key)?;
         if fields.is_empty() {
             return Ok(None);

@@ -28,17 +28,12 @@ fn shape(value: &Value) -> &'static str {
     }
 }
 
-/// A per-command error inside a pipeline reply (with `ignore_errors`), as a store error.
-pub(crate) fn server_error(value: &Value, key: &str) -> Result<(), StoreError> {
+/// A per-command error inside a pipeline reply (with `ignore_errors`), as a store error
+/// naming the command and the key, transient or permanent as its code says (see
+/// [`classify`](super::conn::classify)).
+pub(crate) fn server_error(value: &Value, command: &str, key: &str) -> Result<(), StoreError> {
     match value {
-        Value::ServerError(e) if e.code() == "WRONGTYPE" => {
-            Err(corrupt(key, "the key holds a value of another type"))
-        }
-        Value::ServerError(e) => Err(StoreError::Unavailable(format!(
-            "redis: {} {}",
-            e.code(),
-            e.details().unwrap_or_default()
-        ))),
+        Value::ServerError(e) => Err(super::conn::server_error(command, key, e)),
         _ => Ok(()),
     }
 }

@@ -180,7 +180,7 @@ impl RunStore for RedisRunStore {
             .arg("PX")
             .arg(self.ttl_ms);
         let reply = self.conn.query(&pointer, &cmd).await?;
-        reply::server_error(&reply, &pointer)?;
+        reply::server_error(&reply, "SET", &pointer)?;
 
         let key = self.keys.run(thread, record.run_id);
         let (set, delete) = fields(record);
@@ -199,7 +199,7 @@ impl RunStore for RedisRunStore {
         for name in &delete {
             invocation.arg(*name);
         }
-        let reply = self.conn.script(&key, &invocation).await?;
+        let reply = self.conn.script("run record", &key, &invocation).await?;
         let items = reply::array(&reply, &key)?;
         match items.first().map(|s| reply::text(s, &key)).transpose()? {
             Some("ok") => self.index(record).await,
@@ -370,7 +370,7 @@ impl RedisRunStore {
                 .collect();
             let replies = self.conn.fan_out(index, reads).await?;
             for (((id, _), key), reply) in batch.iter().zip(&keys).zip(&replies) {
-                reply::server_error(reply, key)?;
+                reply::server_error(reply, "HGETALL", key)?;
                 let found = match record(*id, &Fields::read(reply, key)?, key)? {
                     Some(found) => Some(found),
                     None => self.read(*id, &self.keys.legacy_run(*id)).await?,
@@ -414,7 +414,11 @@ impl RedisRunStore {
         // The two indexes may live on two nodes: one round trip to each.
         let replies = self.conn.fan_out(&recent, cmds).await?;
         for (i, reply) in replies.iter().enumerate() {
-            reply::server_error(reply, if i < 3 { &recent } else { &open })?;
+            reply::server_error(
+                reply,
+                "a run index update",
+                if i < 3 { &recent } else { &open },
+            )?;
         }
         Ok(())
     }

@@ -271,10 +271,11 @@ impl SignalSource for RedisSignalSource {
                     ));
                 }
                 Value::ServerError(e) => {
-                    return Err(StoreError::Unavailable(format!(
-                        "redis: MGET of {} keys from {at}: {e}",
-                        batch.len()
-                    )));
+                    return Err(super::conn::server_error(
+                        &format!("MGET of {} keys", batch.len()),
+                        at,
+                        e,
+                    ));
                 }
                 _ => return Err(super::reply::corrupt(at, "unexpected MGET reply")),
             }
@@ -320,7 +321,7 @@ impl SignalSource for RedisSignalSource {
             invocation.key(key.as_str());
         }
         invocation.arg(token.0.to_string()).arg(self.data_ttl_ms);
-        let reply = self.conn.script(first, &invocation).await?;
+        let reply = self.conn.script("flag clear", first, &invocation).await?;
         let items = reply::array(&reply, first)?;
         match items.first().map(|s| reply::text(s, first)).transpose()? {
             Some("ok") => {}

@@ -14,6 +14,7 @@ mod corrupt;
 mod crash;
 mod cross_process;
 mod durability;
+mod failures;
 mod faults;
 mod fork;
 mod history;

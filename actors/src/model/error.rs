@@ -6,15 +6,32 @@ use std::time::Duration;
 use super::ids::{RunId, ThreadId};
 
 /// A store operation that failed.
+///
+/// Errors are either transient ([`is_transient`](Self::is_transient): the service could not
+/// be reached, did not answer in time, or said to try again later), worth retrying until a
+/// deadline, or permanent: trying again gives the same answer, so callers fail at once.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[non_exhaustive]
 pub enum StoreError {
-    /// The backing service could not be reached or answered with an error.
+    /// The backing service could not be reached, or answered that it cannot serve now
+    /// (loading, busy, failing over). Transient.
     #[error("store unavailable: {0}")]
     Unavailable(String),
-    /// The backing service did not answer in time.
+    /// The backing service did not answer in time. Transient.
     #[error("store timed out after {0:?}")]
     Timeout(std::time::Duration),
+    /// The backing service refused the command for a reason that retrying cannot fix: an
+    /// authentication or permission error, a command spanning keys of several cluster slots,
+    /// a script error, or an endpoint that does not speak the store's protocol. Permanent.
+    #[error("store refused {command} on {key}: {reason}")]
+    Rejected {
+        /// The command (or script) refused.
+        command: String,
+        /// The key it was about.
+        key: String,
+        /// What the service said.
+        reason: String,
+    },
     /// A checkpoint write was older than what is stored (a retried or late write).
     #[error(
         "stale checkpoint write for run {run}: sequence {sequence} is not newer than stored {stored}"
@@ -50,11 +67,21 @@ pub enum StoreError {
     },
 }
 
+impl StoreError {
+    /// Whether trying again later may succeed: the service was out of reach, slow, or asked
+    /// to try again ([`Unavailable`](Self::Unavailable), [`Timeout`](Self::Timeout)). Every
+    /// other error is permanent: the same call gets the same answer (refused, fenced, stale,
+    /// corrupt data), so it is reported at once instead of retried.
+    pub fn is_transient(&self) -> bool {
+        matches!(self, Self::Unavailable(_) | Self::Timeout(_))
+    }
+}
+
 /// Why a snapshot of a run could not be stored.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[non_exhaustive]
 pub enum CheckpointError {
-    /// The checkpoint store kept failing until the flush timeout.
+    /// The checkpoint store kept failing (transiently) until the store deadline.
     #[error("checkpoint store kept failing for {waited:?} ({attempts} attempts): {last}")]
     StoreFailed {
         /// How many writes were tried.
@@ -65,7 +92,9 @@ pub enum CheckpointError {
         #[source]
         last: StoreError,
     },
-    /// The checkpoint store refused the write for good (a newer snapshot of the run is stored).
+    /// The checkpoint store refused the write for good: a newer snapshot of the run is
+    /// stored, the run lost its thread, or the store gave a permanent error
+    /// (`!StoreError::is_transient`).
     #[error("checkpoint store refused the snapshot: {0}")]
     Refused(#[source] StoreError),
     /// The snapshot cannot be encoded (it is larger than a snapshot may be).

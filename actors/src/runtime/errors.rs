@@ -62,6 +62,19 @@ pub enum StartError {
     Spawn(String),
 }
 
+impl StartError {
+    /// The store error behind this one, when a store failed: the thread's lease could not be
+    /// taken, its history read or the run recorded.
+    pub fn store_error(&self) -> Option<&StoreError> {
+        match self {
+            Self::Lease { error, .. } | Self::History { error, .. } | Self::RunStore(error) => {
+                Some(error)
+            }
+            _ => None,
+        }
+    }
+}
+
 /// Why an ops query about a run failed.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[non_exhaustive]

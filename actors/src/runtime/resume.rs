@@ -232,6 +232,18 @@ pub enum ResumeError {
     Start(#[from] StartError),
 }
 
+impl ResumeError {
+    /// The store error behind this one, when a store failed (reading the checkpoint or the
+    /// history, taking the thread's lease, recording the run).
+    pub fn store_error(&self) -> Option<&StoreError> {
+        match self {
+            Self::Store(error) => Some(error),
+            Self::Start(start) => start.store_error(),
+            _ => None,
+        }
+    }
+}
+
 /// How to resume, beyond where from and with what.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 #[non_exhaustive]
