@@ -12,6 +12,7 @@ mod leases;
 pub mod memory;
 pub use leases::MemoryLeaseStore;
 mod ports;
+pub(crate) mod retry;
 pub(crate) mod snapshot;
 
 pub(crate) use check::check_graph;

@@ -32,10 +32,14 @@ pub struct RuntimeConfig {
     /// In `async` mode, the window over which a run's completions share one snapshot.
     #[serde(with = "humantime_serde")]
     pub checkpoint_coalesce: Duration,
-    /// How long an awaited snapshot write keeps retrying a failing store before the run
-    /// reports it as not written.
-    #[serde(with = "humantime_serde")]
-    pub checkpoint_flush_timeout: Duration,
+    /// How long a write keeps retrying a store that fails transiently (out of reach, slow,
+    /// loading, failing over) before it is given up: an awaited progress snapshot (`sync`),
+    /// and a run's end, whose history, final checkpoint and run record share one deadline
+    /// (what is not stored by then is reported, and spilled where a spill store is set).
+    /// Permanent errors (refused, fenced, corrupt) are never retried. Formerly
+    /// `checkpoint_flush_timeout`, still accepted.
+    #[serde(with = "humantime_serde", alias = "checkpoint_flush_timeout")]
+    pub store_deadline: Duration,
     /// Stop and cancel flags: key formats and timings.
     pub signals: SignalConfig,
     /// How many finished runs keep their outcome in memory, so a stop that arrives after a run
@@ -91,7 +95,7 @@ impl Default for RuntimeConfig {
             durability: Durability::Async,
             checkpoint_buffer: 64 * 1024 * 1024,
             checkpoint_coalesce: Duration::from_millis(20),
-            checkpoint_flush_timeout: Duration::from_secs(10),
+            store_deadline: Duration::from_secs(10),
             signals: SignalConfig::default(),
             finished_outcomes: 1024,
             worker_id: None,

@@ -12,10 +12,10 @@ use super::config::RuntimeConfig;
 use super::supervisor::RunMsg;
 use crate::kinds::{Kinds, RunScope};
 use crate::model::{
-    CheckpointError, CheckpointId, Fence, Lease, NodePath, RunEvent, RunId, RunLabels, RunOutcome,
-    RunStatus, ThreadId, Value,
+    CheckpointId, Fence, Lease, NodePath, RunEvent, RunId, RunLabels, RunOutcome, RunStatus,
+    ThreadId, Value,
 };
-use crate::persist::snapshot::SnapshotWrite;
+use crate::persist::snapshot::{SaveFailed, SnapshotWrite};
 use crate::persist::{HistoryStore, RunStore, SignalSource, WatchedKeys};
 
 /// What a run needs from the runtime that hosts it. The runtime implements it with its
@@ -34,9 +34,13 @@ pub(crate) trait RunServices: Send + Sync + 'static {
     fn backlog_bytes(&self) -> usize;
     /// Hands a snapshot to the checkpointer, to write in the background (coalesced per run).
     async fn save_background(&self, write: SnapshotWrite);
-    /// Writes a snapshot through the checkpointer and waits until it is stored, or until the
-    /// checkpointer gave up (its flush timeout).
-    async fn save_awaited(&self, write: SnapshotWrite) -> Result<CheckpointId, CheckpointError>;
+    /// Writes a snapshot through the checkpointer and waits until it is stored, refused, or
+    /// still failing at `deadline`; a snapshot not stored comes back with the error.
+    async fn save_awaited(
+        &self,
+        write: SnapshotWrite,
+        deadline: tokio::time::Instant,
+    ) -> Result<CheckpointId, SaveFailed>;
     /// Watches a run's stop and cancel flags; a raised flag stops it through `supervisor`.
     async fn watch(&self, run: RunId, keys: WatchedKeys, supervisor: ActorRef<RunMsg>);
     /// Stops watching a run's flags.

@@ -496,14 +496,16 @@ impl RunState {
         let write = self.progress_snapshot();
         let services = self.run.services.clone();
         let me = myself.clone();
+        let deadline = tokio::time::Instant::now() + self.run.config().store_deadline;
         tokio::spawn(async move {
-            let result = services.save_awaited(write).await;
-            let _ = me.send_message(RunMsg::Saved(result));
+            let result = services.save_awaited(write, deadline).await;
+            let _ = me.send_message(RunMsg::Saved(result.map_err(|failed| failed.error)));
         });
     }
 
     /// An awaited progress snapshot came back: start the nodes it was holding, or, if the store
-    /// kept failing, wait for it (the run pauses rather than going on unsaved) and try again.
+    /// kept failing, wait for it (the run pauses rather than going on unsaved) and try again;
+    /// if the store refused it for good, the run fails (waiting would never end).
     async fn saved(
         &mut self,
         myself: &ActorRef<RunMsg>,
@@ -538,6 +540,11 @@ impl RunState {
                 tracing::warn!(parent: &self.span, error = %e, "progress refused: the run lost its thread's lease");
                 self.lease_lost = Some(Some(e));
                 self.begin_stop(myself, Ending::Stop(StopReason::LeaseLost), StopMode::Force);
+            }
+            Err(error) if !error.is_transient() => {
+                tracing::error!(parent: &self.span, %error, "the run's progress is refused for good: the run fails");
+                let cause = Ending::Failure(RunError::Storage(error));
+                self.begin_stop(myself, cause, StopMode::Force);
             }
             Err(error) => {
                 if step.wait_begins {

@@ -111,6 +111,15 @@ pub enum CheckpointError {
     },
 }
 
+impl CheckpointError {
+    /// Whether the store merely failed for a while ([`StoreFailed`](Self::StoreFailed), or
+    /// the checkpointer did not answer): a later write may succeed. A refusal or a snapshot
+    /// that does not encode stays so.
+    pub fn is_transient(&self) -> bool {
+        matches!(self, Self::StoreFailed { .. } | Self::Unreachable { .. })
+    }
+}
+
 /// A reference that cannot be resolved at run time.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error("cannot resolve {reference}: {reason}")]

@@ -35,6 +35,10 @@ pub enum RunError {
     /// The engine itself failed (an actor could not be spawned, or ended without a result).
     #[error("run supervisor failed: {0}")]
     Supervisor(String),
+    /// The run's progress could not be stored, and retrying cannot help (the checkpoint
+    /// store refused it for good): the run stops rather than go on unsaved or wait forever.
+    #[error("the run's progress could not be stored: {0}")]
+    Storage(CheckpointError),
 }
 
 /// What became of the messages a run produced when it ended.

@@ -279,6 +279,23 @@ pub(crate) struct SnapshotWrite {
     pub(crate) snapshot: Box<Snapshot>,
 }
 
+/// An awaited snapshot that was not stored: why, and the checkpoint as it was to be stored
+/// (once encoded), handed back so that the caller can keep it elsewhere.
+#[derive(Debug)]
+pub(crate) struct SaveFailed {
+    pub(crate) error: crate::model::CheckpointError,
+    pub(crate) unwritten: Option<super::ports::StoredCheckpoint>,
+}
+
+impl From<crate::model::CheckpointError> for SaveFailed {
+    fn from(error: crate::model::CheckpointError) -> Self {
+        Self {
+            error,
+            unwritten: None,
+        }
+    }
+}
+
 /// A snapshot that cannot be encoded or decoded.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[non_exhaustive]

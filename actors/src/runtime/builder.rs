@@ -149,6 +149,12 @@ impl RuntimeBuilder {
                 problem: "must be greater than zero".to_owned(),
             });
         }
+        if self.config.store_deadline.is_zero() {
+            return Err(BuildError::Config {
+                field: "store_deadline",
+                problem: "must be greater than zero".to_owned(),
+            });
+        }
         let lease = &self.config.lease;
         if lease.renew.is_zero() || lease.renew >= lease.ttl {
             return Err(BuildError::Config {

@@ -14,7 +14,7 @@ use crate::model::{
     CheckpointError, CheckpointId, Lease, RunId, RunOutcome, StopMode, StoreError, ThreadId,
     WorkerInfo,
 };
-use crate::persist::snapshot::SnapshotWrite;
+use crate::persist::snapshot::{SaveFailed, SnapshotWrite};
 use crate::persist::{
     CheckpointStore, HistoryStore, LeaseStore, RunStore, SignalSource, WatchedKeys,
 };
@@ -144,7 +144,6 @@ impl Services {
                 let args = CheckpointerArgs {
                     store: self.checkpoints.clone(),
                     backlog: self.backlog.clone(),
-                    flush_timeout: self.config.checkpoint_flush_timeout,
                 };
                 Actor::spawn(None, Checkpointer, args)
                     .await
@@ -188,23 +187,33 @@ impl RunServices for Services {
         }
     }
 
-    async fn save_awaited(&self, write: SnapshotWrite) -> Result<CheckpointId, CheckpointError> {
+    async fn save_awaited(
+        &self,
+        write: SnapshotWrite,
+        deadline: tokio::time::Instant,
+    ) -> Result<CheckpointId, SaveFailed> {
         let checkpointer = self
             .checkpointer()
             .await
             .map_err(|reason| CheckpointError::Unreachable { reason })?;
-        let timeout = self.config.checkpoint_flush_timeout + Duration::from_secs(1);
+        // The checkpointer answers by the deadline, plus one store call that began before it.
+        let timeout = deadline.saturating_duration_since(tokio::time::Instant::now())
+            + self.config.store_deadline.min(Duration::from_secs(5))
+            + Duration::from_secs(1);
         match checkpointer
-            .call(|reply| CheckpointMsg::Awaited(write, reply), Some(timeout))
+            .call(
+                |reply| CheckpointMsg::Awaited(write, deadline, reply),
+                Some(timeout),
+            )
             .await
         {
             Ok(ractor::rpc::CallResult::Success(result)) => result,
-            Ok(other) => Err(CheckpointError::Unreachable {
+            Ok(other) => Err(SaveFailed::from(CheckpointError::Unreachable {
                 reason: format!("{other:?}"),
-            }),
-            Err(e) => Err(CheckpointError::Unreachable {
+            })),
+            Err(e) => Err(SaveFailed::from(CheckpointError::Unreachable {
                 reason: e.to_string(),
-            }),
+            })),
         }
     }
 

@@ -3,11 +3,14 @@
 //! Runs hand it snapshots in one of two ways:
 //! - **awaited** (`sync` durability after each node, and every run's final snapshot at a stop,
 //!   pause, failure or finish): the caller waits until the snapshot is stored, retried with
-//!   backoff while the store fails, for at most the configured flush timeout;
+//!   backoff while the store fails transiently, until the caller's deadline; a permanent error
+//!   answers at once. A snapshot that was not stored is handed back, encoded, to the caller;
 //! - **background** (`async` durability): the newest pending snapshot of each run replaces any
-//!   older one still waiting (coalescing), and pending snapshots are written in a batch. A failed
-//!   write stays pending and is retried with backoff, so when the store comes back the newest
-//!   state lands; the store's sequence check refuses anything older than what it holds.
+//!   older one still waiting (coalescing), and pending snapshots are written in a batch. A write
+//!   that failed transiently stays pending and is retried with backoff, so when the store comes
+//!   back the newest state lands; the store's sequence check refuses anything older than what
+//!   it holds. One refused for good is dropped (logged): the run's final snapshot, awaited,
+//!   meets the same refusal and reports it.
 //!
 //! Background writes are paced by their cost: after a run's snapshot took `t` to encode and
 //! store, its next one waits `PACE × t` (at most [`MAX_PACE`]), newer snapshots replacing it
@@ -27,7 +30,8 @@ use ractor::{Actor, ActorProcessingErr, ActorRef, RpcReplyPort};
 use tokio::time::Instant;
 
 use crate::model::{CheckpointError, CheckpointId, RunId, StoreError};
-use crate::persist::snapshot::SnapshotWrite;
+use crate::persist::retry::Backoff;
+use crate::persist::snapshot::{SaveFailed, SnapshotWrite};
 use crate::persist::{CheckpointStore, StoredCheckpoint};
 /// Snapshot bytes waiting to be written, shared with the runs that read it.
 #[derive(Debug, Default)]
@@ -44,10 +48,11 @@ impl Backlog {
 /// Messages the checkpointer handles.
 #[derive(Debug)]
 pub(crate) enum CheckpointMsg {
-    /// Write now and answer when stored (or when the flush timeout passed).
+    /// Write now and answer when stored, refused, or still failing at the deadline.
     Awaited(
         SnapshotWrite,
-        RpcReplyPort<Result<CheckpointId, CheckpointError>>,
+        Instant,
+        RpcReplyPort<Result<CheckpointId, SaveFailed>>,
     ),
     /// Write in the background; a newer snapshot of the same run replaces this one.
     Background(SnapshotWrite),
@@ -60,7 +65,6 @@ pub(crate) struct Checkpointer;
 pub(crate) struct CheckpointerArgs {
     pub(crate) store: Arc<dyn CheckpointStore>,
     pub(crate) backlog: Arc<Backlog>,
-    pub(crate) flush_timeout: Duration,
 }
 
 struct Pending {
@@ -79,7 +83,6 @@ impl Pending {
 pub(crate) struct CheckpointerState {
     store: Arc<dyn CheckpointStore>,
     backlog: Arc<Backlog>,
-    flush_timeout: Duration,
     pending: HashMap<RunId, Pending>,
     /// When each run's next background write may start (pacing, or a retry after a failure).
     due: HashMap<RunId, Instant>,
@@ -109,7 +112,6 @@ impl Actor for Checkpointer {
         Ok(CheckpointerState {
             store: args.store,
             backlog: args.backlog,
-            flush_timeout: args.flush_timeout,
             pending: HashMap::new(),
             due: HashMap::new(),
             timer: None,
@@ -125,19 +127,18 @@ impl Actor for Checkpointer {
         state: &mut Self::State,
     ) -> Result<(), ActorProcessingErr> {
         match message {
-            CheckpointMsg::Awaited(write, reply) => {
+            CheckpointMsg::Awaited(write, deadline, reply) => {
                 // Anything older of the same run is superseded by this write. The write runs
                 // in its own task so one run's retries never hold up another's.
                 state.drop_pending(&write.run);
                 state.due.remove(&write.run);
                 let store = state.store.clone();
-                let timeout = state.flush_timeout;
                 tokio::spawn(async move {
                     let result = match write.snapshot.encode() {
-                        Ok(bytes) => write_until(store, timeout, write, bytes).await,
-                        Err(e) => Err(CheckpointError::Encode {
+                        Ok(bytes) => write_until(store, deadline, write, bytes).await,
+                        Err(e) => Err(SaveFailed::from(CheckpointError::Encode {
                             reason: e.to_string(),
-                        }),
+                        })),
                     };
                     let _ = reply.send(result);
                 });
@@ -253,14 +254,27 @@ impl CheckpointerState {
         .await;
         let done = Instant::now();
         for (p, held, result) in results {
+            if let Some((Err(e), _)) = &result
+                && !e.is_transient()
+                && !matches!(e, StoreError::StaleSequence { .. })
+            {
+                // Refused for good (lost lease, permission, wrong key type): retrying gives
+                // the same answer. The run's final, awaited snapshot reports it.
+                tracing::error!(run = %p.write.run, error = %e, "background checkpoint refused; not retried");
+            }
             match result {
-                None | Some((Ok(()), _)) | Some((Err(StoreError::StaleSequence { .. }), _)) => {
-                    // Stored, superseded, or unencodable (logged): nothing left to hold.
+                None | Some((Ok(()), _)) => {
+                    // Stored, or unencodable (logged): nothing left to hold.
                     self.backlog.bytes.fetch_sub(held, Ordering::Relaxed);
                     self.retry_delay = FIRST_RETRY;
                     let cost = result.map_or(Duration::ZERO, |(_, took)| took);
                     self.due
                         .insert(p.write.run, done + (cost * PACE).min(MAX_PACE));
+                }
+                Some((Err(e), _)) if !e.is_transient() => {
+                    // Superseded (a newer snapshot is stored) or refused for good.
+                    self.backlog.bytes.fetch_sub(held, Ordering::Relaxed);
+                    self.due.insert(p.write.run, done);
                 }
                 Some((Err(e), _)) => {
                     self.failures += 1;
@@ -285,54 +299,54 @@ impl CheckpointerState {
     }
 }
 
-/// Writes one snapshot, retrying with backoff until it is stored or `timeout` passed.
+/// Writes one snapshot, retrying with backoff while the store fails transiently, until it
+/// is stored, refused, or `deadline` passed; what was not stored is handed back.
 async fn write_until(
     store: Arc<dyn CheckpointStore>,
-    timeout: Duration,
+    deadline: Instant,
     write: SnapshotWrite,
     bytes: Vec<u8>,
-) -> Result<CheckpointId, CheckpointError> {
-    let id = CheckpointId::new();
-    let started = tokio::time::Instant::now();
-    let deadline = started + timeout;
-    let mut delay = FIRST_RETRY;
+) -> Result<CheckpointId, SaveFailed> {
+    let stored = StoredCheckpoint {
+        id: CheckpointId::new(),
+        run: write.run,
+        sequence: write.sequence,
+        bytes,
+    };
+    let started = Instant::now();
+    let mut backoff = Backoff::until(deadline);
     let mut attempts = 0u64;
-    loop {
-        let stored = StoredCheckpoint {
-            id,
-            run: write.run,
-            sequence: write.sequence,
-            bytes: bytes.clone(),
-        };
-        match store.put(&write.thread, stored, write.fence).await {
-            Ok(()) => return Ok(id),
+    let error = loop {
+        attempts += 1;
+        match store.put(&write.thread, stored.clone(), write.fence).await {
+            Ok(()) => return Ok(stored.id),
             // An earlier attempt timed out on our side yet reached the store (a frozen or slow
             // server answers late): sequences are unique per write, so the stored one is this
             // very checkpoint, same id and bytes.
-            Err(StoreError::StaleSequence { stored, .. })
-                if attempts > 0 && stored == write.sequence =>
+            Err(StoreError::StaleSequence { stored: at, .. })
+                if attempts > 1 && at == write.sequence =>
             {
-                return Ok(id);
+                return Ok(stored.id);
             }
-            // Refused for good: newer state is stored, or the run lost its thread.
-            Err(e @ (StoreError::StaleSequence { .. } | StoreError::Fenced { .. })) => {
-                return Err(CheckpointError::Refused(e));
-            }
+            // Refused for good: newer state is stored, the run lost its thread, or the store
+            // refuses the write whatever happens.
+            Err(e) if !e.is_transient() => break CheckpointError::Refused(e),
             Err(e) => {
-                attempts += 1;
-                if tokio::time::Instant::now() + delay > deadline {
-                    return Err(CheckpointError::StoreFailed {
+                if !backoff.wait().await {
+                    break CheckpointError::StoreFailed {
                         attempts,
                         waited: started.elapsed(),
                         last: e,
-                    });
+                    };
                 }
                 if attempts.is_power_of_two() {
                     tracing::warn!(run = %write.run, error = %e, attempts, "checkpoint write failed; retrying");
                 }
-                tokio::time::sleep(delay).await;
-                delay = (delay * 2).min(MAX_RETRY);
             }
         }
-    }
+    };
+    Err(SaveFailed {
+        error,
+        unwritten: Some(stored),
+    })
 }

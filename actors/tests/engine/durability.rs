@@ -105,7 +105,7 @@ fn runtime(store: Arc<dyn CheckpointStore>, durability: Durability) -> Runtime {
         .handler("sees", SeesCheckpoint(store))
         .config(RuntimeConfig {
             durability,
-            checkpoint_flush_timeout: Duration::from_millis(200),
+            store_deadline: Duration::from_millis(200),
             ..RuntimeConfig::default()
         })
         .build()
@@ -229,6 +229,7 @@ async fn messages_refused_at_a_successful_end_are_persisted_by_the_next_resume()
     let rt = Runtime::builder()
         .lease_store(Arc::new(MemoryLeaseStore::new()))
         .history_store(history.clone())
+        .config(short_store_deadline())
         .build();
     let wf = load(
         &rt,

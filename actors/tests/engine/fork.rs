@@ -18,7 +18,7 @@ use runvisor_actors::{
 use serde_json::json;
 
 use super::stopkit::*;
-use super::support::{finish, inputs, load, thread, within};
+use super::support::{finish, inputs, load, short_store_deadline, thread, within};
 
 /// `start -> a -> b -> seen -> c`: `a`, `b` and `c` each append `NODE done`; `seen` records the
 /// history it sees.
@@ -228,6 +228,7 @@ async fn a_fork_gets_the_messages_its_checkpoint_carried_as_pending() {
     let k = kit_with(Script::new().interrupt(Interrupt::before("b")), |b| {
         b.lease_store(Arc::new(MemoryLeaseStore::new()))
             .history_store(store.clone())
+            .config(short_store_deadline())
     });
     let wf = chain(&k.rt);
     let intro = load(

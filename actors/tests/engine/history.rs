@@ -317,6 +317,7 @@ async fn messages_the_history_store_refuses_are_reported_not_lost() {
     let rt = Runtime::builder()
         .lease_store(Arc::new(MemoryLeaseStore::new()))
         .history_store(store.clone())
+        .config(short_store_deadline())
         .build();
     let wf = load(
         &rt,

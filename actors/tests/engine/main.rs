@@ -27,6 +27,7 @@ mod signals;
 mod snapshot_format;
 mod stop;
 mod stopkit;
+mod store_failures;
 mod switch;
 mod validation;
 mod validation_scale;

@@ -15,7 +15,7 @@ use runvisor_actors::{
 use serde_json::json;
 
 use super::stopkit::*;
-use super::support::{finish, inputs, load, thread, val, within};
+use super::support::{finish, inputs, load, short_store_deadline, thread, val, within};
 
 /// `start -> llm`.
 fn chat(k: &Kit) -> runvisor_actors::Workflow {
@@ -656,6 +656,7 @@ async fn history_store_failing_at_the_flush_keeps_the_messages_for_the_resume() 
         |b| {
             b.lease_store(Arc::new(MemoryLeaseStore::new()))
                 .history_store(history.clone())
+                .config(short_store_deadline())
         },
     );
     let wf = chat(&k);

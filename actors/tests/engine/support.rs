@@ -28,6 +28,15 @@ pub(crate) fn inputs<const N: usize>(pairs: [(&str, Value); N]) -> Map {
     pairs.into_iter().map(|(k, v)| (k.to_owned(), v)).collect()
 }
 
+/// A runtime config whose runs give a failing store 200 ms (instead of the default 10 s)
+/// before they report what it did not take.
+pub(crate) fn short_store_deadline() -> runvisor_actors::RuntimeConfig {
+    runvisor_actors::RuntimeConfig {
+        store_deadline: Duration::from_millis(200),
+        ..runvisor_actors::RuntimeConfig::default()
+    }
+}
+
 /// An engine value from JSON.
 pub(crate) fn val(json: serde_json::Value) -> Value {
     Value::from(json)

@@ -2,6 +2,8 @@
 //! flags cleared, and its outcome published to every caller.
 
 use super::*;
+use crate::persist::retry::{self, GaveUp};
+use crate::persist::snapshot::SaveFailed;
 
 impl RunState {
     /// Persists the run's end once: history, checkpoint, run record; publishes the outcome.
@@ -16,21 +18,31 @@ impl RunState {
             timer.abort();
         }
         let (status, stop_reason) = (end.status(), end.stop_reason());
-        let history = self.persist_history().await;
+        // History, checkpoint and record share one deadline: a store that fails transiently
+        // is retried until then, one that refuses is not retried.
+        let deadline = tokio::time::Instant::now() + self.run.config().store_deadline;
+        let history = self.persist_history(deadline).await;
         let (checkpoint_id, checkpoint_error) = if self.lease_lost.is_some() {
             // Another run holds the thread: its checkpoints are not this run's to write.
             (None, None)
         } else {
-            match self.write_checkpoint(status, stop_reason, &history).await {
+            match self
+                .write_checkpoint(status, stop_reason, &history, deadline)
+                .await
+            {
                 Ok(id) => (Some(id), None),
-                Err(CheckpointError::Refused(e @ StoreError::Fenced { .. })) => {
+                Err(SaveFailed {
+                    error: CheckpointError::Refused(e @ StoreError::Fenced { .. }),
+                    ..
+                }) => {
                     tracing::warn!(parent: &self.span, error = %e, "final checkpoint refused: the run lost its thread's lease");
                     self.lease_lost = Some(Some(e.clone()));
                     (None, Some(CheckpointError::Refused(e)))
                 }
-                Err(e) => {
-                    tracing::error!(parent: &self.span, error = %e, "could not write the final checkpoint");
-                    (None, Some(e))
+                Err(SaveFailed { error, unwritten }) => {
+                    let bytes = unwritten.map_or(0, |c| c.bytes.len());
+                    tracing::error!(parent: &self.span, %error, bytes, "could not write the final checkpoint");
+                    (None, Some(error))
                 }
             }
         };
@@ -115,17 +127,16 @@ impl RunState {
             });
         }
         if self.lease_lost.is_none() {
-            match self
-                .run
-                .services
-                .runs()
-                .put(&self.record, self.run.fence())
-                .await
-            {
+            let runs = self.run.services.runs();
+            let (record, fence) = (&self.record, self.run.fence());
+            match retry::until(deadline, || runs.put(record, fence)).await {
                 Ok(()) => {}
-                Err(e @ StoreError::Fenced { .. }) => self.lease_lost = Some(Some(e)),
-                Err(e) => {
-                    tracing::error!(parent: &self.span, error = %e, "could not record the run's end");
+                Err(GaveUp {
+                    error: e @ StoreError::Fenced { .. },
+                    ..
+                }) => self.lease_lost = Some(Some(e)),
+                Err(gave_up) => {
+                    tracing::error!(parent: &self.span, error = %gave_up.error, attempts = gave_up.attempts, "could not record the run's end");
                 }
             }
         }
@@ -197,7 +208,7 @@ impl RunState {
         }
     }
 
-    async fn persist_history(&mut self) -> HistoryFlush {
+    async fn persist_history(&mut self, deadline: tokio::time::Instant) -> HistoryFlush {
         let mut messages = std::mem::take(&mut self.start_messages);
         messages.extend(std::mem::take(&mut self.exec.produced));
         if messages.is_empty() {
@@ -212,18 +223,14 @@ impl RunState {
                 error: refusal.clone(),
             };
         }
-        // A passing failure (a reconnect, a timeout) should not cost the messages: retry a
-        // few times, briefly, before reporting them as not persisted.
+        // A passing failure (a reconnect, a timeout, a failover) should not cost the
+        // messages: it is retried until the deadline (appends are idempotent by message id).
         let history = self.run.services.history();
         let fence = self.run.fence();
-        let mut result = history.append(&self.run.thread, &messages, fence).await;
-        for delay in [50, 150, 400] {
-            if !matches!(result, Err(ref e) if !matches!(e, StoreError::Fenced { .. })) {
-                break;
-            }
-            tokio::time::sleep(Duration::from_millis(delay)).await;
-            result = history.append(&self.run.thread, &messages, fence).await;
-        }
+        let thread = &self.run.thread;
+        let result = retry::until(deadline, || history.append(thread, &messages, fence))
+            .await
+            .map_err(|gave_up| gave_up.error);
         if let Err(e @ StoreError::Fenced { .. }) = &result {
             tracing::warn!(parent: &self.span, error = %e, "history refused: the run lost its thread's lease");
             self.lease_lost = Some(Some(e.clone()));
@@ -256,11 +263,12 @@ impl RunState {
         status: RunStatus,
         stop_reason: Option<StopReason>,
         history: &HistoryFlush,
-    ) -> Result<CheckpointId, CheckpointError> {
+        deadline: tokio::time::Instant,
+    ) -> Result<CheckpointId, SaveFailed> {
         let pending = history.not_persisted.iter().cloned().collect();
         let persisted = u64::try_from(history.persisted.len()).unwrap_or(u64::MAX);
         let history_len = self.history_before.saturating_add(persisted);
         let write = self.snapshot(status, stop_reason, pending, history_len);
-        self.run.services.save_awaited(write).await
+        self.run.services.save_awaited(write, deadline).await
     }
 }

@@ -1,0 +1,252 @@
+//! Stores that fail: a transient failure (out of reach, slow) is retried with backoff until
+//! the store deadline, a permanent one (refused) never; a `sync` run whose progress is refused
+//! for good fails at once instead of waiting for a store that will never take it. On the
+//! paused clock, so the deadlines are timers and nothing depends on the machine's speed.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+use runvisor_actors::store::memory::{MemoryCheckpointStore, MemoryHistoryStore};
+use runvisor_actors::store::{CheckpointStore, HistoryStore, MemoryLeaseStore, StoredCheckpoint};
+use runvisor_actors::{
+    CheckpointError, CheckpointId, Durability, Fence, Message, RunError, RunStatus, Runtime,
+    RuntimeConfig, StoreError, ThreadId, async_trait,
+};
+use serde_json::json;
+
+use super::support::*;
+
+/// How a failing store answers.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Failing {
+    /// As the store it wraps.
+    No,
+    /// The first `n` calls time out, then as the store it wraps.
+    First(u64),
+    /// Every call is refused for good.
+    Refused,
+    /// Every call times out.
+    Always,
+}
+
+/// Counts calls and fails them as told.
+#[derive(Debug)]
+pub(crate) struct Faults {
+    mode: std::sync::Mutex<Failing>,
+    calls: AtomicU64,
+}
+
+impl Faults {
+    pub(crate) fn new(mode: Failing) -> Self {
+        Self {
+            mode: std::sync::Mutex::new(mode),
+            calls: AtomicU64::new(0),
+        }
+    }
+
+    pub(crate) fn set(&self, mode: Failing) {
+        *self.mode.lock().expect("mode") = mode;
+    }
+
+    pub(crate) fn calls(&self) -> u64 {
+        self.calls.load(Ordering::SeqCst)
+    }
+
+    /// The error for this call, if it fails.
+    pub(crate) fn check(&self, what: &str, key: &str) -> Result<(), StoreError> {
+        let n = self.calls.fetch_add(1, Ordering::SeqCst);
+        match *self.mode.lock().expect("mode") {
+            Failing::No => Ok(()),
+            Failing::First(k) if n >= k => Ok(()),
+            Failing::First(_) | Failing::Always => {
+                Err(StoreError::Timeout(Duration::from_millis(100)))
+            }
+            Failing::Refused => Err(StoreError::Rejected {
+                command: what.to_owned(),
+                key: key.to_owned(),
+                reason: "NOPERM no permission".to_owned(),
+            }),
+        }
+    }
+}
+
+/// A history store whose appends fail as told.
+#[derive(Debug)]
+pub(crate) struct FailingHistory {
+    pub(crate) inner: MemoryHistoryStore,
+    pub(crate) faults: Faults,
+}
+
+#[async_trait]
+impl HistoryStore for FailingHistory {
+    async fn append(
+        &self,
+        thread: &ThreadId,
+        messages: &[Message],
+        fence: Option<Fence>,
+    ) -> Result<(), StoreError> {
+        self.faults.check("append", thread.as_str())?;
+        self.inner.append(thread, messages, fence).await
+    }
+    async fn load(&self, thread: &ThreadId) -> Result<Vec<Message>, StoreError> {
+        self.inner.load(thread).await
+    }
+}
+
+/// A checkpoint store whose writes fail as told.
+#[derive(Debug)]
+pub(crate) struct FailingCheckpoints {
+    pub(crate) inner: MemoryCheckpointStore,
+    pub(crate) faults: Faults,
+}
+
+#[async_trait]
+impl CheckpointStore for FailingCheckpoints {
+    async fn put(
+        &self,
+        thread: &ThreadId,
+        checkpoint: StoredCheckpoint,
+        fence: Option<Fence>,
+    ) -> Result<(), StoreError> {
+        self.faults.check("put", thread.as_str())?;
+        self.inner.put(thread, checkpoint, fence).await
+    }
+    async fn get(
+        &self,
+        thread: &ThreadId,
+        id: CheckpointId,
+    ) -> Result<Option<StoredCheckpoint>, StoreError> {
+        self.inner.get(thread, id).await
+    }
+    async fn latest(&self, thread: &ThreadId) -> Result<Option<StoredCheckpoint>, StoreError> {
+        self.inner.latest(thread).await
+    }
+    async fn list(&self, thread: &ThreadId) -> Result<Vec<CheckpointId>, StoreError> {
+        self.inner.list(thread).await
+    }
+    async fn prune(&self, thread: &ThreadId, keep: usize) -> Result<usize, StoreError> {
+        self.inner.prune(thread, keep).await
+    }
+    async fn put_workflow(
+        &self,
+        thread: &ThreadId,
+        hash: &str,
+        definition: &str,
+    ) -> Result<(), StoreError> {
+        self.inner.put_workflow(thread, hash, definition).await
+    }
+    async fn get_workflow(
+        &self,
+        thread: &ThreadId,
+        hash: &str,
+    ) -> Result<Option<String>, StoreError> {
+        self.inner.get_workflow(thread, hash).await
+    }
+}
+
+fn config(durability: Durability, deadline: Duration) -> RuntimeConfig {
+    RuntimeConfig {
+        durability,
+        store_deadline: deadline,
+        ..RuntimeConfig::default()
+    }
+}
+
+fn chain(rt: &Runtime) -> runvisor_actors::Workflow {
+    load(
+        rt,
+        json!({"id": "w", "nodes": [
+            {"id": "start", "kind": "begin"},
+            {"id": "a", "kind": "message", "params": {"template": "a"}},
+            {"id": "b", "kind": "message", "params": {"template": "b"}}
+        ], "edges": [{"from": "start", "to": "a"}, {"from": "a", "to": "b"}]}),
+    )
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_sync_run_whose_progress_is_refused_fails_at_once_instead_of_waiting() {
+    let checkpoints = Arc::new(FailingCheckpoints {
+        inner: MemoryCheckpointStore::new(),
+        faults: Faults::new(Failing::Refused),
+    });
+    let rt = Runtime::builder()
+        .lease_store(Arc::new(MemoryLeaseStore::new()))
+        .checkpoint_store(checkpoints.clone())
+        .config(config(Durability::Sync, Duration::from_secs(3600)))
+        .build();
+    let run = rt
+        .start(&chain(&rt), inputs([]), thread("refused"))
+        .await
+        .expect("start");
+    let outcome = finish(&run).await;
+    assert_eq!(outcome.status(), RunStatus::Failed, "{outcome:#?}");
+    match outcome.error() {
+        Some(RunError::Storage(CheckpointError::Refused(StoreError::Rejected {
+            command,
+            key,
+            ..
+        }))) => assert_eq!((command.as_str(), key.as_str()), ("put", "refused")),
+        other => panic!("expected a storage failure, got {other:?}"),
+    }
+    // `b` never ran unsaved, and neither the progress snapshot nor the final one was retried.
+    assert_eq!(outcome.output("b"), None);
+    assert_eq!(checkpoints.faults.calls(), 2);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_store_failing_for_a_while_at_the_end_is_retried_until_it_is_back() {
+    let history = Arc::new(FailingHistory {
+        inner: MemoryHistoryStore::new(),
+        faults: Faults::new(Failing::First(3)),
+    });
+    let rt = Runtime::builder()
+        .lease_store(Arc::new(MemoryLeaseStore::new()))
+        .history_store(history.clone())
+        .config(config(Durability::Exit, Duration::from_secs(30)))
+        .build();
+    let t = thread("blip");
+    let run = rt
+        .start(&chain(&rt), inputs([]), t.clone())
+        .await
+        .expect("start");
+    let outcome = finish(&run).await;
+    assert_eq!(outcome.status(), RunStatus::Succeeded, "{outcome:#?}");
+    assert!(outcome.history().not_persisted.is_empty(), "{outcome:#?}");
+    assert_eq!(history.faults.calls(), 4);
+    let texts: Vec<String> = history
+        .inner
+        .load(&t)
+        .await
+        .expect("load")
+        .into_iter()
+        .map(|m| m.content)
+        .collect();
+    assert_eq!(texts, ["a", "b"]);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_store_failing_past_the_deadline_is_given_up_and_a_refusal_is_not_retried() {
+    for (mode, retried) in [(Failing::Always, true), (Failing::Refused, false)] {
+        let history = Arc::new(FailingHistory {
+            inner: MemoryHistoryStore::new(),
+            faults: Faults::new(mode),
+        });
+        let rt = Runtime::builder()
+            .lease_store(Arc::new(MemoryLeaseStore::new()))
+            .history_store(history.clone())
+            .config(config(Durability::Exit, Duration::from_secs(1)))
+            .build();
+        let run = rt
+            .start(&chain(&rt), inputs([]), thread("outage"))
+            .await
+            .expect("start");
+        let outcome = finish(&run).await;
+        let flush = outcome.history();
+        assert_eq!(flush.not_persisted.len(), 2, "{mode:?}");
+        let error = flush.error.as_ref().expect("the store's error");
+        assert_eq!(error.is_transient(), retried, "{mode:?}: {error}");
+        assert_eq!(history.faults.calls() > 1, retried, "{mode:?}");
+        history.faults.set(Failing::No);
+    }
+}
