@@ -26,9 +26,10 @@ use runvisor::redis::queue::Job;
 use runvisor::redis::{ConnectError, RedisConfig, RedisStores};
 use runvisor::{
     CheckpointId, Config, Durability, Interaction, InteractionId, InteractionKind, Map, Message,
-    NodeId, NodePath, ResumeError, ResumeFrom, ResumeInput, RunEvent, RunHandle, RunId, RunLabels,
-    RunOutcome, RunStatus, Runtime, StartError, StopMode, StopReason, StopRequest, StopResult,
-    StoreError, ThreadId, ValidationErrors, Value, Workflow, WorkflowDef, register_standard_kinds,
+    NodeId, NodePath, ResumeError, ResumeFrom, ResumeInput, RunError, RunEvent, RunHandle, RunId,
+    RunLabels, RunOutcome, RunStatus, Runtime, Spill, StartError, StopMode, StopReason,
+    StopRequest, StopResult, StoreError, ThreadId, ValidationErrors, Value, Workflow, WorkflowDef,
+    register_standard_kinds,
 };
 use serde::Serialize;
 use tokio::task::JoinHandle;
@@ -662,8 +663,27 @@ async fn follow(
         writeln!(out)?;
     }
     out.flush()?;
+    if let Some(unpersisted) = outcome.unpersisted() {
+        // Whatever the run did, it is not done while its end is not stored.
+        let hint = match &unpersisted.spill {
+            Spill::Kept { .. } => "; `runvisor recover` writes it into the store once it is back",
+            _ => "",
+        };
+        let ended = match outcome.error() {
+            Some(error) => format!("failed ({error})"),
+            None => outcome.status().to_string(),
+        };
+        eprintln!(
+            "error: run {} {ended}, but its end was not stored: {unpersisted}{hint}",
+            outcome.run_id()
+        );
+        return Ok(ExitCode::from(EXIT_STORAGE));
+    }
     if let (Some(error), false) = (outcome.error(), json) {
         eprintln!("error: run failed: {error}");
+    }
+    if let Some(RunError::Storage(_)) = outcome.error() {
+        return Ok(ExitCode::from(EXIT_STORAGE));
     }
     Ok(match &outcome {
         RunOutcome::Stopped(_) => ExitCode::from(EXIT_STOPPED),
@@ -817,6 +837,9 @@ struct OutcomeDocument<'a> {
     stop: Option<StopDocument<'a>>,
     /// What the run waits for; empty unless it paused for input.
     interactions: &'a [Interaction],
+    /// What of the run's end the store did not take and where it went; `null` when it was
+    /// all stored.
+    unpersisted: Option<String>,
 }
 
 /// The `stop` part of the `--json` document.
@@ -877,6 +900,7 @@ impl<'a> OutcomeDocument<'a> {
                 RunOutcome::AwaitingInput { interactions, .. } => interactions,
                 _ => &[],
             },
+            unpersisted: outcome.unpersisted().map(ToString::to_string),
         }
     }
 }

@@ -31,15 +31,15 @@ pub use model::{
     FormField, Frame, HistoryFlush, Interaction, InteractionId, InteractionKind, Interrupted,
     InvalidId, Lease, LeaseError, LeaseHolder, MAX_DEPTH, Map, Message, MessageId, NodeError,
     NodeId, NodeOutput, NodePath, ObjectMap, Outputs, ResolveError, Role, Route, RunError,
-    RunEvent, RunId, RunLabels, RunOutcome, RunRecord, RunStatus, SelectOption, StopError,
+    RunEvent, RunId, RunLabels, RunOutcome, RunRecord, RunStatus, SelectOption, Spill, StopError,
     StopMode, StopReason, StopReply, StopRequested, StopResult, StoreError, ThreadId, TooDeep,
-    Usage, Value, WorkerId, WorkerInfo,
+    Unpersisted, Usage, Value, WorkerId, WorkerInfo,
 };
 pub use persist::{Durability, SignalConfig, escape_label, render_key};
 pub use runtime::{
-    Adoption, BuildError, EventStream, QueryError, ResumeError, ResumeFrom, ResumeInput,
-    ResumeOptions, RunHandle, RunQuery, RunView, Runtime, RuntimeBuilder, StartError, StopRequest,
-    is_orphaned,
+    Adoption, BuildError, EventStream, QueryError, ReplayError, Replayed, ResumeError, ResumeFrom,
+    ResumeInput, ResumeOptions, RunHandle, RunQuery, RunView, Runtime, RuntimeBuilder, StartError,
+    StopRequest, is_orphaned,
 };
 pub use service::{RunRegistry, RunSummary};
 pub use workflow::{
@@ -49,13 +49,14 @@ pub use workflow::{
 };
 
 /// The ports: what a store adapter implements (checkpoints, run records, history, stop and
-/// cancel signals), the in-memory implementations, and the records they keep.
+/// cancel signals, leases, and the spill store that keeps what they did not take), the
+/// in-memory implementations, and the records they keep.
 pub mod store {
     pub use crate::model::{RunRecord, RunStatus, StoreError};
     pub use crate::persist::memory;
     pub use crate::persist::{
         Acquired, CheckpointStore, HistoryStore, LeaseStore, MemoryLeaseStore, Notice,
-        NoticeStream, RunStore, Signal, SignalSource, StoredCheckpoint,
+        NoticeStream, RunStore, Signal, SignalSource, SpillStore, SpilledRun, StoredCheckpoint,
     };
 }
 

@@ -39,8 +39,8 @@ pub(crate) use message::now_ms;
 pub use message::{Message, Role};
 pub use node::{NodeError, NodeOutput, StopRequested};
 pub use outcome::{
-    FinishedRun, HistoryFlush, Interrupted, Outputs, RunError, RunOutcome, StopError, StopReply,
-    StopResult,
+    FinishedRun, HistoryFlush, Interrupted, Outputs, RunError, RunOutcome, Spill, StopError,
+    StopReply, StopResult, Unpersisted,
 };
 pub use path::{Frame, NodePath};
 pub use record::RunRecord;

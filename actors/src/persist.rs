@@ -1,6 +1,7 @@
 //! Persistence: the snapshot format and its envelope, the ports (the traits every store
-//! implements), their in-memory implementations, durability modes and the naming of signal
-//! keys.
+//! implements), their in-memory implementations, durability modes, the naming of signal
+//! keys, retrying a failing store until a deadline (`retry.rs`), and the spill store that
+//! keeps what the stores did not take (`spill.rs`).
 //!
 //! The engine reaches everything outside the process through these ports; the `runvisor`
 //! crate implements them on Redis.
@@ -14,6 +15,7 @@ pub use leases::MemoryLeaseStore;
 mod ports;
 pub(crate) mod retry;
 pub(crate) mod snapshot;
+mod spill;
 
 pub(crate) use check::check_graph;
 pub use durability::Durability;
@@ -24,3 +26,4 @@ pub use ports::{
     SignalSource, StoredCheckpoint,
 };
 pub(crate) use snapshot::Snapshot;
+pub use spill::{SpillStore, SpilledRun};

@@ -16,7 +16,7 @@ use crate::model::{
     ThreadId, Value,
 };
 use crate::persist::snapshot::{SaveFailed, SnapshotWrite};
-use crate::persist::{HistoryStore, RunStore, SignalSource, WatchedKeys};
+use crate::persist::{HistoryStore, RunStore, SignalSource, SpillStore, WatchedKeys};
 
 /// What a run needs from the runtime that hosts it. The runtime implements it with its
 /// stores, its checkpointer, its stop watcher and its registry.
@@ -30,6 +30,8 @@ pub(crate) trait RunServices: Send + Sync + 'static {
     fn runs(&self) -> &Arc<dyn RunStore>;
     /// Where stop and cancel flags live.
     fn signals(&self) -> &Arc<dyn SignalSource>;
+    /// Where the end of a run the stores did not take is kept, if anywhere.
+    fn spill(&self) -> Option<&Arc<dyn SpillStore>>;
     /// Bytes of background snapshots waiting for the checkpoint store.
     fn backlog_bytes(&self) -> usize;
     /// Hands a snapshot to the checkpointer, to write in the background (coalesced per run).

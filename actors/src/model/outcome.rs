@@ -53,6 +53,81 @@ pub struct HistoryFlush {
     pub error: Option<StoreError>,
 }
 
+/// What of a run's end the stores did not take (they kept failing until the store deadline,
+/// or refused), and where it went instead. A run whose end is not persisted has not ended as
+/// its outcome says until that state is replayed into the stores: it is not a success.
+#[derive(Debug, Clone, PartialEq)]
+#[non_exhaustive]
+pub struct Unpersisted {
+    /// How many of the run's messages the history store did not take (they are the outcome's
+    /// [`HistoryFlush::not_persisted`], its error the store's).
+    pub messages: usize,
+    /// Why the final checkpoint was not written, if it was not.
+    pub checkpoint: Option<CheckpointError>,
+    /// Why the run's final record was not written, if it was not.
+    pub record: Option<StoreError>,
+    /// Where the state went instead.
+    pub spill: Spill,
+}
+
+impl Unpersisted {
+    /// What was not persisted, as a list: `5 message(s)`, `the final checkpoint`,
+    /// `the run record`.
+    pub fn parts(&self) -> Vec<String> {
+        let mut parts = Vec::new();
+        if self.messages > 0 {
+            parts.push(format!("{} message(s)", self.messages));
+        }
+        if self.checkpoint.is_some() {
+            parts.push("the final checkpoint".to_owned());
+        }
+        if self.record.is_some() {
+            parts.push("the run record".to_owned());
+        }
+        parts
+    }
+}
+
+impl std::fmt::Display for Unpersisted {
+    /// `not persisted: 5 message(s), the final checkpoint (store timed out after 1s); kept in
+    /// <location>`.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "not persisted: {}", self.parts().join(", "))?;
+        let cause = self
+            .checkpoint
+            .as_ref()
+            .map(ToString::to_string)
+            .or_else(|| self.record.as_ref().map(ToString::to_string));
+        if let Some(cause) = cause {
+            write!(f, " ({cause})")?;
+        }
+        match &self.spill {
+            Spill::Kept { location } => write!(f, "; kept in {location}"),
+            Spill::Failed { error } => write!(f, "; could not be kept either: {error}"),
+            Spill::NoSpillStore => write!(f, "; no spill store is set, so it is lost"),
+        }
+    }
+}
+
+/// Where a run's unpersisted end went.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Spill {
+    /// Kept by the runtime's spill store, at this location (a file), until it is replayed
+    /// into the stores.
+    Kept {
+        /// Where (a path, for a file spill).
+        location: String,
+    },
+    /// The spill store failed too: the state is only in this outcome.
+    Failed {
+        /// What the spill store said.
+        error: String,
+    },
+    /// The runtime has no spill store: the state is only in this outcome.
+    NoSpillStore,
+}
+
 /// How a run ended.
 #[derive(Debug, Clone, PartialEq)]
 #[non_exhaustive]
@@ -73,6 +148,8 @@ pub enum RunOutcome {
         /// How long the run waited for the checkpoint store (it was failing and nothing went
         /// on unsaved); zero when it never did.
         storage_wait: std::time::Duration,
+        /// What of the run's end the stores did not take; `None` when everything was stored.
+        unpersisted: Option<Unpersisted>,
     },
     /// A node failed; nodes still running were stopped.
     Failed {
@@ -89,6 +166,8 @@ pub enum RunOutcome {
         /// How long the run waited for the checkpoint store (it was failing and nothing went
         /// on unsaved); zero when it never did.
         storage_wait: std::time::Duration,
+        /// What of the run's end the stores did not take; `None` when everything was stored.
+        unpersisted: Option<Unpersisted>,
     },
     /// The run reached an interactive node: it is checkpointed with the pending interaction
     /// and holds no actors until `resume` brings the answer.
@@ -110,6 +189,8 @@ pub enum RunOutcome {
         /// How long the run waited for the checkpoint store (it was failing and nothing went
         /// on unsaved); zero when it never did.
         storage_wait: std::time::Duration,
+        /// What of the run's end the stores did not take; `None` when everything was stored.
+        unpersisted: Option<Unpersisted>,
     },
     /// The run was stopped; it can be resumed from its checkpoint.
     Stopped(StopResult),
@@ -189,6 +270,34 @@ impl RunOutcome {
         }
     }
 
+    /// What of the run's end the stores did not take, and where it went; `None` when the
+    /// history, the final checkpoint and the run record were all stored. A completed run with
+    /// something unpersisted is not a success yet: see [`is_persisted`](Self::is_persisted).
+    pub fn unpersisted(&self) -> Option<&Unpersisted> {
+        match self {
+            RunOutcome::Completed { unpersisted, .. }
+            | RunOutcome::Failed { unpersisted, .. }
+            | RunOutcome::AwaitingInput { unpersisted, .. } => unpersisted.as_ref(),
+            RunOutcome::Stopped(stop) => stop.unpersisted.as_ref(),
+        }
+    }
+
+    /// Whether the run's end (history, final checkpoint, run record) is in the stores. Hosts
+    /// that report success check this as well as [`status`](Self::status).
+    pub fn is_persisted(&self) -> bool {
+        self.unpersisted().is_none()
+    }
+
+    /// Records what the stores did not take.
+    pub(crate) fn set_unpersisted(&mut self, what: Option<Unpersisted>) {
+        match self {
+            RunOutcome::Completed { unpersisted, .. }
+            | RunOutcome::Failed { unpersisted, .. }
+            | RunOutcome::AwaitingInput { unpersisted, .. } => *unpersisted = what,
+            RunOutcome::Stopped(stop) => stop.unpersisted = what,
+        }
+    }
+
     /// The first interaction waiting for an answer, if the run paused.
     pub fn interaction(&self) -> Option<&Interaction> {
         match self {
@@ -257,6 +366,8 @@ pub struct StopResult {
     pub usage: Usage,
     /// How long the run waited for a failing checkpoint store; zero when it never did.
     pub storage_wait: std::time::Duration,
+    /// What of the run's end the stores did not take; `None` when everything was stored.
+    pub unpersisted: Option<Unpersisted>,
 }
 
 impl StopResult {

@@ -4,7 +4,7 @@ use std::sync::Arc;
 
 use super::adopt::spawn_adopter;
 use super::facade::Runtime;
-use super::services::Services;
+use super::services::{Services, Stores};
 use crate::exec::RuntimeConfig;
 use crate::kinds::{KindError, Kinds, NodeHandler, Probe};
 use crate::model::{InvalidId, WorkerId, WorkerInfo};
@@ -12,7 +12,7 @@ use crate::persist::memory::{
     MemoryCheckpointStore, MemoryHistoryStore, MemoryRunStore, MemorySignalSource,
 };
 use crate::persist::{
-    CheckpointStore, HistoryStore, LeaseStore, MemoryLeaseStore, RunStore, SignalSource,
+    CheckpointStore, HistoryStore, LeaseStore, MemoryLeaseStore, RunStore, SignalSource, SpillStore,
 };
 
 /// Builds a [`Runtime`]: node kinds, stores and config. Stores default to the in-memory
@@ -25,6 +25,7 @@ pub struct RuntimeBuilder {
     checkpoints: Option<Arc<dyn CheckpointStore>>,
     signals: Option<Arc<dyn SignalSource>>,
     leases: Option<Arc<dyn LeaseStore>>,
+    spill: Option<Arc<dyn SpillStore>>,
     probe: Option<Arc<dyn Probe>>,
     config: RuntimeConfig,
 }
@@ -120,6 +121,15 @@ impl RuntimeBuilder {
         self
     }
 
+    /// Keeps the ends of runs that the stores did not take (they kept failing until the
+    /// store deadline, or refused) in this spill store, to be replayed later
+    /// ([`Runtime::replay_spilled`]). Without one, such a run's outcome still reports what was
+    /// not stored, and holds it, but nothing outlives the process.
+    pub fn spill_store(mut self, store: Arc<dyn SpillStore>) -> Self {
+        self.spill = Some(store);
+        self
+    }
+
     /// Installs a probe: points where a test (or a policy) may request a stop at an exact
     /// moment. The `testkit` module (cargo feature `testkit`) builds scripted interrupts on it.
     pub fn probe(mut self, probe: Arc<dyn Probe>) -> Self {
@@ -199,15 +209,15 @@ impl RuntimeBuilder {
             ),
             None => (history, runs, checkpoints, signals),
         };
-        let services = Services::new(
-            self.history.unwrap_or_else(|| Arc::new(history)),
-            self.runs.unwrap_or_else(|| Arc::new(runs)),
-            self.checkpoints.unwrap_or_else(|| Arc::new(checkpoints)),
-            self.signals.unwrap_or_else(|| Arc::new(signals)),
+        let stores = Stores {
+            history: self.history.unwrap_or_else(|| Arc::new(history)),
+            runs: self.runs.unwrap_or_else(|| Arc::new(runs)),
+            checkpoints: self.checkpoints.unwrap_or_else(|| Arc::new(checkpoints)),
+            signals: self.signals.unwrap_or_else(|| Arc::new(signals)),
             leases,
-            self.config,
-            WorkerInfo::this_process(worker),
-        );
+            spill: self.spill,
+        };
+        let services = Services::new(stores, self.config, WorkerInfo::this_process(worker));
         let runtime = Runtime {
             kinds: Arc::new(self.kinds),
             services: Arc::new(services),
@@ -254,6 +264,7 @@ impl Runtime {
             checkpoints: None,
             signals: None,
             leases: None,
+            spill: None,
             probe: None,
             config: RuntimeConfig::default(),
         }

@@ -137,6 +137,7 @@ impl RunHandle {
             history: Default::default(),
             usage: Default::default(),
             storage_wait: Default::default(),
+            unpersisted: None,
         }
     }
 }

@@ -16,7 +16,7 @@ use crate::model::{
 };
 use crate::persist::snapshot::{SaveFailed, SnapshotWrite};
 use crate::persist::{
-    CheckpointStore, HistoryStore, LeaseStore, RunStore, SignalSource, WatchedKeys,
+    CheckpointStore, HistoryStore, LeaseStore, RunStore, SignalSource, SpillStore, WatchedKeys,
 };
 use crate::service::RunRegistry;
 use crate::service::checkpointer::{Backlog, CheckpointMsg, Checkpointer, CheckpointerArgs};
@@ -39,6 +39,8 @@ pub(crate) struct Services {
     alive: Arc<()>,
     /// Workers' heartbeats and threads' leases.
     pub(crate) leases: Arc<dyn LeaseStore>,
+    /// Where the ends of runs the stores did not take are kept, if anywhere.
+    pub(crate) spill: Option<Arc<dyn SpillStore>>,
     /// This runtime as a worker.
     pub(crate) worker: WorkerInfo,
     keeper: tokio::sync::OnceCell<ActorRef<KeeperMsg>>,
@@ -46,18 +48,29 @@ pub(crate) struct Services {
     pub(crate) adopter: std::sync::OnceLock<tokio::task::AbortHandle>,
 }
 
+/// The stores a runtime is built with.
+pub(crate) struct Stores {
+    pub(crate) history: Arc<dyn HistoryStore>,
+    pub(crate) runs: Arc<dyn RunStore>,
+    pub(crate) checkpoints: Arc<dyn CheckpointStore>,
+    pub(crate) signals: Arc<dyn SignalSource>,
+    pub(crate) leases: Arc<dyn LeaseStore>,
+    pub(crate) spill: Option<Arc<dyn SpillStore>>,
+}
+
 impl Services {
-    pub(crate) fn new(
-        history: Arc<dyn HistoryStore>,
-        runs: Arc<dyn RunStore>,
-        checkpoints: Arc<dyn CheckpointStore>,
-        signals: Arc<dyn SignalSource>,
-        leases: Arc<dyn LeaseStore>,
-        config: RuntimeConfig,
-        worker: WorkerInfo,
-    ) -> Self {
+    pub(crate) fn new(stores: Stores, config: RuntimeConfig, worker: WorkerInfo) -> Self {
+        let Stores {
+            history,
+            runs,
+            checkpoints,
+            signals,
+            leases,
+            spill,
+        } = stores;
         Self {
             leases,
+            spill,
             worker,
             keeper: tokio::sync::OnceCell::new(),
             adopter: std::sync::OnceLock::new(),
@@ -170,6 +183,10 @@ impl RunServices for Services {
 
     fn signals(&self) -> &Arc<dyn SignalSource> {
         &self.signals
+    }
+
+    fn spill(&self) -> Option<&Arc<dyn SpillStore>> {
+        self.spill.as_ref()
     }
 
     fn backlog_bytes(&self) -> usize {

@@ -25,6 +25,7 @@ mod restore_checks;
 mod resume;
 mod signals;
 mod snapshot_format;
+mod spill;
 mod stop;
 mod stopkit;
 mod store_failures;

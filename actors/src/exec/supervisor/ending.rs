@@ -2,6 +2,8 @@
 //! flags cleared, and its outcome published to every caller.
 
 use super::*;
+use crate::model::{Spill, Unpersisted};
+use crate::persist::SpilledRun;
 use crate::persist::retry::{self, GaveUp};
 use crate::persist::snapshot::SaveFailed;
 
@@ -22,6 +24,7 @@ impl RunState {
         // is retried until then, one that refuses is not retried.
         let deadline = tokio::time::Instant::now() + self.run.config().store_deadline;
         let history = self.persist_history(deadline).await;
+        let mut unwritten = None;
         let (checkpoint_id, checkpoint_error) = if self.lease_lost.is_some() {
             // Another run holds the thread: its checkpoints are not this run's to write.
             (None, None)
@@ -39,10 +42,10 @@ impl RunState {
                     self.lease_lost = Some(Some(e.clone()));
                     (None, Some(CheckpointError::Refused(e)))
                 }
-                Err(SaveFailed { error, unwritten }) => {
-                    let bytes = unwritten.map_or(0, |c| c.bytes.len());
-                    tracing::error!(parent: &self.span, %error, bytes, "could not write the final checkpoint");
-                    (None, Some(error))
+                Err(failed) => {
+                    tracing::error!(parent: &self.span, error = %failed.error, "could not write the final checkpoint");
+                    unwritten = failed.unwritten;
+                    (None, Some(failed.error))
                 }
             }
         };
@@ -53,7 +56,7 @@ impl RunState {
             + self
                 .storage_since
                 .map_or(Duration::ZERO, |since| since.elapsed());
-        let outcome = match end {
+        let mut outcome = match end {
             Final::Completed => RunOutcome::Completed {
                 run_id,
                 outputs,
@@ -61,6 +64,7 @@ impl RunState {
                 history,
                 usage,
                 storage_wait,
+                unpersisted: None,
             },
             Final::Failed(error) => RunOutcome::Failed {
                 run_id,
@@ -69,6 +73,7 @@ impl RunState {
                 history,
                 usage,
                 storage_wait,
+                unpersisted: None,
             },
             Final::Paused => RunOutcome::AwaitingInput {
                 run_id,
@@ -79,6 +84,7 @@ impl RunState {
                 checkpoint_error: checkpoint_error.clone(),
                 usage,
                 storage_wait,
+                unpersisted: None,
             },
             Final::Stopped(reason) => {
                 let interrupted = std::mem::take(&mut self.exec.interrupted);
@@ -105,6 +111,7 @@ impl RunState {
                     checkpoint_error: checkpoint_error.clone(),
                     usage,
                     storage_wait,
+                    unpersisted: None,
                 })
             }
         };
@@ -119,13 +126,14 @@ impl RunState {
                 outcome.history().not_persisted.len()
             )
         });
-        if let Some(e) = checkpoint_error {
+        if let Some(e) = &checkpoint_error {
             let note = format!("checkpoint not written: {e}");
             self.record.unpersisted = Some(match self.record.unpersisted.take() {
                 Some(prev) => format!("{prev}; {note}"),
                 None => note,
             });
         }
+        let mut record_error = None;
         if self.lease_lost.is_none() {
             let runs = self.run.services.runs();
             let (record, fence) = (&self.record, self.run.fence());
@@ -137,8 +145,23 @@ impl RunState {
                 }) => self.lease_lost = Some(Some(e)),
                 Err(gave_up) => {
                     tracing::error!(parent: &self.span, error = %gave_up.error, attempts = gave_up.attempts, "could not record the run's end");
+                    record_error = Some(gave_up.error);
                 }
             }
+        }
+        // What the stores did not take is kept elsewhere, to be replayed: unless another run
+        // holds the thread now (then it is not this run's to write, and a replay would be
+        // refused).
+        if self.lease_lost.is_none() {
+            let unpersisted = self
+                .spill_end(
+                    &outcome,
+                    checkpoint_error.as_ref(),
+                    unwritten,
+                    record_error.as_ref(),
+                )
+                .await;
+            outcome.set_unpersisted(unpersisted);
         }
         // Last of the persisted state: a stop request that sees the flag cleared finds the
         // run's record and final checkpoint in place.
@@ -169,6 +192,76 @@ impl RunState {
             .unregister(run_id, waiting, outcome.clone());
         self.outcome.send_replace(Some(outcome));
         self.run.emit(RunEvent::RunFinished { run_id, status });
+    }
+
+    /// Hands what the stores did not take of the run's end (messages, the final checkpoint,
+    /// the run record) to the spill store, and says what it was and where it went; `None`
+    /// when everything was stored.
+    async fn spill_end(
+        &self,
+        outcome: &RunOutcome,
+        checkpoint_error: Option<&CheckpointError>,
+        unwritten: Option<crate::persist::StoredCheckpoint>,
+        record_error: Option<&StoreError>,
+    ) -> Option<Unpersisted> {
+        let history = outcome.history();
+        let messages_error = history
+            .error
+            .as_ref()
+            .filter(|_| !history.not_persisted.is_empty());
+        if messages_error.is_none() && checkpoint_error.is_none() && record_error.is_none() {
+            return None;
+        }
+        // The record as a successful end would have written it: the replay writes it last,
+        // once the rest is in.
+        let mut record = self.record.clone();
+        record.unpersisted = None;
+        if let Some(checkpoint) = &unwritten {
+            record.checkpoint_id = Some(checkpoint.id);
+        }
+        let mut spilled = SpilledRun::new(record, self.run.lease.clone());
+        if let Some(e) = messages_error {
+            spilled.reasons.push(format!(
+                "{} message(s) not in the history: {e}",
+                history.not_persisted.len()
+            ));
+            spilled.messages = history.not_persisted.clone();
+        }
+        if let Some(e) = checkpoint_error {
+            spilled
+                .reasons
+                .push(format!("final checkpoint not written: {e}"));
+        }
+        if let Some(e) = record_error {
+            spilled.reasons.push(format!("run record not written: {e}"));
+        }
+        spilled.checkpoint = unwritten;
+        spilled.workflow = Some((self.workflow_hash.clone(), self.plan.def_json().to_string()));
+        let spill = match self.run.services.spill() {
+            None => Spill::NoSpillStore,
+            Some(store) => match store.spill(&spilled).await {
+                Ok(location) => {
+                    tracing::warn!(parent: &self.span, %location, reasons = ?spilled.reasons, "the run's end was not stored; kept in a spill file to replay");
+                    Spill::Kept { location }
+                }
+                Err(e) => {
+                    tracing::error!(parent: &self.span, error = %e, reasons = ?spilled.reasons, "the run's end was not stored and could not be spilled");
+                    Spill::Failed {
+                        error: e.to_string(),
+                    }
+                }
+            },
+        };
+        Some(Unpersisted {
+            messages: if messages_error.is_some() {
+                history.not_persisted.len()
+            } else {
+                0
+            },
+            checkpoint: checkpoint_error.cloned(),
+            record: record_error.cloned(),
+            spill,
+        })
     }
 
     /// Stops watching the run's flags and deletes them (the run ended), then publishes that
