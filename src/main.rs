@@ -1,17 +1,19 @@
 //! `runvisor`, the command line: `run` executes a workflow file and shows its progress,
 //! `resume` continues a thread from its newest checkpoint or forks a new thread from an older
 //! one, `stop` and `cancel` stop a run from any process, `ps` and `tree` show runs across
-//! processes, `worker` serves them (and adopts orphans), `validate` checks a workflow and lists
-//! every problem.
+//! processes, `worker` serves them (and adopts orphans), `recover` writes into Redis the runs
+//! whose end it did not take (kept in spill files; `run`, `resume` and `worker` do it when they
+//! start), `validate` checks a workflow and lists every problem.
 //!
 //! Stores: the embedded in-memory default, or Redis (`--redis URL` or the config file), which
 //! `resume`, `stop`, `cancel` and `worker` need since they act on runs of other processes.
 //!
 //! Exit codes (README lists them): 0 success (or waiting for input), 1 the run failed, 2 bad
 //! input (unreadable file, invalid workflow, bad `--input`, ...), 3 the store or a worker is
-//! unavailable, 4 conflict (the thread is busy; the run asked about does not run), 130 the run
-//! was stopped (Ctrl-C: graceful, twice: forced). Every error is one `error: ...` line on
-//! stderr, never a panic.
+//! unavailable or refused (a run whose end was not stored included, whatever its status), 4
+//! conflict (the thread is busy; the run asked about does not run), 130 the run was stopped
+//! (Ctrl-C: graceful, twice: forced). Every error is one `error: ...` line on stderr, never a
+//! panic.
 
 use std::collections::HashMap;
 use std::io::{self, Write};
@@ -36,6 +38,8 @@ use tokio::task::JoinHandle;
 
 #[path = "cli/ops.rs"]
 mod ops_cli;
+#[path = "cli/recover.rs"]
+mod recover_cli;
 
 /// The run failed (or ended any other way than succeeding).
 const EXIT_RUN_FAILED: u8 = 1;
@@ -77,6 +81,10 @@ struct Cli {
     /// `redis://host:port/db`, or a Redis Cluster as `redis+cluster://h1:p1,h2:p2`.
     #[arg(long, global = true, value_name = "URL", env = "RUNVISOR_REDIS_URL")]
     redis: Option<String>,
+    /// Where runs whose end Redis did not take are kept until `recover` (overrides the config
+    /// file's `redis.spill_dir`; default: the platform data directory, see the README).
+    #[arg(long, global = true, value_name = "DIR", env = "RUNVISOR_SPILL_DIR")]
+    spill_dir: Option<PathBuf>,
     #[command(subcommand)]
     command: Command,
 }
@@ -115,6 +123,9 @@ enum Command {
     /// Queue a run of a workflow on a new thread for the workers (`runvisor worker`): the
     /// first free worker starts it; prints the job and its thread.
     Submit(SubmitArgs),
+    /// Write the runs that Redis did not take when they ended (kept in spill files) into
+    /// Redis, once each; every worker does it when it starts.
+    Recover(recover_cli::RecoverArgs),
     /// Check a workflow and print every problem found.
     Validate {
         /// The workflow file (JSON).
@@ -283,6 +294,9 @@ fn dispatch(cli: Cli) -> anyhow::Result<ExitCode> {
         redis.url = url;
         config.redis = Some(redis);
     }
+    if let (Some(dir), Some(redis)) = (cli.spill_dir, config.redis.as_mut()) {
+        redis.spill_dir = Some(dir);
+    }
     let durability = match &cli.command {
         Command::Run(RunArgs { durability, .. }) => *durability,
         Command::Worker(args) => ops_cli::durability(args),
@@ -312,6 +326,12 @@ fn dispatch(cli: Cli) -> anyhow::Result<ExitCode> {
         .block_on(async move {
             let (runtime, redis) = build_runtime(config).await?;
             let durable = redis.is_some();
+            // A worker first writes what earlier runs could not store when they ended.
+            if let (Command::Run(_) | Command::Resume(_) | Command::Worker(_), Some(stores)) =
+                (&cli.command, &redis)
+            {
+                recover_cli::at_start(&runtime, stores).await;
+            }
             // Other processes may ask what this one runs (`ps`, `tree`).
             let _control = match (&cli.command, &redis) {
                 (Command::Run(_) | Command::Resume(_), Some(stores)) => {
@@ -336,6 +356,15 @@ fn dispatch(cli: Cli) -> anyhow::Result<ExitCode> {
                     }
                     None => bail!(
                         "a worker shares runs with other processes: pass --redis URL (or set \
+                         `redis` in the config file)"
+                    ),
+                },
+                Command::Recover(args) => match &redis {
+                    Some(stores) => Ok(ExitCode::from(
+                        recover_cli::recover(&runtime, stores, args).await?,
+                    )),
+                    None => bail!(
+                        "recover writes spilled runs into Redis: pass --redis URL (or set \
                          `redis` in the config file)"
                     ),
                 },
@@ -968,7 +997,16 @@ impl<W: Write> Progress<W> {
             RunEvent::EventsMissed { count } => {
                 writeln!(self.out, "… {count} events missed (output too slow)")?;
             }
-            RunEvent::RunFinished { status, .. } => writeln!(self.out, "■ run {status}")?,
+            RunEvent::RunFinished {
+                status, persisted, ..
+            } => {
+                let unstored = if *persisted {
+                    ""
+                } else {
+                    ", but its end was not stored"
+                };
+                writeln!(self.out, "■ run {status}{unstored}")?;
+            }
             _ => {}
         }
         self.out.flush()
@@ -1096,6 +1134,12 @@ mod tests {
             RunEvent::RunFinished {
                 run_id: RunId::new(),
                 status: RunStatus::Failed,
+                persisted: true,
+            },
+            RunEvent::RunFinished {
+                run_id: RunId::new(),
+                status: RunStatus::Succeeded,
+                persisted: false,
             },
         ];
         for event in &events {
@@ -1111,7 +1155,8 @@ mod tests {
             [
                 "↷ node other skipped",
                 "✗ node last failed: boom",
-                "■ run failed"
+                "■ run failed",
+                "■ run succeeded, but its end was not stored"
             ]
         );
     }

@@ -143,8 +143,8 @@ use std::fmt;
 use std::sync::Arc;
 use std::time::Duration;
 
-use runvisor_actors::RuntimeBuilder;
 use runvisor_actors::store::{CheckpointStore, HistoryStore, LeaseStore, RunStore, SignalSource};
+use runvisor_actors::{Runtime, RuntimeBuilder};
 use serde::{Deserialize, Serialize};
 
 pub use checkpoint::RedisCheckpointStore;
@@ -154,6 +154,7 @@ pub use lease::RedisLeaseStore;
 pub use run::RedisRunStore;
 pub use signal::RedisSignalSource;
 
+use crate::spill::{self, FileSpill, RecoverReport};
 use conn::{Conn, Endpoint};
 
 /// How to reach Redis and how long to wait for it. Durations are humantime strings in config
@@ -180,6 +181,10 @@ pub struct RedisConfig {
     /// histories alike.
     #[serde(with = "humantime_serde")]
     pub checkpoint_ttl: Duration,
+    /// Where the ends of runs that Redis did not take are kept until they are replayed
+    /// (see [`spill`]); by default [`spill::default_dir`].
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub spill_dir: Option<std::path::PathBuf>,
 }
 
 impl RedisConfig {
@@ -234,6 +239,7 @@ impl Default for RedisConfig {
             response_timeout: Duration::from_millis(500),
             call_timeout: Duration::from_secs(2),
             checkpoint_ttl: Duration::from_secs(30 * 24 * 60 * 60),
+            spill_dir: None,
         }
     }
 }
@@ -247,6 +253,7 @@ impl fmt::Debug for RedisConfig {
             .field("response_timeout", &self.response_timeout)
             .field("call_timeout", &self.call_timeout)
             .field("checkpoint_ttl", &self.checkpoint_ttl)
+            .field("spill_dir", &self.spill_dir)
             .finish()
     }
 }
@@ -328,6 +335,8 @@ pub struct RedisStores {
     pub signals: Arc<dyn SignalSource>,
     /// Workers' heartbeats, threads' leases and fencing tokens.
     pub leases: Arc<dyn LeaseStore>,
+    /// Where the ends of runs that Redis did not take are kept, to be replayed.
+    spill: FileSpill,
     keys: Keys,
     config: RedisConfig,
     conn: Conn,
@@ -364,7 +373,12 @@ impl RedisStores {
         check_eviction_policy(&conn, &config).await;
         let keys = Keys::new(&config.prefix);
         let ttl = config.checkpoint_ttl;
+        let spill = FileSpill::new(
+            config.spill_dir.clone().unwrap_or_else(spill::default_dir),
+            format!("{} {}", config.redacted_url(), config.prefix),
+        );
         Ok(Self {
+            spill,
             checkpoints: Arc::new(RedisCheckpointStore::new(conn.clone(), keys.clone(), ttl)),
             runs: Arc::new(RedisRunStore::new(conn.clone(), keys.clone(), ttl)),
             history: Arc::new(RedisHistoryStore::new(conn.clone(), keys.clone(), ttl)),
@@ -382,14 +396,28 @@ impl RedisStores {
         })
     }
 
-    /// Makes a runtime builder use these stores, leases and signal source.
+    /// Makes a runtime builder use these stores, leases and signal source, and keep the end
+    /// of a run that Redis does not take in a spill file ([`Self::spill`]).
     pub fn install(&self, builder: RuntimeBuilder) -> RuntimeBuilder {
         builder
+            .spill_store(Arc::new(self.spill.clone()))
             .lease_store(self.leases.clone())
             .checkpoint_store(self.checkpoints.clone())
             .run_store(self.runs.clone())
             .history_store(self.history.clone())
             .signal_source(self.signals.clone())
+    }
+
+    /// The spill files of these stores: where runs whose end Redis did not take are kept.
+    pub fn spill(&self) -> &FileSpill {
+        &self.spill
+    }
+
+    /// Replays the spill files meant for this Redis (and key prefix) into it, through
+    /// `runtime` (built with these stores), exactly once each: what every worker does when it
+    /// starts, and `runvisor recover`. See [`spill`].
+    pub async fn recover_spilled(&self, runtime: &Runtime) -> RecoverReport {
+        self.spill.recover(runtime).await
     }
 
     /// The key names in use.

@@ -24,4 +24,5 @@ mod ops;
 mod resume;
 mod runs;
 mod signals;
+mod spill;
 mod support;

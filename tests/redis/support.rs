@@ -216,12 +216,14 @@ fn tail(log: &Path) -> String {
     lines[lines.len().saturating_sub(5)..].join(" | ")
 }
 
-/// A config for a test server: short timeouts so fault tests finish in seconds.
+/// A config for a test server: short timeouts so fault tests finish in seconds, and spill
+/// files in the server's temporary directory.
 pub(crate) fn config(server: &RedisServer) -> RedisConfig {
     RedisConfig {
         connect_timeout: Duration::from_millis(300),
         response_timeout: Duration::from_millis(300),
         call_timeout: Duration::from_secs(1),
+        spill_dir: Some(server.dir.path().join("spill")),
         ..RedisConfig::new(server.url())
     }
 }

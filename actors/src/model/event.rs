@@ -92,5 +92,9 @@ pub enum RunEvent {
         run_id: RunId,
         /// `succeeded`, `failed`, `stopped`, ...
         status: RunStatus,
+        /// Whether its end (history, final checkpoint, run record) is in the stores; when it
+        /// is not, the outcome says what is missing and where it went
+        /// ([`RunOutcome::unpersisted`](crate::RunOutcome::unpersisted)).
+        persisted: bool,
     },
 }

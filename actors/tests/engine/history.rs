@@ -212,7 +212,7 @@ async fn event_stream_reports_every_node_with_its_path_and_ends_with_run_finishe
         other => panic!("first event should be RunStarted: {other:?}"),
     }
     match events.last() {
-        Some(RunEvent::RunFinished { run_id, status }) => {
+        Some(RunEvent::RunFinished { run_id, status, .. }) => {
             assert_eq!(*run_id, run.run_id());
             assert_eq!(*status, RunStatus::Succeeded);
         }

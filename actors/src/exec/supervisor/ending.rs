@@ -185,13 +185,18 @@ impl RunState {
         tracing::info!(parent: &self.span, %status, "run ended");
         // A waiting run holds no actors; the registry keeps showing it until it resumes. The
         // outcome is kept there first, so a stop that misses the live run still gets it.
+        let persisted = outcome.is_persisted();
         let outcome = Arc::new(outcome);
         let waiting = status == RunStatus::AwaitingInput;
         self.run
             .services
             .unregister(run_id, waiting, outcome.clone());
         self.outcome.send_replace(Some(outcome));
-        self.run.emit(RunEvent::RunFinished { run_id, status });
+        self.run.emit(RunEvent::RunFinished {
+            run_id,
+            status,
+            persisted,
+        });
     }
 
     /// Hands what the stores did not take of the run's end (messages, the final checkpoint,
