@@ -437,13 +437,23 @@ async fn tree(
 }
 
 /// Prints what a stop or cancel request did; a request for labels no live run carries is a
-/// conflict (no flag was set).
+/// conflict (no flag was set), and a flag that could not be set (or a request that named no
+/// flag) is an error, never an answer.
 fn report_request(request: StopRequest, target: &str) -> anyhow::Result<ExitCode> {
     if request.no_live_run {
         return Err(Exit::error(
             EXIT_CONFLICT,
             format!("no live run of {target}: no flag was set"),
         ));
+    }
+    if let Some(e) = &request.flag_error {
+        return Err(Exit::error(
+            EXIT_STORAGE,
+            format!("could not set the flag {}: {e}", request.key),
+        ));
+    }
+    if let (true, Some(e)) = (request.key.is_empty(), &request.error) {
+        return Err(Exit::error(EXIT_BAD_INPUT, e.clone()));
     }
     let document = serde_json::json!({
         "success": true,

@@ -631,7 +631,10 @@ mod tests {
         let run = spilled();
         let path = spill.write(&run).expect("written");
         assert_eq!(path, spill.dir().join(format!("{}.spill", run.run_id)));
-        assert_eq!(spill.pending().expect("pending"), std::slice::from_ref(&path));
+        assert_eq!(
+            spill.pending().expect("pending"),
+            std::slice::from_ref(&path)
+        );
         let (store, back) = FileSpill::read(&path).expect("read");
         assert_eq!(store, "redis://h/ p");
         assert_eq!(back, run);

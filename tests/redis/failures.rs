@@ -223,3 +223,71 @@ fn every_command_against_a_foreign_endpoint_exits_3_in_one_line() {
         assert_one_error_line(&stderr, &["does not speak the Redis protocol"]);
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn stop_and_cancel_that_cannot_set_their_flag_exit_3_and_never_say_success() {
+    let server = RedisServer::start();
+    let mut con = raw(&server).await;
+    // A user who may read everything but not SET: the flag cannot be written.
+    let _: String = cmd(
+        &mut con,
+        &[
+            "ACL", "SETUSER", "noset", "on", ">pw", "~*", "&*", "+@all", "-set",
+        ],
+    )
+    .await;
+    let dir = tempfile::tempdir().expect("tempdir");
+    let file = dir.path().join("slow.json");
+    std::fs::write(
+        &file,
+        r#"{"id": "slow", "nodes": [
+            {"id": "start", "kind": "begin"},
+            {"id": "think", "kind": "sleep", "params": {"duration": "60s"}}
+        ], "edges": [{"from": "start", "to": "think"}]}"#,
+    )
+    .expect("write workflow");
+    // A live run of A/C and of task T, so that the requests are for a run that exists.
+    let mut run = Command::new(BIN)
+        .args(["--redis", &server.url(), "run"])
+        .arg(&file)
+        .args([
+            "--thread", "live", "--app", "A", "--chat", "C", "--task", "T",
+        ])
+        .arg("--spill-dir")
+        .arg(dir.path().join("spill"))
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .expect("spawn the run");
+    within("the run to start", async {
+        loop {
+            let n: i64 = cmd(&mut con, &["ZCARD", "runvisor:runs:{live}"]).await;
+            if n > 0 {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    })
+    .await;
+    let url = format!("redis://noset:pw@127.0.0.1:{}/", server.port());
+    for (args, key) in [
+        (
+            &["stop", "--app", "A", "--chat", "C"][..],
+            "agent_runtime_stopping:A:C",
+        ),
+        (&["cancel", "--task", "T"][..], "T-cancel"),
+    ] {
+        let (code, stdout, stderr) = runvisor(&url, args);
+        assert_eq!(code, Some(3), "{args:?}: {stderr}");
+        assert_one_error_line(&stderr, &["could not set the flag", key, "NOPERM"]);
+        assert!(stdout.is_empty(), "no success printed: {stdout}");
+    }
+    let flags: i64 = cmd(
+        &mut con,
+        &["EXISTS", "agent_runtime_stopping:A:C", "T-cancel"],
+    )
+    .await;
+    assert_eq!(flags, 0);
+    let _ = run.kill();
+    let _ = run.wait();
+}

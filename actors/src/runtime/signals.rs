@@ -1,7 +1,9 @@
 //! Stop requests from anywhere: set a run's stop or cancel flag in the signal source, publish
 //! it, and wait (bounded) until the run has ended, as the FastGPT stop API does: the answer
-//! says whether the run ended within the wait. A request for labels no live run carries sets
-//! no flag and says so: a flag left behind would stop the next run of those labels.
+//! says whether the run ended within the wait, and whether the flag could be set at all (a
+//! signal source that fails is retried until the store deadline; one that refuses is not). A
+//! request for labels no live run carries sets no flag and says so: a flag left behind would
+//! stop the next run of those labels.
 
 use std::time::Duration;
 
@@ -9,7 +11,8 @@ use futures::StreamExt;
 
 use super::facade::Runtime;
 use super::ops::RunQuery;
-use crate::model::{RunLabels, RunStatus};
+use crate::model::{RunLabels, RunStatus, StoreError};
+use crate::persist::retry;
 use crate::persist::{Notice, render_key};
 /// What a stop or cancel request did.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -26,6 +29,9 @@ pub struct StopRequest {
     /// No run of these labels was running (in any process sharing the stores): no flag was
     /// set.
     pub no_live_run: bool,
+    /// Why the flag could not be set, if it could not (the signal source refused, or kept
+    /// failing until the store deadline): then nothing was requested.
+    pub flag_error: Option<StoreError>,
 }
 
 impl Runtime {
@@ -77,6 +83,7 @@ impl Runtime {
                 waited: Duration::ZERO,
                 error: None,
                 no_live_run: true,
+                flag_error: None,
             },
             Ok(_) => self.request_flag(key).await,
             Err(e) => {
@@ -109,11 +116,16 @@ impl Runtime {
             waited: started.elapsed(),
             error,
             no_live_run: false,
+            flag_error: None,
         };
         // Subscribe before raising, so the run's "cleared" notice cannot slip by.
         let mut notices = source.subscribe().await.ok();
-        if let Err(e) = source.raise(key, config.flag_ttl).await {
-            return done(false, Some(e.to_string()));
+        let deadline = started + self.config().store_deadline;
+        if let Err(gave_up) = retry::until(deadline, || source.raise(key, config.flag_ttl)).await {
+            return StopRequest {
+                flag_error: Some(gave_up.error.clone()),
+                ..done(false, Some(gave_up.error.to_string()))
+            };
         }
         let raised = Notice {
             key: key.to_owned(),
@@ -162,6 +174,7 @@ fn no_template(what: &str, labels: &str) -> StopRequest {
         waited: Duration::ZERO,
         error: Some(format!("no {what} key template uses only {labels}")),
         no_live_run: false,
+        flag_error: None,
     }
 }
 
@@ -172,5 +185,6 @@ fn refused(error: crate::model::InvalidId) -> StopRequest {
         waited: Duration::ZERO,
         error: Some(error.to_string()),
         no_live_run: false,
+        flag_error: None,
     }
 }

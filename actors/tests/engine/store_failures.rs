@@ -250,3 +250,75 @@ async fn a_store_failing_past_the_deadline_is_given_up_and_a_refusal_is_not_retr
         history.faults.set(Failing::No);
     }
 }
+
+/// A signal source whose `raise` fails as told.
+struct FailingFlags {
+    inner: runvisor_actors::store::memory::MemorySignalSource,
+    faults: Faults,
+}
+
+#[async_trait]
+impl runvisor_actors::store::SignalSource for FailingFlags {
+    async fn read(&self, keys: &[String]) -> Result<Vec<bool>, StoreError> {
+        self.inner.read(keys).await
+    }
+    async fn raise(&self, key: &str, ttl: Duration) -> Result<(), StoreError> {
+        self.faults.check("SET", key)?;
+        self.inner.raise(key, ttl).await
+    }
+    async fn clear(
+        &self,
+        keys: &[String],
+        fence: Option<(&ThreadId, Fence)>,
+    ) -> Result<(), StoreError> {
+        self.inner.clear(keys, fence).await
+    }
+    async fn notify(&self, notice: &runvisor_actors::store::Notice) -> Result<(), StoreError> {
+        self.inner.notify(notice).await
+    }
+    async fn subscribe(&self) -> Result<runvisor_actors::store::NoticeStream, StoreError> {
+        self.inner.subscribe().await
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_stop_request_whose_flag_cannot_be_set_says_so() {
+    use runvisor_actors::store::SignalSource;
+    for (mode, set) in [
+        (Failing::First(2), true),
+        (Failing::Refused, false),
+        (Failing::Always, false),
+    ] {
+        let flags = Arc::new(FailingFlags {
+            inner: runvisor_actors::store::memory::MemorySignalSource::new(),
+            faults: Faults::new(mode),
+        });
+        let rt = Runtime::builder()
+            .lease_store(Arc::new(MemoryLeaseStore::new()))
+            .signal_source(flags.clone())
+            .config(RuntimeConfig {
+                store_deadline: Duration::from_secs(1),
+                signals: runvisor_actors::SignalConfig {
+                    request_wait: Duration::from_millis(100),
+                    ..runvisor_actors::SignalConfig::default()
+                },
+                ..RuntimeConfig::default()
+            })
+            .build();
+        let request = within("the request", rt.request_flag("x:flag")).await;
+        let raised = flags
+            .inner
+            .read(&["x:flag".to_owned()])
+            .await
+            .expect("read");
+        assert_eq!(raised, [set], "{mode:?}");
+        assert_eq!(request.flag_error.is_none(), set, "{mode:?}: {request:?}");
+        if mode == Failing::Refused {
+            assert_eq!(flags.faults.calls(), 1, "a refusal is not retried");
+            assert!(
+                matches!(request.flag_error, Some(StoreError::Rejected { .. })),
+                "{request:?}"
+            );
+        }
+    }
+}
