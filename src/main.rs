@@ -29,9 +29,9 @@ use runvisor::redis::{ConnectError, RedisConfig, RedisStores};
 use runvisor::{
     CheckpointId, Config, Durability, Interaction, InteractionId, InteractionKind, Map, Message,
     NodeId, NodePath, ResumeError, ResumeFrom, ResumeInput, RunError, RunEvent, RunHandle, RunId,
-    RunLabels, RunOutcome, RunStatus, Runtime, Spill, StartError, StopMode, StopReason,
-    StopRequest, StopResult, StoreError, ThreadId, ValidationErrors, Value, Workflow, WorkflowDef,
-    register_standard_kinds,
+    RunLabels, RunOutcome, RunStatus, Runtime, RuntimeConfig, Spill, StartError, StopMode,
+    StopReason, StopRequest, StopResult, StoreError, ThreadId, ValidationErrors, Value, Workflow,
+    WorkflowDef, register_standard_kinds,
 };
 use serde::Serialize;
 use tokio::task::JoinHandle;
@@ -324,14 +324,14 @@ fn dispatch(cli: Cli) -> anyhow::Result<ExitCode> {
         .build()
         .context("cannot start the async runtime")?
         .block_on(async move {
-            let (runtime, redis) = build_runtime(config).await?;
+            // A worker (`run`, `resume` and `worker` are workers) first writes what earlier
+            // runs could not store when they ended.
+            let replay = matches!(
+                cli.command,
+                Command::Run(_) | Command::Resume(_) | Command::Worker(_)
+            );
+            let (runtime, redis) = build_runtime(config, replay).await?;
             let durable = redis.is_some();
-            // A worker first writes what earlier runs could not store when they ended.
-            if let (Command::Run(_) | Command::Resume(_) | Command::Worker(_), Some(stores)) =
-                (&cli.command, &redis)
-            {
-                recover_cli::at_start(&runtime, stores).await;
-            }
             // Other processes may ask what this one runs (`ps`, `tree`).
             let _control = match (&cli.command, &redis) {
                 (Command::Run(_) | Command::Resume(_), Some(stores)) => {
@@ -393,23 +393,45 @@ fn dispatch(cli: Cli) -> anyhow::Result<ExitCode> {
 }
 
 /// The runtime with the standard kinds, on Redis when configured (with the stores), else on
-/// the embedded in-memory stores.
-async fn build_runtime(config: Config) -> anyhow::Result<(Runtime, Option<RedisStores>)> {
-    let mut builder = register_standard_kinds(Runtime::builder().config(config.runtime));
-    let mut redis = None;
-    if let Some(config) = config.redis {
-        let shown = config.redacted_url();
-        let stores = RedisStores::connect(config).await.map_err(|e| match e {
-            // The other errors name the server themselves.
-            ConnectError::InvalidConfig(_) => {
-                anyhow::Error::new(e).context(format!("cannot use Redis at {shown}"))
-            }
-            e => anyhow::Error::new(e),
-        })?;
-        builder = stores.install(builder);
-        redis = Some(stores);
+/// the embedded in-memory stores. With `replay`, the spill files of that Redis are replayed
+/// into it first, before the runtime starts anything, adopting orphans included (an orphan
+/// taken over first would make its spilled end moot).
+async fn build_runtime(
+    config: Config,
+    replay: bool,
+) -> anyhow::Result<(Runtime, Option<RedisStores>)> {
+    let builder = || register_standard_kinds(Runtime::builder().config(config.runtime.clone()));
+    let Some(redis) = config.redis.clone() else {
+        return Ok((builder().try_build()?, None));
+    };
+    let shown = redis.redacted_url();
+    let stores = RedisStores::connect(redis).await.map_err(|e| match e {
+        // The other errors name the server themselves.
+        ConnectError::InvalidConfig(_) => {
+            anyhow::Error::new(e).context(format!("cannot use Redis at {shown}"))
+        }
+        e => anyhow::Error::new(e),
+    })?;
+    if replay {
+        if config.runtime.adopt_orphans {
+            // Adoption starts with the runtime: replay through one that does not adopt.
+            let quiet = RuntimeConfig {
+                adopt_orphans: false,
+                ..config.runtime.clone()
+            };
+            let replayer = stores
+                .install(register_standard_kinds(Runtime::builder().config(quiet)))
+                .try_build()?;
+            recover_cli::at_start(&replayer, &stores).await;
+            replayer.shutdown().await;
+        } else {
+            let runtime = stores.install(builder()).try_build()?;
+            recover_cli::at_start(&runtime, &stores).await;
+            return Ok((runtime, Some(stores)));
+        }
     }
-    Ok((builder.try_build()?, redis))
+    let runtime = stores.install(builder()).try_build()?;
+    Ok((runtime, Some(stores)))
 }
 
 /// `tree`, with an exit code per reason there is none.

@@ -314,3 +314,35 @@ async fn a_sync_run_meeting_a_permanent_error_fails_at_once_and_spills() {
     assert!(!stdout.contains("node m2"), "{stdout}");
     assert_eq!(spill_files(&spill).len(), 1);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_worker_replays_spill_files_when_it_starts() {
+    let mut server = RedisServer::start();
+    let dir = tempfile::tempdir().expect("tempdir");
+    let spill = dir.path().join("spill");
+    let out = run_across_an_outage(&mut server, dir.path(), &spill, "atstart").await;
+    assert_eq!(out.status.code(), Some(3));
+    assert_eq!(spill_files(&spill).len(), 1);
+
+    let mut worker = runvisor(&server, dir.path(), &spill)
+        .args(["worker", "--adopt-orphans"])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("spawn a worker");
+    let mut con = raw(&server).await;
+    within("the worker to replay the spill file", async {
+        loop {
+            let n: i64 = cmd(&mut con, &["LLEN", "runvisor:hist:{atstart}"]).await;
+            if n == 5 && spill_files(&spill).is_empty() {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    })
+    .await;
+    let _ = worker.kill();
+    let _ = worker.wait();
+    let checkpoints: i64 = cmd(&mut con, &["ZCARD", "runvisor:cpidx:{atstart}"]).await;
+    assert_eq!(checkpoints, 1);
+}
