@@ -185,7 +185,15 @@ async fn work(runtime: &Runtime, queue: &JobQueue, claimed: Claimed) {
                     // Left claimed: this worker puts it back in the queue as it shuts down.
                     return;
                 }
-                tracing::info!(job = %job.id, thread = %job.thread, run = %outcome.run_id(), status = %outcome.status(), "job ran");
+                match outcome.unpersisted() {
+                    None => {
+                        tracing::info!(job = %job.id, thread = %job.thread, run = %outcome.run_id(), status = %outcome.status(), "job ran")
+                    }
+                    // Kept in a spill file, replayed once Redis takes it again.
+                    Some(unpersisted) => {
+                        tracing::error!(job = %job.id, thread = %job.thread, run = %outcome.run_id(), status = %outcome.status(), %unpersisted, "job ran, but its end was not stored")
+                    }
+                }
                 settle(queue, &claimed).await;
                 return;
             }

@@ -328,16 +328,24 @@ pub(crate) async fn worker(
             ""
         }
     );
+    // What this worker's runs spill while Redis is away is replayed once Redis is back.
+    let replaying = super::recover_cli::keep_replaying(
+        runtime.clone(),
+        stores.clone(),
+        runtime.config().lease.ttl,
+    );
     let options = WorkerOptions::default()
         .concurrency(usize::from(args.concurrency))
         .sweep_every(runtime.config().lease.renew);
     let id = runtime.worker().id.clone();
-    runvisor::worker::serve(runtime, stores, options, async move {
+    let served = runvisor::worker::serve(runtime, stores, options, async move {
         signals.await;
         eprintln!("worker {id} shutting down");
     })
     .await
-    .context("cannot take jobs from the queue")?;
+    .context("cannot take jobs from the queue");
+    replaying.abort();
+    served?;
     Ok(())
 }
 

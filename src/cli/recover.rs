@@ -1,5 +1,6 @@
 //! `runvisor recover`: replays the spill files of the configured Redis (runs whose end Redis
-//! did not take) into it, exactly once; and the same replay, quietly, when a worker starts.
+//! did not take) into it, exactly once; and the same replay, quietly, when a worker starts
+//! and, for `runvisor worker`, while it runs.
 
 use std::io::{self, Write};
 
@@ -134,6 +135,27 @@ pub(crate) async fn at_start(runtime: &Runtime, stores: &RedisStores) {
             Err(line) => tracing::warn!(path = %file.path.display(), "{line}"),
         }
     }
+}
+
+/// While a worker runs: replays the spill files that its own runs (or others') left while
+/// Redis was away, every `every`, once Redis takes them. Ends with the returned handle.
+pub(crate) fn keep_replaying(
+    runtime: Runtime,
+    stores: RedisStores,
+    every: std::time::Duration,
+) -> tokio::task::JoinHandle<()> {
+    tokio::spawn(async move {
+        loop {
+            tokio::time::sleep(every).await;
+            if stores
+                .spill()
+                .pending()
+                .is_ok_and(|files| !files.is_empty())
+            {
+                at_start(&runtime, &stores).await;
+            }
+        }
+    })
 }
 
 fn one_line(text: &str) -> String {
