@@ -123,6 +123,9 @@
 //!
 //! [`RedisStores::connect`] sends a `PING` first: a server that refuses this client (a
 //! password required or wrong) or does not speak Redis is [`ConnectError::Refused`] there.
+//! What a run's end could not store by the deadline goes to a spill file
+//! ([`RedisStores::spill`], see [`spill`]), replayed into Redis once by
+//! [`RedisStores::recover_spilled`].
 //! Nothing panics on what Redis returns.
 //!
 //! Redis should run with `maxmemory-policy noeviction`: an evicting policy may drop
