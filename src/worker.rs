@@ -13,7 +13,8 @@
 //!   closed);
 //! - otherwise (its run was stopped by a shutdown, or its worker died): the thread is resumed
 //!   from its newest checkpoint, so finished nodes do not run again;
-//! - the thread is busy (another worker runs it): the job waits one lease TTL and looks again.
+//! - the thread is busy (another worker runs it), or the job's run lost its lease: the job
+//!   waits one lease TTL and looks again.
 //!
 //! A job that cannot run anywhere (not a job, an invalid workflow, inputs the workflow
 //! refuses) is moved to the rejected list with why.
@@ -185,6 +186,15 @@ async fn work(runtime: &Runtime, queue: &JobQueue, claimed: Claimed) {
                     // Left claimed: this worker puts it back in the queue as it shuts down.
                     return;
                 }
+                if let RunOutcome::Stopped(stop) = &outcome
+                    && stop.reason == StopReason::LeaseLost
+                {
+                    // Another worker took the thread over, or this one could not confirm its
+                    // lease and stopped: look again (the thread's newest run says which).
+                    tracing::info!(job = %job.id, thread = %job.thread, run = %outcome.run_id(), "job's run lost its lease; looking again");
+                    tokio::time::sleep(again).await;
+                    continue;
+                }
                 match outcome.unpersisted() {
                     None => {
                         tracing::info!(job = %job.id, thread = %job.thread, run = %outcome.run_id(), status = %outcome.status(), "job ran")
@@ -278,6 +288,9 @@ async fn next(runtime: &Runtime, job: &Job) -> Next {
         .await
     {
         Ok(run) => Next::Running(run),
+        // Its final checkpoint was stored, its record not (its worker died in between): the
+        // resume completed the record and the history.
+        Err(ResumeError::NothingToResume { .. }) => Next::Settled("the thread's run had ended"),
         Err(e @ (ResumeError::Corrupt { .. } | ResumeError::AnswerTooDeep { .. })) => {
             Next::Reject(e.to_string())
         }

@@ -139,7 +139,13 @@ async fn a_fork_in_another_process_has_the_history_as_of_its_checkpoint() {
         (copy.thread.clone(), copy.run_id),
         (into.clone(), run1.run_id())
     );
-    assert_eq!(copy.history_len, Some(2));
+    // As of cp1: what the history held before run 1 (nothing), plus run 1's messages, which
+    // a stop checkpoint carries as pending.
+    assert_eq!(copy.history_len, Some(0));
+    assert_eq!(
+        texts(&Vec::from_iter(copy.pending_messages.iter().cloned())),
+        ["hello", "a done"]
+    );
     assert!(
         third_stores
             .checkpoints

@@ -23,8 +23,8 @@ use super::hold::HoldError;
 use super::start::Launch;
 use crate::exec::Restore;
 use crate::model::{
-    AnswerError, CheckpointId, Interaction, InteractionId, Message, RunId, RunStatus, StoreError,
-    ThreadId, TooDeep, Value, WorkerId,
+    AnswerError, CheckpointId, Fence, Interaction, InteractionId, Message, RunId, RunStatus,
+    StopReason, StoreError, ThreadId, TooDeep, Value, WorkerId,
 };
 use crate::persist::snapshot::SnapshotError;
 use crate::persist::{Snapshot, check_graph};
@@ -392,6 +392,9 @@ impl Runtime {
                     .await
                     .map_err(ResumeError::Store)?;
             }
+            if !fork {
+                self.close_ended_record(&snapshot, checkpoint, fence).await;
+            }
             return Err(ResumeError::NothingToResume {
                 checkpoint,
                 run: snapshot.run_id,
@@ -525,6 +528,40 @@ impl Runtime {
 }
 
 impl Runtime {
+    /// A run whose final checkpoint is stored but whose record was not (its worker died in
+    /// between) still reads `running`, or `stopped (lease_lost)` once its thread was taken
+    /// over: its record is set to how the checkpoint says it ended. A failure only leaves the
+    /// record as it was.
+    async fn close_ended_record(
+        &self,
+        snapshot: &Snapshot,
+        checkpoint: CheckpointId,
+        fence: Option<Fence>,
+    ) {
+        let run = snapshot.run_id;
+        let mut record = match self.run_store().get(run).await {
+            Ok(Some(record)) => record,
+            Ok(None) => return,
+            Err(e) => {
+                tracing::warn!(%run, error = %e, "could not read the record of a run that ended");
+                return;
+            }
+        };
+        let unfinished = record.status == RunStatus::Running
+            || (record.status == RunStatus::Stopped
+                && record.stop_reason.as_deref() == Some(StopReason::LeaseLost.as_str()));
+        if !unfinished {
+            return;
+        }
+        record.status = snapshot.status;
+        record.stop_reason = snapshot.stop_reason.map(|r| r.as_str().to_owned());
+        record.checkpoint_id = Some(checkpoint);
+        record.finished_at_ms = Some(record.finished_at_ms.unwrap_or(snapshot.created_at_ms));
+        if let Err(e) = self.run_store().put(&record, fence).await {
+            tracing::warn!(%run, error = %e, "could not record how a run that ended ended");
+        }
+    }
+
     /// The interactions the checkpoint a resume would start from waits for (the newest of the
     /// thread, or the named one; for a fork, the named one of the source thread): what an
     /// answer must quote. Empty when it waits for none.

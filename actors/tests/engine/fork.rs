@@ -121,10 +121,13 @@ async fn a_fork_has_the_history_as_of_its_checkpoint_and_leaves_the_source_untou
         .find(|c| c.id == cp1)
         .map(decode)
         .expect("cp1 is kept");
+    // As of cp1: the history before run 1 (nothing) and run 1's messages, which its stop
+    // checkpoint carries as pending (it is written before the history).
+    assert_eq!(at_cp1.history_len, Some(0));
     assert_eq!(
-        at_cp1.history_len,
-        Some(2),
-        "q1 and `a done` were persisted at cp1"
+        texts(&Vec::from_iter(at_cp1.pending_messages.iter().cloned())),
+        ["q1", "a done"],
+        "q1 and `a done` are in cp1"
     );
     assert_eq!(
         (k.calls.of("a"), k.calls.of("b"), k.calls.of("c")),
@@ -169,7 +172,7 @@ async fn a_fork_has_the_history_as_of_its_checkpoint_and_leaves_the_source_untou
     assert_eq!(copy.thread, into);
     assert_eq!(copy.run_id, run1.run_id());
     assert_eq!(copy.graph, at_cp1.graph);
-    assert_eq!(copy.history_len, Some(2));
+    assert_eq!(copy.history_len, Some(0));
     assert_eq!(
         Snapshot {
             thread: source.clone(),
@@ -186,7 +189,9 @@ async fn a_fork_has_the_history_as_of_its_checkpoint_and_leaves_the_source_untou
         (last.run_id, last.status),
         (forked.run_id(), RunStatus::Succeeded)
     );
-    assert_eq!(last.history_len, Some(4));
+    // The history before the fork's run (the two copied) and its own two, as pending.
+    assert_eq!(last.history_len, Some(2));
+    assert_eq!(last.pending_messages.len(), 2);
     for c in &fork_checkpoints[1..] {
         assert_eq!(decode(c).run_id, forked.run_id());
     }
@@ -309,6 +314,11 @@ async fn a_refused_fork_writes_nothing() {
     let k = kit(Script::new().interrupt(Interrupt::before("b")));
     let wf = chain(&k.rt);
     let source = thread("fork-refusals");
+    // An earlier message: cp1 records that the history held one message before run 1.
+    k.rt.history_store()
+        .append(&source, &[Message::user("earlier")], None)
+        .await
+        .expect("append");
     let run1 =
         k.rt.start(&wf, query("q1"), source.clone())
             .await
@@ -328,7 +338,7 @@ async fn a_refused_fork_writes_nothing() {
         ResumeError::ForkTargetExists {
             thread: source.clone(),
             checkpoints: source_checkpoints.len(),
-            messages: 2,
+            messages: 3,
         }
     );
     let chatty = thread("fork-refusals-chatty");
@@ -394,7 +404,7 @@ async fn a_refused_fork_writes_nothing() {
         ResumeError::HistoryMissing {
             thread: source.clone(),
             checkpoint: cp1,
-            recorded: 2,
+            recorded: 1,
             stored: 0,
         }
     );

@@ -1,4 +1,4 @@
-//! How a run ends: its history, its final checkpoint and its record are persisted once, its
+//! How a run ends: its final checkpoint, its history and its record are persisted once, its
 //! flags cleared, and its outcome published to every caller.
 
 use super::*;
@@ -8,7 +8,7 @@ use crate::persist::retry::{self, GaveUp};
 use crate::persist::snapshot::SaveFailed;
 
 impl RunState {
-    /// Persists the run's end once: history, checkpoint, run record; publishes the outcome.
+    /// Persists the run's end once: checkpoint, history, run record; publishes the outcome.
     pub(super) async fn end_run(&mut self) {
         let Some(end) = self
             .lifecycle
@@ -23,14 +23,20 @@ impl RunState {
         // History, checkpoint and record share one deadline: a store that fails transiently
         // is retried until then, one that refuses is not retried.
         let deadline = tokio::time::Instant::now() + self.run.config().store_deadline;
-        let history = self.persist_history(deadline).await;
+        // The final checkpoint goes first and carries every message of the run as pending, then
+        // the history takes them: a crash between the two loses nothing and runs nothing again
+        // (whoever takes the thread over finds the run ended and appends the messages, which is
+        // idempotent by message id). The other order would rerun the last node on a takeover
+        // and store its message twice.
+        let mut messages = std::mem::take(&mut self.start_messages);
+        messages.extend(std::mem::take(&mut self.exec.produced));
         let mut unwritten = None;
         let (checkpoint_id, checkpoint_error) = if self.lease_lost.is_some() {
             // Another run holds the thread: its checkpoints are not this run's to write.
             (None, None)
         } else {
             match self
-                .write_checkpoint(status, stop_reason, &history, deadline)
+                .write_checkpoint(status, stop_reason, &messages, deadline)
                 .await
             {
                 Ok(id) => (Some(id), None),
@@ -49,6 +55,7 @@ impl RunState {
                 }
             }
         };
+        let history = self.persist_history(messages, deadline).await;
         let outputs = self.exec.shared_outputs();
         let run_id = self.run.run_id;
         let usage = self.exec.usage.clone();
@@ -306,9 +313,11 @@ impl RunState {
         }
     }
 
-    async fn persist_history(&mut self, deadline: tokio::time::Instant) -> HistoryFlush {
-        let mut messages = std::mem::take(&mut self.start_messages);
-        messages.extend(std::mem::take(&mut self.exec.produced));
+    async fn persist_history(
+        &mut self,
+        messages: Vec<Message>,
+        deadline: tokio::time::Instant,
+    ) -> HistoryFlush {
         if messages.is_empty() {
             return HistoryFlush::default();
         }
@@ -355,18 +364,18 @@ impl RunState {
     }
 
     /// Writes the final snapshot of the run through the checkpointer and waits until it is
-    /// stored; messages the history store refused travel in it, so a resume persists them.
+    /// stored. The run's messages travel in it as pending (the history takes them next), so a
+    /// resume persists whichever the history did not (idempotently), and a fork finds the
+    /// history as it stood before the run plus these.
     async fn write_checkpoint(
         &mut self,
         status: RunStatus,
         stop_reason: Option<StopReason>,
-        history: &HistoryFlush,
+        messages: &[Message],
         deadline: tokio::time::Instant,
     ) -> Result<CheckpointId, SaveFailed> {
-        let pending = history.not_persisted.iter().cloned().collect();
-        let persisted = u64::try_from(history.persisted.len()).unwrap_or(u64::MAX);
-        let history_len = self.history_before.saturating_add(persisted);
-        let write = self.snapshot(status, stop_reason, pending, history_len);
+        let pending = messages.iter().cloned().collect();
+        let write = self.snapshot(status, stop_reason, pending, self.history_before);
         self.run.services.save_awaited(write, deadline).await
     }
 }
