@@ -36,6 +36,7 @@
 pub mod config;
 pub mod ops;
 pub mod redis;
+pub mod report;
 pub mod spill;
 pub mod standard;
 pub mod telemetry;

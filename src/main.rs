@@ -27,13 +27,12 @@ use runvisor::InputDecl;
 use runvisor::redis::queue::Job;
 use runvisor::redis::{ConnectError, RedisConfig, RedisStores};
 use runvisor::{
-    CheckpointId, Config, Durability, Interaction, InteractionId, InteractionKind, Map, Message,
-    NodeId, NodePath, ResumeError, ResumeFrom, ResumeInput, RunError, RunEvent, RunHandle, RunId,
-    RunLabels, RunOutcome, RunStatus, Runtime, RuntimeConfig, Spill, StartError, StopMode,
-    StopReason, StopRequest, StopResult, StoreError, ThreadId, ValidationErrors, Value, Workflow,
-    WorkflowDef, register_standard_kinds,
+    CheckpointId, Config, Durability, Interaction, InteractionId, InteractionKind, Map, NodePath,
+    ResumeError, ResumeFrom, ResumeInput, RunError, RunEvent, RunHandle, RunId, RunLabels,
+    RunOutcome, RunStatus, Runtime, RuntimeConfig, Spill, StartError, StopMode, StopReason,
+    StopRequest, StopResult, StoreError, ThreadId, ValidationErrors, Value, Workflow, WorkflowDef,
+    register_standard_kinds,
 };
-use serde::Serialize;
 use tokio::task::JoinHandle;
 
 #[path = "cli/ops.rs"]
@@ -707,7 +706,7 @@ async fn follow(
 
     let mut out = io::stdout().lock();
     if json {
-        let document = OutcomeDocument::new(workflow_id, run.thread(), &outcome);
+        let document = runvisor::report::OutcomeDocument::new(workflow_id, run.thread(), &outcome);
         // Streamed: a large outcome is never held twice as text.
         serde_json::to_writer_pretty(&mut out, &document).map_err(io::Error::from)?;
         writeln!(out)?;
@@ -878,94 +877,6 @@ fn print_waiting(
     )
 }
 
-/// The `--json` document: the run, its status, outputs, variables, messages and error.
-#[derive(Debug, Serialize)]
-struct OutcomeDocument<'a> {
-    run_id: RunId,
-    thread: &'a ThreadId,
-    workflow: &'a str,
-    status: RunStatus,
-    /// `null` when the run failed.
-    error: Option<String>,
-    outputs: &'a runvisor::Outputs,
-    /// The workflow variables at the end; `null` when the run failed.
-    variables: Option<&'a Map>,
-    /// The messages the run persisted to the thread's history.
-    messages: &'a [Message],
-    /// Messages the history store refused, if any.
-    messages_not_persisted: &'a [Message],
-    /// What a stop kept; `null` unless the run was stopped.
-    stop: Option<StopDocument<'a>>,
-    /// What the run waits for; empty unless it paused for input.
-    interactions: &'a [Interaction],
-    /// What of the run's end the store did not take and where it went; `null` when it was
-    /// all stored.
-    unpersisted: Option<String>,
-}
-
-/// The `stop` part of the `--json` document.
-#[derive(Debug, Serialize)]
-struct StopDocument<'a> {
-    reason: StopReason,
-    /// Where it stopped: the interrupted nodes, or the nodes that would have run next.
-    stopped_at: Vec<String>,
-    /// Text a stop cut short, if a stream was running.
-    partial_response: Option<&'a str>,
-    /// Every node that finished (before or during the stop).
-    finished: &'a [NodeId],
-    /// The nodes a resume would start.
-    frontier: &'a [NodeId],
-    /// Nodes whose handlers were aborted.
-    forced: &'a [NodeId],
-    checkpoint_id: Option<CheckpointId>,
-    checkpoint_error: Option<String>,
-}
-
-impl<'a> StopDocument<'a> {
-    fn new(stop: &'a StopResult) -> Self {
-        Self {
-            reason: stop.reason,
-            stopped_at: stop.stopped_at().iter().map(ToString::to_string).collect(),
-            partial_response: stop.partial_response.as_deref(),
-            finished: &stop.finished,
-            frontier: &stop.frontier,
-            forced: &stop.forced,
-            checkpoint_id: stop.checkpoint_id,
-            checkpoint_error: stop.checkpoint_error.as_ref().map(ToString::to_string),
-        }
-    }
-}
-
-impl<'a> OutcomeDocument<'a> {
-    fn new(workflow: &'a str, thread: &'a ThreadId, outcome: &'a RunOutcome) -> Self {
-        let variables = match outcome {
-            RunOutcome::Completed { variables, .. } => Some(variables),
-            _ => None,
-        };
-        let history = outcome.history();
-        Self {
-            run_id: outcome.run_id(),
-            thread,
-            workflow,
-            status: outcome.status(),
-            error: outcome.error().map(ToString::to_string),
-            outputs: outcome.outputs(),
-            variables,
-            messages: &history.persisted,
-            messages_not_persisted: &history.not_persisted,
-            stop: match outcome {
-                RunOutcome::Stopped(stop) => Some(StopDocument::new(stop)),
-                _ => None,
-            },
-            interactions: match outcome {
-                RunOutcome::AwaitingInput { interactions, .. } => interactions,
-                _ => &[],
-            },
-            unpersisted: outcome.unpersisted().map(ToString::to_string),
-        }
-    }
-}
-
 /// Prints run events as they come: a line per node start and end, streamed chunks inline.
 struct Progress<W: Write> {
     out: W,
@@ -1065,6 +976,8 @@ fn elapsed(took: Option<Duration>) -> String {
 #[cfg(test)]
 mod tests {
     use std::sync::Arc;
+
+    use runvisor::NodeId;
 
     use super::*;
 

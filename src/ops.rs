@@ -1,6 +1,6 @@
 //! What operators ask about runs, answered across every process that shares the stores: the
-//! runs (`runvisor ps`) with the nodes each runs now, and the actor tree of a live run
-//! (`runvisor tree`), wherever it runs.
+//! runs (`runvisor ps`) with the nodes each runs now, one run, the actor tree of a live run
+//! (`runvisor tree`), and the stop of a live run, wherever it runs.
 //!
 //! Records come from the run store ([`Runtime::list_runs`]: `orphaned` is derived there from
 //! the workers' heartbeats); what a run of another process runs now comes from that process,
@@ -10,8 +10,8 @@ use std::collections::BTreeSet;
 use std::time::Duration;
 
 use runvisor_actors::{
-    ActorTree, NodePath, QueryError, RunId, RunQuery, RunStatus, Runtime, StoreError, ThreadId,
-    WorkerId,
+    ActorTree, NodePath, QueryError, RunId, RunOutcome, RunQuery, RunStatus, Runtime, StopError,
+    StopMode, StopReason, StopReply, StoreError, ThreadId, WorkerId,
 };
 use serde::Serialize;
 
@@ -137,23 +137,59 @@ pub async fn list_runs(
             } else {
                 None
             };
-            RunRow {
-                run_id: record.run_id,
-                thread: record.thread.clone(),
-                workflow_id: record.workflow_id.clone(),
-                status: view.status,
-                app_id: record.labels.app_id().map(str::to_owned),
-                chat_id: record.labels.chat_id().map(str::to_owned),
-                task_id: record.labels.task_id().map(str::to_owned),
-                worker: record.worker.clone(),
-                worker_alive: view.worker.is_some() || view.here,
-                started_at_ms: record.started_at_ms,
-                finished_at_ms: record.finished_at_ms,
-                stop_reason: record.stop_reason.clone(),
-                nodes,
-            }
+            let alive = view.worker.is_some() || view.here;
+            row(view.record, view.status, alive, nodes)
         })
         .collect())
+}
+
+/// One run by id, as [`list_runs`] would show it (its status derived from its worker's
+/// heartbeat, the nodes it runs now asked of its worker); `None` when no run has that id.
+pub async fn get_run(
+    runtime: &Runtime,
+    redis: Option<&RedisStores>,
+    run: RunId,
+    wait: Duration,
+) -> Result<Option<RunRow>, StoreError> {
+    let Some(record) = runtime.run_store().get(run).await? else {
+        return Ok(None);
+    };
+    if record.status.is_open() || runtime.registry().contains(&run) {
+        let query = RunQuery {
+            thread: Some(record.thread.clone()),
+            limit: usize::MAX,
+            ..RunQuery::default()
+        };
+        let rows = list_runs(runtime, redis, &query, wait).await?;
+        if let Some(row) = rows.into_iter().find(|r| r.run_id == run) {
+            return Ok(Some(row));
+        }
+    }
+    let status = record.status;
+    Ok(Some(row(record, status, false, None)))
+}
+
+fn row(
+    record: runvisor_actors::RunRecord,
+    status: RunStatus,
+    worker_alive: bool,
+    nodes: Option<Vec<NodePath>>,
+) -> RunRow {
+    RunRow {
+        run_id: record.run_id,
+        app_id: record.labels.app_id().map(str::to_owned),
+        chat_id: record.labels.chat_id().map(str::to_owned),
+        task_id: record.labels.task_id().map(str::to_owned),
+        thread: record.thread,
+        workflow_id: record.workflow_id,
+        status,
+        worker: record.worker,
+        worker_alive,
+        started_at_ms: record.started_at_ms,
+        finished_at_ms: record.finished_at_ms,
+        stop_reason: record.stop_reason,
+        nodes,
+    }
 }
 
 /// The actor tree of a live run: asked of this runtime when it runs it, else of the worker
@@ -189,4 +225,124 @@ pub async fn tree(
         (RunStatus::Orphaned, Some(worker), _) => Err(TreeError::Orphaned { run, worker }),
         (status, ..) => Err(TreeError::NotLive { run, status }),
     }
+}
+
+/// Why a run could not be stopped.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum StopRunError {
+    /// No run has this id.
+    #[error("no run {0}")]
+    UnknownRun(RunId),
+    /// The run does not run now: it ended, waits for input, or is orphaned.
+    #[error("run {run} does not run now: it is {status}")]
+    NotLive {
+        /// The run.
+        run: RunId,
+        /// Its status.
+        status: RunStatus,
+    },
+    /// Its worker did not answer, or refused.
+    #[error(transparent)]
+    Control(#[from] ControlError),
+    /// The stores failed.
+    #[error(transparent)]
+    Store(#[from] StoreError),
+}
+
+/// Stops a run wherever it runs: here ([`stop_here`]), or, with Redis stores, asked of the
+/// worker that runs it, waiting for its answer up to the stop's timeout and `wait` more.
+/// Returns the stopped run's [outcome document](crate::report::OutcomeDocument), as JSON.
+pub async fn stop(
+    runtime: &Runtime,
+    redis: Option<&RedisStores>,
+    run: RunId,
+    mode: StopMode,
+    reason: StopReason,
+    wait: Duration,
+) -> Result<serde_json::Value, StopRunError> {
+    let registry = runtime.registry();
+    if registry.contains(&run) || registry.outcome(&run).is_some() {
+        return stop_here(runtime, run, mode, reason).await;
+    }
+    let record = runtime
+        .run_store()
+        .get(run)
+        .await?
+        .ok_or(StopRunError::UnknownRun(run))?;
+    if record.status != RunStatus::Running {
+        return Err(StopRunError::NotLive {
+            run,
+            status: record.status,
+        });
+    }
+    let view = runtime
+        .list_runs(&RunQuery {
+            thread: Some(record.thread.clone()),
+            limit: usize::MAX,
+            ..RunQuery::default()
+        })
+        .await?
+        .into_iter()
+        .find(|v| v.record.run_id == run);
+    let status = view.as_ref().map_or(record.status, |v| v.status);
+    match (status, record.worker, redis) {
+        (RunStatus::Running, Some(worker), Some(redis)) if worker != runtime.worker().id => {
+            let timeout = match mode {
+                StopMode::Graceful { timeout } => timeout,
+                StopMode::Force => Duration::ZERO,
+            };
+            Ok(redis
+                .ask_stop(&worker, run, mode, reason, timeout + wait)
+                .await?)
+        }
+        (status, ..) => Err(StopRunError::NotLive { run, status }),
+    }
+}
+
+/// Stops a run of this process ([`Runtime::stop_for`]) and renders its outcome document; a
+/// run that had already ended otherwise is [`StopRunError::NotLive`]. Every caller of a stop
+/// gets the same stop result, also one asking after the run stopped.
+pub async fn stop_here(
+    runtime: &Runtime,
+    run: RunId,
+    mode: StopMode,
+    reason: StopReason,
+) -> Result<serde_json::Value, StopRunError> {
+    let summary = runtime.registry().summary(&run);
+    let reply = runtime
+        .stop_for(run, mode, reason)
+        .await
+        .map_err(|e| match e {
+            StopError::UnknownRun(run) => StopRunError::UnknownRun(run),
+            StopError::NotInThisProcess(run, status) => StopRunError::NotLive { run, status },
+            StopError::Store(e) => StopRunError::Store(e),
+            other => StopRunError::Store(StoreError::Unavailable(other.to_string())),
+        })?;
+    let result = match reply {
+        StopReply::Stopped(result) => result,
+        StopReply::AlreadyFinished(finished) => {
+            return Err(StopRunError::NotLive {
+                run,
+                status: finished.status,
+            });
+        }
+        _ => {
+            return Err(StopRunError::NotLive {
+                run,
+                status: RunStatus::Running,
+            });
+        }
+    };
+    let (workflow, thread) = match summary {
+        Some(summary) => (summary.workflow_id, summary.thread),
+        None => match runtime.run_store().get(run).await? {
+            Some(record) => (record.workflow_id, record.thread),
+            None => return Err(StopRunError::UnknownRun(run)),
+        },
+    };
+    let outcome = RunOutcome::Stopped(result);
+    let document = crate::report::OutcomeDocument::new(&workflow, &thread, &outcome);
+    serde_json::to_value(&document)
+        .map_err(|e| StopRunError::Store(StoreError::Unavailable(format!("cannot render: {e}"))))
 }

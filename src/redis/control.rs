@@ -1,13 +1,19 @@
-//! Control requests between processes: what a worker runs now, and the actor tree of one of
-//! its runs, asked by any process (`runvisor ps`, `runvisor tree`) of the worker that runs it.
+//! Control requests between processes: what a worker runs now, the actor tree of one of its
+//! runs, and the stop of one of its runs, asked by any process (`runvisor ps`, `runvisor tree`,
+//! `runvisor serve`) of the worker that runs it.
 //!
 //! Each worker serving requests ([`RedisStores::serve_control`]) waits on its mailbox, a LIST
 //! `<p>:ctl:<worker>`, with `BLPOP` on a connection of its own. A request is a JSON object
-//! `{"id": "<uuid>", "op": "runs"}` or `{"id": ..., "op": "tree", "run": "<run_id>"}`
+//! `{"id": "<uuid>", "op": "runs"}`, `{"id": ..., "op": "tree", "run": "<run_id>"}` or
+//! `{"id": ..., "op": "stop", "run": ..., "force": false, "timeout_ms": 5000, "reason":
+//! "user_interrupted"}`
 //! pushed onto the mailbox (which expires after [`MAILBOX_TTL`] unless a request refreshes it,
 //! so the mailbox of a worker that died does not stay). The worker pushes its answer onto
 //! `<p>:ctlreply:{<id>}:<worker>` (expiring after [`MAILBOX_TTL`]): `{"ok": true, "runs":
-//! [...]}`, `{"ok": true, "tree": {...}}` or `{"ok": false, "error": "..."}`. The asker waits
+//! [...]}`, `{"ok": true, "tree": {...}}`, `{"ok": true, "outcome": {...}}` (the stopped run's
+//! [outcome document](crate::report::OutcomeDocument)) or `{"ok": false, "error": "..."}`
+//! (with `"status"` when the run to stop does not run). A stop is answered from a task of its
+//! own, so a long graceful stop holds no other request up. The asker waits
 //! for the answers with `BLPOP` over the reply keys of one request, which share a hash tag and
 //! so a Cluster slot.
 //!
@@ -18,7 +24,9 @@
 use std::collections::HashMap;
 use std::time::Duration;
 
-use runvisor_actors::{ActorTree, RunId, RunSummary, Runtime, StoreError, WorkerId};
+use runvisor_actors::{
+    ActorTree, RunId, RunStatus, RunSummary, Runtime, StopMode, StopReason, StoreError, WorkerId,
+};
 use serde::{Deserialize, Serialize};
 
 use super::conn::{Conn, Endpoint};
@@ -63,7 +71,16 @@ pub enum ControlError {
 #[serde(tag = "op", rename_all = "snake_case")]
 enum Op {
     Runs,
-    Tree { run: RunId },
+    Tree {
+        run: RunId,
+    },
+    Stop {
+        run: RunId,
+        force: bool,
+        #[serde(default)]
+        timeout_ms: Option<u64>,
+        reason: StopReason,
+    },
 }
 
 #[derive(Debug, Serialize, Deserialize)]
@@ -81,7 +98,24 @@ struct Answer {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     tree: Option<ActorTree>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    outcome: Option<serde_json::Value>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    status: Option<RunStatus>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     error: Option<String>,
+}
+
+impl Answer {
+    fn refused(error: String, status: Option<RunStatus>) -> Self {
+        Self {
+            ok: false,
+            runs: None,
+            tree: None,
+            outcome: None,
+            status,
+            error: Some(error),
+        }
+    }
 }
 
 /// A worker answering control requests; it stops when dropped.
@@ -119,6 +153,7 @@ impl RedisStores {
         let keys = self.keys.clone();
         let runtime = runtime.clone();
         let mailbox = keys.control(&runtime.worker().id);
+        let replies = self.conn.clone();
         let task = tokio::spawn(async move {
             let mut errors = 0u64;
             loop {
@@ -146,23 +181,18 @@ impl RedisStores {
                         continue;
                     }
                 };
-                let answer = answer(&runtime, request.op).await;
                 let reply = keys.control_reply(&request.id, &runtime.worker().id);
-                let Ok(json) = serde_json::to_string(&answer) else {
-                    continue;
-                };
-                let mut pipe = ::redis::pipe();
-                pipe.atomic()
-                    .cmd("RPUSH")
-                    .arg(&reply)
-                    .arg(json)
-                    .ignore()
-                    .cmd("PEXPIRE")
-                    .arg(&reply)
-                    .arg(MAILBOX_TTL.as_millis() as u64)
-                    .ignore();
-                if let Err(e) = conn.pipeline(&reply, &pipe).await {
-                    tracing::debug!(error = %e, "could not answer a control request");
+                if matches!(request.op, Op::Stop { .. }) {
+                    // A graceful stop may take its whole timeout: other requests go on.
+                    // It answers on the stores' connection: this one blocks in BLPOP.
+                    let (runtime, replies) = (runtime.clone(), replies.clone());
+                    tokio::spawn(async move {
+                        let answer = answer(&runtime, request.op).await;
+                        send_answer(&replies, &reply, &answer).await;
+                    });
+                } else {
+                    let answer = answer(&runtime, request.op).await;
+                    send_answer(&conn, &reply, &answer).await;
                 }
             }
         });
@@ -200,6 +230,50 @@ impl RedisStores {
             Some(Answer { error, .. }) => Err(ControlError::Refused {
                 worker: worker.clone(),
                 error: error.unwrap_or_else(|| "no tree in the answer".to_owned()),
+            }),
+            None => Err(ControlError::NoAnswer {
+                worker: worker.clone(),
+                waited: wait,
+            }),
+        }
+    }
+
+    /// Stops a run of another worker, asked of that worker (which stops it as
+    /// [`Runtime::stop_for`] does), waiting `wait` at most for its answer: the stopped run's
+    /// [outcome document](crate::report::OutcomeDocument).
+    pub async fn ask_stop(
+        &self,
+        worker: &WorkerId,
+        run: RunId,
+        mode: StopMode,
+        reason: StopReason,
+        wait: Duration,
+    ) -> Result<serde_json::Value, ControlError> {
+        let (force, timeout_ms) = match mode {
+            StopMode::Force => (true, None),
+            StopMode::Graceful { timeout } => (
+                false,
+                Some(u64::try_from(timeout.as_millis()).unwrap_or(u64::MAX)),
+            ),
+        };
+        let op = Op::Stop {
+            run,
+            force,
+            timeout_ms,
+            reason,
+        };
+        let mut answers = self.ask(std::slice::from_ref(worker), &op, wait).await?;
+        match answers.remove(worker) {
+            Some(Answer {
+                outcome: Some(outcome),
+                ..
+            }) => Ok(outcome),
+            Some(Answer { error, status, .. }) => Err(ControlError::Refused {
+                worker: worker.clone(),
+                error: match status {
+                    Some(status) => format!("run {run} does not run: it is {status}"),
+                    None => error.unwrap_or_else(|| "no outcome in the answer".to_owned()),
+                },
             }),
             None => Err(ControlError::NoAnswer {
                 worker: worker.clone(),
@@ -271,29 +345,74 @@ impl RedisStores {
     }
 }
 
+/// Pushes an answer onto its reply key.
+async fn send_answer(conn: &Conn, reply: &str, answer: &Answer) {
+    let Ok(json) = serde_json::to_string(answer) else {
+        return;
+    };
+    let mut pipe = ::redis::pipe();
+    pipe.atomic()
+        .cmd("RPUSH")
+        .arg(reply)
+        .arg(json)
+        .ignore()
+        .cmd("PEXPIRE")
+        .arg(reply)
+        .arg(MAILBOX_TTL.as_millis() as u64)
+        .ignore();
+    if let Err(e) = conn.pipeline(reply, &pipe).await {
+        tracing::debug!(error = %e, "could not answer a control request");
+    }
+}
+
 /// Answers one request from this worker's registry and actors.
 async fn answer(runtime: &Runtime, op: Op) -> Answer {
+    let ok = Answer {
+        ok: true,
+        runs: None,
+        tree: None,
+        outcome: None,
+        status: None,
+        error: None,
+    };
     match op {
         Op::Runs => Answer {
-            ok: true,
             runs: Some(runtime.runs()),
-            tree: None,
-            error: None,
+            ..ok
         },
         Op::Tree { run } => match runtime.tree(run).await {
             Ok(tree) => Answer {
-                ok: true,
-                runs: None,
                 tree: Some(tree),
-                error: None,
+                ..ok
             },
-            Err(e) => Answer {
-                ok: false,
-                runs: None,
-                tree: None,
-                error: Some(e.to_string()),
-            },
+            Err(e) => Answer::refused(e.to_string(), None),
         },
+        Op::Stop {
+            run,
+            force,
+            timeout_ms,
+            reason,
+        } => {
+            let mode = if force {
+                StopMode::Force
+            } else {
+                StopMode::Graceful {
+                    timeout: timeout_ms
+                        .map_or(runtime.config().stop_timeout, Duration::from_millis),
+                }
+            };
+            match crate::ops::stop_here(runtime, run, mode, reason).await {
+                Ok(outcome) => Answer {
+                    outcome: Some(outcome),
+                    ..ok
+                },
+                Err(crate::ops::StopRunError::NotLive { status, .. }) => Answer::refused(
+                    format!("run {run} does not run: it is {status}"),
+                    Some(status),
+                ),
+                Err(e) => Answer::refused(e.to_string(), None),
+            }
+        }
     }
 }
 
