@@ -4,6 +4,7 @@
 //! {
 //!   "runtime": {"stop_timeout": "30s", "durability": "sync"},
 //!   "redis": {"url": "redis://127.0.0.1:6379/0", "prefix": "runvisor"},
+//!   "serve": {"listen": "127.0.0.1:8080", "body_limit": 4194304},
 //!   "log": "info,runvisor=debug"
 //! }
 //! ```
@@ -25,6 +26,8 @@ pub struct Config {
     /// Durable stores on Redis; absent, the embedded in-memory stores are used.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub redis: Option<crate::redis::RedisConfig>,
+    /// `runvisor serve`: the address, the bearer token, the body limit.
+    pub serve: crate::serve::ServeConfig,
     /// The log filter used when `RUST_LOG` is not set (`tracing_subscriber::EnvFilter`
     /// syntax, e.g. `"info"` or `"warn,runvisor_actors=debug"`).
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -160,6 +163,11 @@ mod tests {
                 "field `runtime.stop_timout`: unknown field `stop_timout`, expected one of",
             ),
             (r#"{"logs": "info"}"#, "unknown field `logs`"),
+            (
+                r#"{"serve": {"listen": "localhost"}}"#,
+                "field `serve.listen`: invalid socket address",
+            ),
+            (r#"{"serve": {"tokn": "x"}}"#, "unknown field `tokn`"),
             (r#"{"log": "info"} x"#, "trailing characters (line 1"),
             (
                 "{",
@@ -192,6 +200,10 @@ mod tests {
                 ..RuntimeConfig::default()
             },
             redis: Some(crate::redis::RedisConfig::new("redis://127.0.0.1:6400/0")),
+            serve: crate::serve::ServeConfig {
+                token: Some("secret".into()),
+                ..Default::default()
+            },
             log: Some("debug".into()),
         };
         let text = serde_json::to_string(&config).expect("serializes");

@@ -37,6 +37,7 @@ pub mod config;
 pub mod ops;
 pub mod redis;
 pub mod report;
+pub mod serve;
 pub mod spill;
 pub mod standard;
 pub mod telemetry;

@@ -2,8 +2,9 @@
 //! `resume` continues a thread from its newest checkpoint or forks a new thread from an older
 //! one, `stop` and `cancel` stop a run from any process, `ps` and `tree` show runs across
 //! processes, `worker` serves them (and adopts orphans), `recover` writes into Redis the runs
-//! whose end it did not take (kept in spill files; `run`, `resume` and `worker` do it when they
-//! start), `validate` checks a workflow and lists every problem.
+//! whose end it did not take (kept in spill files; `run`, `resume`, `worker` and `serve` do it
+//! when they start), `serve` runs the HTTP service, `validate` checks a workflow and lists
+//! every problem.
 //!
 //! Stores: the embedded in-memory default, or Redis (`--redis URL` or the config file), which
 //! `resume`, `stop`, `cancel` and `worker` need since they act on runs of other processes.
@@ -39,6 +40,8 @@ use tokio::task::JoinHandle;
 mod ops_cli;
 #[path = "cli/recover.rs"]
 mod recover_cli;
+#[path = "cli/serve.rs"]
+mod serve_cli;
 
 /// The run failed (or ended any other way than succeeding).
 const EXIT_RUN_FAILED: u8 = 1;
@@ -119,6 +122,9 @@ enum Command {
     /// Run a worker: serve `ps` and `tree` requests for its runs and, with `--adopt-orphans`,
     /// take orphaned runs over; until Ctrl-C or SIGTERM.
     Worker(ops_cli::WorkerArgs),
+    /// Serve the HTTP API (runs, threads, workflow validation, health) until Ctrl-C or
+    /// SIGTERM, which stop every run with reason `shutdown`.
+    Serve(serve_cli::ServeArgs),
     /// Queue a run of a workflow on a new thread for the workers (`runvisor worker`): the
     /// first free worker starts it; prints the job and its thread.
     Submit(SubmitArgs),
@@ -323,12 +329,13 @@ fn dispatch(cli: Cli) -> anyhow::Result<ExitCode> {
         .build()
         .context("cannot start the async runtime")?
         .block_on(async move {
-            // A worker (`run`, `resume` and `worker` are workers) first writes what earlier
+            // A worker (`run`, `resume`, `worker` and `serve` are workers) first writes what earlier
             // runs could not store when they ended.
             let replay = matches!(
                 cli.command,
-                Command::Run(_) | Command::Resume(_) | Command::Worker(_)
+                Command::Run(_) | Command::Resume(_) | Command::Worker(_) | Command::Serve(_)
             );
+            let serve_config = config.serve.clone();
             let (runtime, redis) = build_runtime(config, replay).await?;
             let durable = redis.is_some();
             // Other processes may ask what this one runs (`ps`, `tree`).
@@ -367,6 +374,10 @@ fn dispatch(cli: Cli) -> anyhow::Result<ExitCode> {
                          `redis` in the config file)"
                     ),
                 },
+                Command::Serve(args) => {
+                    serve_cli::serve(&runtime, redis.as_ref(), serve_config, args).await?;
+                    Ok(ExitCode::SUCCESS)
+                }
                 Command::Submit(args) => match &redis {
                     Some(stores) => submit(&runtime, stores, args).await,
                     None => bail!(

@@ -350,7 +350,7 @@ pub(crate) async fn worker(
 }
 
 /// Completes at the first Ctrl-C or SIGTERM.
-fn shutdown_signals() -> anyhow::Result<impl std::future::Future<Output = ()>> {
+pub(crate) fn shutdown_signals() -> anyhow::Result<impl std::future::Future<Output = ()>> {
     #[cfg(unix)]
     {
         use tokio::signal::unix::{SignalKind, signal};

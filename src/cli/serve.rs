@@ -1,0 +1,88 @@
+//! `runvisor serve`: the HTTP service ([`runvisor::serve`]) until Ctrl-C or SIGTERM, which
+//! stop every run with reason `shutdown` (each stays resumable) before the process exits 0.
+
+use std::net::SocketAddr;
+
+use anyhow::Context;
+use runvisor::Runtime;
+use runvisor::redis::RedisStores;
+use runvisor::serve::{ServeConfig, Service};
+
+/// `runvisor serve` flags; each overrides the config file's `serve` section.
+#[derive(Debug, clap::Args)]
+pub(crate) struct ServeArgs {
+    /// The address to listen on (the config's `serve.listen`; 127.0.0.1:8080 by default).
+    #[arg(long, value_name = "ADDR")]
+    listen: Option<SocketAddr>,
+    /// Require `Authorization: Bearer <TOKEN>` on every endpoint but /healthz and /readyz.
+    #[arg(
+        long,
+        value_name = "TOKEN",
+        env = "RUNVISOR_TOKEN",
+        hide_env_values = true
+    )]
+    token: Option<String>,
+    /// The largest request body accepted, in bytes (4 MiB by default).
+    #[arg(long, value_name = "BYTES")]
+    body_limit: Option<usize>,
+}
+
+/// Serves until Ctrl-C or SIGTERM; with Redis stores, also answers other processes' control
+/// requests (`ps`, `tree`, stops of its runs).
+pub(crate) async fn serve(
+    runtime: &Runtime,
+    redis: Option<&RedisStores>,
+    mut config: ServeConfig,
+    args: ServeArgs,
+) -> anyhow::Result<()> {
+    if let Some(listen) = args.listen {
+        config.listen = listen;
+    }
+    if let Some(token) = args.token {
+        config.token = Some(token);
+    }
+    if let Some(limit) = args.body_limit {
+        config.body_limit = limit;
+    }
+    let _control = match redis {
+        Some(stores) => Some(
+            stores
+                .serve_control(runtime)
+                .await
+                .context("cannot serve control requests")?,
+        ),
+        None => None,
+    };
+    let listener = tokio::net::TcpListener::bind(config.listen)
+        .await
+        .with_context(|| format!("cannot listen on {}", config.listen))?;
+    let address = listener
+        .local_addr()
+        .context("cannot read the bound address")?;
+    let signals = super::ops_cli::shutdown_signals()?;
+    let service = Service::new(runtime.clone(), redis.cloned(), &config);
+    if !address.ip().is_loopback() && config.token.is_none() {
+        eprintln!(
+            "warning: listening on {address} without a token: anyone who reaches it can start \
+             and stop runs (pass --token)"
+        );
+    }
+    // Tests and scripts read the address from this line (port 0 picks a free one).
+    eprintln!(
+        "runvisor serve listening on http://{address} (worker {}, {} stores)",
+        runtime.worker().id,
+        if redis.is_some() {
+            "redis"
+        } else {
+            "in-memory"
+        }
+    );
+    runvisor::serve::serve(service, listener, async move {
+        signals.await;
+        eprintln!("shutting down: stopping every run (reason shutdown)");
+    })
+    .await
+    .context("the server failed")?;
+    eprintln!("stopped");
+    Ok(())
+}
