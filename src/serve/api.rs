@@ -28,14 +28,15 @@ pub(super) fn router(service: Service) -> Router {
             "/v1/threads/{thread}/checkpoints",
             get(threads::checkpoints),
         )
-        .route("/v1/workflows/validate", post(runs::validate))
-        .route_layer(middleware::from_fn_with_state(service.clone(), authorize));
+        .route("/v1/workflows/validate", post(runs::validate));
     Router::new()
         .route("/healthz", get(healthz))
         .route("/readyz", get(readyz))
         .merge(v1)
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)
+        // Around everything, unknown routes too, so they tell nothing without the token.
+        .layer(middleware::from_fn_with_state(service.clone(), authorize))
         .with_state(service)
         // One limit, the configured one, instead of axum's 2 MB default for extractors.
         .layer(DefaultBodyLimit::disable())
@@ -45,10 +46,15 @@ pub(super) fn router(service: Service) -> Router {
         }))
 }
 
+/// The paths anyone may ask, token or not.
+const OPEN_PATHS: [&str; 2] = ["/healthz", "/readyz"];
+
 /// With a token configured, lets a request through only with `Authorization: Bearer <token>`
-/// (compared in constant time).
+/// (compared in constant time), except the health checks.
 async fn authorize(State(service): State<Service>, request: Request, next: Next) -> Response {
-    if let Some(token) = &service.shared.token {
+    if let Some(token) = &service.shared.token
+        && !OPEN_PATHS.contains(&request.uri().path())
+    {
         let given = request
             .headers()
             .get(header::AUTHORIZATION)
