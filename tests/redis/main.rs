@@ -23,6 +23,7 @@ mod leases;
 mod ops;
 mod resume;
 mod runs;
+mod serve;
 mod signals;
 mod spill;
 mod support;
