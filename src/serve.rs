@@ -1,7 +1,8 @@
 //! `runvisor serve`: the runtime as an HTTP service, for hosts and operators that are not Rust.
 //!
-//! The native API lives under `/v1` (runs: start, list, get, tree, stop, cancel; threads:
-//! resume, checkpoints; workflow validation), beside `/healthz` and `/readyz`. Every answer is
+//! The native API lives under `/v1` (runs: start, waiting for the outcome or streaming the
+//! events as server-sent events, list, get, tree, stop, cancel; threads: resume, checkpoints;
+//! workflow validation), beside `/healthz` and `/readyz`. Every answer is
 //! JSON; every error is `{"error": {"code": ..., "message": ..., ...details}}` with a stable
 //! code ([`ApiError`], the one place that maps errors to HTTP statuses).
 //!
@@ -19,6 +20,7 @@ mod api;
 mod error;
 mod extract;
 mod runs;
+mod stream;
 mod threads;
 
 use std::future::{Future, IntoFuture};

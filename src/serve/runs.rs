@@ -43,6 +43,8 @@ pub(super) struct StartRequest {
     task: Option<String>,
     #[serde(default)]
     wait: bool,
+    #[serde(default)]
+    stream: bool,
 }
 
 /// A workflow from a request, validated on this runtime; every problem listed otherwise.
@@ -85,6 +87,7 @@ pub(super) async fn start(
     if service.draining() {
         return Err(ApiError::shutting_down());
     }
+    let reply = Reply::new(request.wait, request.stream)?;
     let workflow = workflow(&service, request.workflow)?;
     let thread = match &request.thread {
         Some(text) => thread_id(text, "thread")?,
@@ -101,13 +104,40 @@ pub(super) async fn start(
         .runtime()
         .start_with(&workflow, request.inputs, thread, labels)
         .await?;
-    answer_run(run, request.wait).await
+    answer_run(run, reply).await
 }
 
-/// The answer to a start or resume: the outcome when the caller waits, else `202 Accepted`
-/// with the run, its thread and where to follow it.
-pub(super) async fn answer_run(run: RunHandle, wait: bool) -> Result<Response, ApiError> {
-    if wait {
+/// How a start or resume is answered.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Reply {
+    /// At once: `202 Accepted` with the run.
+    Started,
+    /// Once the run ends: its outcome.
+    Wait,
+    /// Its events as they come (server-sent events), then its outcome.
+    Stream,
+}
+
+impl Reply {
+    pub(super) fn new(wait: bool, stream: bool) -> Result<Self, ApiError> {
+        match (wait, stream) {
+            (true, true) => Err(ApiError::bad_request(
+                "`wait` and `stream` exclude each other: stream ends with the outcome too",
+            )),
+            (true, false) => Ok(Self::Wait),
+            (false, true) => Ok(Self::Stream),
+            (false, false) => Ok(Self::Started),
+        }
+    }
+}
+
+/// The answer to a start or resume: the outcome when the caller waits, the events when it
+/// streams, else `202 Accepted` with the run, its thread and where to follow it.
+pub(super) async fn answer_run(run: RunHandle, reply: Reply) -> Result<Response, ApiError> {
+    if reply == Reply::Stream {
+        return Ok(super::stream::events(run).into_response());
+    }
+    if reply == Reply::Wait {
         let outcome = run.wait().await;
         let document = OutcomeDocument::new(run.workflow_id(), run.thread(), &outcome);
         return Ok(Json(document).into_response());

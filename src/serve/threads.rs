@@ -13,7 +13,7 @@ use serde_json::json;
 use super::Service;
 use super::error::ApiError;
 use super::extract::{JsonBody, path_rejection, query_rejection};
-use super::runs::{answer_run, thread_id};
+use super::runs::{Reply, answer_run, thread_id};
 
 /// `POST /v1/threads/{thread}/resume`; every field is optional: no field continues from the
 /// newest checkpoint.
@@ -32,6 +32,8 @@ pub(super) struct ResumeRequest {
     fork_into: Option<String>,
     #[serde(default)]
     wait: bool,
+    #[serde(default)]
+    stream: bool,
 }
 
 fn thread_of(path: Result<Path<String>, PathRejection>) -> Result<ThreadId, ApiError> {
@@ -59,6 +61,7 @@ pub(super) async fn resume(
     if service.draining() {
         return Err(ApiError::shutting_down());
     }
+    let reply = Reply::new(request.wait, request.stream)?;
     if request.say.is_some() && request.answer.is_some() {
         return Err(ApiError::bad_request(
             "`say` and `answer` exclude each other: a resume brings one of them",
@@ -109,7 +112,7 @@ pub(super) async fn resume(
         (None, None) => ResumeInput::Continue,
     };
     let run = runtime.resume(from, input).await?;
-    answer_run(run, request.wait).await
+    answer_run(run, reply).await
 }
 
 /// `GET /v1/threads/{thread}/checkpoints` parameters.

@@ -251,3 +251,87 @@ async fn validation_lists_every_problem() {
         invalid.body["error"]["errors"]
     );
 }
+
+/// The events of a server-sent event stream: (name, data).
+fn sse_events(text: &str) -> Vec<(String, serde_json::Value)> {
+    text.split("\n\n")
+        .filter_map(|block| {
+            let mut name = None;
+            let mut data = None;
+            for line in block.lines() {
+                if let Some(n) = line.strip_prefix("event: ") {
+                    name = Some(n.to_owned());
+                } else if let Some(d) = line.strip_prefix("data: ") {
+                    data = serde_json::from_str(d).ok();
+                }
+            }
+            Some((name?, data?))
+        })
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_streamed_run_sends_its_events_and_ends_with_its_stop_result() {
+    let server = Server::start(&[], &[]);
+    let url = server.url("/v1/runs");
+    let streaming = tokio::spawn(async move {
+        let response = reqwest::Client::new()
+            .post(url)
+            .json(&json!({"workflow": sleepy(), "inputs": {"query": "60s"},
+                          "thread": "sse-1", "stream": true}))
+            .send()
+            .await
+            .expect("an answer");
+        let content_type = response
+            .headers()
+            .get("content-type")
+            .and_then(|v| v.to_str().ok())
+            .unwrap_or("")
+            .to_owned();
+        (content_type, response.text().await.expect("the stream"))
+    });
+    let listed = server
+        .until("the run to sleep", "/v1/runs?thread=sse-1", |a| {
+            a.body["runs"][0]["nodes"] == json!(["a"])
+        })
+        .await;
+    let run = listed.body["runs"][0]["run_id"]
+        .as_str()
+        .expect("run id")
+        .to_owned();
+    let stopped = server
+        .post(&format!("/v1/runs/{run}/stop"), json!({}))
+        .await;
+    assert_eq!(stopped.status, 200, "{stopped:?}");
+
+    let (content_type, text) = streaming.await.expect("the stream ends");
+    assert!(
+        content_type.starts_with("text/event-stream"),
+        "{content_type}"
+    );
+    let events = sse_events(&text);
+    let names: Vec<&str> = events.iter().map(|(n, _)| n.as_str()).collect();
+    let at = |name: &str| names.iter().position(|n| *n == name).unwrap_or(usize::MAX);
+    assert_eq!(names.first(), Some(&"run_started"), "{text}");
+    assert!(at("node_started") < at("stopping"), "{text}");
+    assert!(at("stopping") < at("node_interrupted"), "{text}");
+    let (last, outcome) = events.last().expect("events");
+    assert_eq!(last, "stopped", "{text}");
+    assert_eq!(outcome["run_id"], run.as_str());
+    assert_eq!(outcome["stop"], stopped.body["stop"]);
+    assert!(
+        events.contains(&(
+            "node_interrupted".to_owned(),
+            json!({"path": "a", "forced": false})
+        )),
+        "{text}"
+    );
+
+    let both = server
+        .post(
+            "/v1/runs",
+            json!({"workflow": sleepy(), "wait": true, "stream": true}),
+        )
+        .await;
+    assert_eq!((both.status, both.code()), (400, "bad_request"), "{both:?}");
+}
