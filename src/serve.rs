@@ -161,7 +161,7 @@ const ANSWER_GRACE: Duration = Duration::from_secs(10);
 
 /// Serves `service` on `listener` until `shutdown` completes; then drains it
 /// ([`Service::drain`]: every run stopped with reason `shutdown`, each resumable), answers the
-/// requests in flight (for [`ANSWER_GRACE`] at most) and returns.
+/// requests in flight (for ten seconds at most) and returns.
 pub async fn serve(
     service: Service,
     listener: tokio::net::TcpListener,
