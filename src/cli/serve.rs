@@ -1,5 +1,7 @@
 //! `runvisor serve`: the HTTP service ([`runvisor::serve`]) until Ctrl-C or SIGTERM, which
-//! stop every run with reason `shutdown` (each stays resumable) before the process exits 0.
+//! stop every run with reason `shutdown` (each stays resumable) before the process exits 0. On
+//! Redis it is a worker like `runvisor worker`: it answers control requests and replays its
+//! spill files (at start, and while it runs).
 
 use std::net::SocketAddr;
 
@@ -53,6 +55,15 @@ pub(crate) async fn serve(
         ),
         None => None,
     };
+    // What this process's runs spill while Redis is away is replayed once Redis is back, as
+    // a worker does.
+    let replaying = redis.map(|stores| {
+        super::recover_cli::keep_replaying(
+            runtime.clone(),
+            stores.clone(),
+            runtime.config().lease.ttl,
+        )
+    });
     let listener = tokio::net::TcpListener::bind(config.listen)
         .await
         .with_context(|| format!("cannot listen on {}", config.listen))?;
@@ -77,12 +88,16 @@ pub(crate) async fn serve(
             "in-memory"
         }
     );
-    runvisor::serve::serve(service, listener, async move {
+    let served = runvisor::serve::serve(service, listener, async move {
         signals.await;
         eprintln!("shutting down: stopping every run (reason shutdown)");
     })
     .await
-    .context("the server failed")?;
+    .context("the server failed");
+    if let Some(replaying) = replaying {
+        replaying.abort();
+    }
+    served?;
     eprintln!("stopped");
     Ok(())
 }
