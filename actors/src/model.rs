@@ -31,6 +31,7 @@ pub use ids::{
 pub use interaction::{
     AnswerError, FieldType, FormField, Interaction, InteractionKind, SelectOption,
 };
+pub(crate) use labels::LabelsV2;
 pub use labels::RunLabels;
 pub(crate) use lease::hostname;
 pub use lease::{Fence, Lease, LeaseError, LeaseHolder, WorkerInfo};

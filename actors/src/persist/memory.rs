@@ -21,8 +21,9 @@ use crate::model::{RunRecord, StoreError};
 pub const DEFAULT_KEEP_CHECKPOINTS: usize = 20;
 
 /// Checkpoints in memory, per thread, ordered by id. Each thread keeps its newest checkpoints
-/// (20 by default): a write past that drops the oldest, so a long run's progress snapshots do
-/// not pile up in memory.
+/// (20 by default): a write past that drops the oldest, and forgets the stored sequences of
+/// the runs that wrote them (but the writer's), so neither a long run's progress snapshots nor
+/// a thread's many runs pile up in memory.
 #[derive(Debug)]
 pub struct MemoryCheckpointStore {
     threads: DashMap<ThreadId, BTreeMap<CheckpointId, StoredCheckpoint>>,
@@ -101,12 +102,25 @@ impl CheckpointStore for MemoryCheckpointStore {
             }
             dashmap::Entry::Vacant(slot) => slot.insert(checkpoint.sequence),
         };
+        let writer = checkpoint.run;
         let mut stored = self.threads.entry(thread.clone()).or_default();
         stored.insert(checkpoint.id, checkpoint);
+        let mut pruned_runs = Vec::new();
         if let Some(keep) = self.keep {
             while stored.len() > keep {
-                stored.pop_first();
+                if let Some((_, pruned)) = stored.pop_first()
+                    && pruned.run != writer
+                {
+                    pruned_runs.push(pruned.run);
+                }
             }
+        }
+        drop(stored);
+        drop(_guard);
+        // Only a live run writes, so only the writer's sequence is needed to refuse a stale
+        // write; the others go with their pruned checkpoints.
+        for run in pruned_runs {
+            self.sequences.remove(&(thread.clone(), run));
         }
         Ok(())
     }
@@ -140,8 +154,17 @@ impl CheckpointStore for MemoryCheckpointStore {
         };
         let excess = t.len().saturating_sub(keep);
         let doomed: Vec<CheckpointId> = t.keys().take(excess).copied().collect();
+        let mut runs = HashSet::new();
         for id in &doomed {
-            t.remove(id);
+            if let Some(pruned) = t.remove(id) {
+                runs.insert(pruned.run);
+            }
+        }
+        // A run with no checkpoint left on the thread needs no sequence here.
+        runs.retain(|run| !t.values().any(|c| c.run == *run));
+        drop(t);
+        for run in runs {
+            self.sequences.remove(&(thread.clone(), run));
         }
         Ok(doomed.len())
     }
@@ -422,6 +445,32 @@ mod tests {
         );
         assert_eq!(store.prune(&thread(), 1).await, Ok(1));
         assert_eq!(store.list(&thread()).await, Ok(vec![second.id]));
+    }
+
+    #[tokio::test]
+    async fn retention_drops_the_oldest_checkpoints_and_their_runs_sequences() {
+        let store = MemoryCheckpointStore::keeping(Some(3));
+        let t = thread();
+        let mut runs = Vec::new();
+        // 10 runs of 2 checkpoints each, one after the other.
+        for _ in 0..10 {
+            let run = RunId::new();
+            runs.push(run);
+            for sequence in 1..=2 {
+                store
+                    .put(&t, checkpoint(run, sequence), None)
+                    .await
+                    .expect("put");
+            }
+        }
+        assert_eq!(store.list(&t).await.map(|l| l.len()), Ok(3));
+        let sequences = store.sequences.iter().filter(|e| e.key().0 == t).count();
+        assert!(sequences <= 3, "{sequences} sequences kept");
+        // The writer's sequence stays: a stale write of the newest run is still refused.
+        assert!(matches!(
+            store.put(&t, checkpoint(runs[9], 2), None).await,
+            Err(StoreError::StaleSequence { stored: 2, .. })
+        ));
     }
 
     #[tokio::test]

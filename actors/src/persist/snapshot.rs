@@ -6,7 +6,7 @@
 //! |---|---|
 //! | 4 | magic `RVSN` |
 //! | 2 | format version (this layout): 1 |
-//! | 2 | schema version (the [`Snapshot`] struct): 2 (1 is still read) |
+//! | 2 | schema version (the [`Snapshot`] struct): 3 (1 and 2 are still read) |
 //! | 1 | codec id: 1 = postcard |
 //! | 4 | payload length |
 //! | 4 | crc32c of the payload |
@@ -22,6 +22,8 @@
 //!
 //! Schema versions: 2 added [`Snapshot::history_len`], where the thread's history stood at the
 //! checkpoint (what a fork copies). A version-1 snapshot decodes with `history_len: None`.
+//! 3 added the user to the run's [`labels`](Snapshot::labels); older snapshots decode without
+//! one.
 
 use std::cell::Cell;
 use std::sync::Arc;
@@ -42,8 +44,8 @@ pub const MAGIC: [u8; 4] = *b"RVSN";
 /// The envelope layout version this build writes and reads.
 pub const FORMAT_VERSION: u16 = 1;
 /// The [`Snapshot`] schema version this build writes; it reads this one and older ones
-/// (version 1: without [`Snapshot::history_len`]).
-pub const SCHEMA_VERSION: u16 = 2;
+/// (version 1: without [`Snapshot::history_len`]; 1 and 2: labels without a user).
+pub const SCHEMA_VERSION: u16 = 3;
 /// The codec id of postcard.
 pub const CODEC_POSTCARD: u8 = 1;
 /// The largest payload accepted (64 MiB).
@@ -211,7 +213,8 @@ pub struct Snapshot {
     pub interactions: Vec<Interaction>,
     /// Messages the history store has not confirmed; a resume persists them first.
     pub pending_messages: Vector<Message>,
-    /// The ids the run's stop and cancel flags are named by; a resume keeps them.
+    /// The ids the run's stop and cancel flags are named by, and the user it runs for; a
+    /// resume keeps them.
     pub labels: crate::model::RunLabels,
     /// Where the thread's history stood at this checkpoint: how many of the messages its
     /// history store holds (oldest first) were part of it. The `pending_messages` come after
@@ -222,8 +225,55 @@ pub struct Snapshot {
     pub history_len: Option<u64>,
 }
 
+/// A [`Snapshot`] as schema version 2 wrote it: the same fields, in the same order, with
+/// labels without a user. Only decoded, never written.
+#[derive(Deserialize)]
+struct SnapshotV2 {
+    run_id: RunId,
+    parent_run_id: Option<RunId>,
+    thread: ThreadId,
+    sequence: u64,
+    created_at_ms: u64,
+    status: RunStatus,
+    stop_reason: Option<StopReason>,
+    workflow_hash: String,
+    workflow: Option<std::sync::Arc<str>>,
+    inputs: Map,
+    query: Option<Value>,
+    variables: Map,
+    graph: GraphState,
+    interactions: Vec<Interaction>,
+    pending_messages: Vector<Message>,
+    labels: crate::model::LabelsV2,
+    history_len: Option<u64>,
+}
+
+impl From<SnapshotV2> for Snapshot {
+    fn from(v2: SnapshotV2) -> Self {
+        Snapshot {
+            run_id: v2.run_id,
+            parent_run_id: v2.parent_run_id,
+            thread: v2.thread,
+            sequence: v2.sequence,
+            created_at_ms: v2.created_at_ms,
+            status: v2.status,
+            stop_reason: v2.stop_reason,
+            workflow_hash: v2.workflow_hash,
+            workflow: v2.workflow,
+            inputs: v2.inputs,
+            query: v2.query,
+            variables: v2.variables,
+            graph: v2.graph,
+            interactions: v2.interactions,
+            pending_messages: v2.pending_messages,
+            labels: v2.labels.0,
+            history_len: v2.history_len,
+        }
+    }
+}
+
 /// A [`Snapshot`] as schema version 1 wrote it: the same fields, in the same order, without
-/// `history_len`. Only decoded, never written.
+/// `history_len`, with labels without a user. Only decoded, never written.
 #[derive(Deserialize)]
 struct SnapshotV1 {
     run_id: RunId,
@@ -241,7 +291,7 @@ struct SnapshotV1 {
     graph: GraphState,
     interactions: Vec<Interaction>,
     pending_messages: Vector<Message>,
-    labels: crate::model::RunLabels,
+    labels: crate::model::LabelsV2,
 }
 
 impl From<SnapshotV1> for Snapshot {
@@ -262,7 +312,7 @@ impl From<SnapshotV1> for Snapshot {
             graph: v1.graph,
             interactions: v1.interactions,
             pending_messages: v1.pending_messages,
-            labels: v1.labels,
+            labels: v1.labels.0,
             history_len: None,
         }
     }
@@ -405,6 +455,7 @@ impl Snapshot {
         }
         match schema {
             1 => decode_payload::<SnapshotV1>(payload).map(Snapshot::from),
+            2 => decode_payload::<SnapshotV2>(payload).map(Snapshot::from),
             _ => decode_payload::<Snapshot>(payload),
         }
     }

@@ -23,8 +23,8 @@ use super::hold::HoldError;
 use super::start::Launch;
 use crate::exec::Restore;
 use crate::model::{
-    AnswerError, CheckpointId, Fence, Interaction, InteractionId, Message, RunId, RunStatus,
-    StopReason, StoreError, ThreadId, TooDeep, Value, WorkerId,
+    AnswerError, CheckpointId, Fence, Interaction, InteractionId, InvalidId, Message, RunId,
+    RunLabels, RunStatus, StopReason, StoreError, ThreadId, TooDeep, Value, WorkerId,
 };
 use crate::persist::snapshot::SnapshotError;
 use crate::persist::{Snapshot, check_graph};
@@ -245,7 +245,7 @@ impl ResumeError {
 }
 
 /// How to resume, beyond where from and with what.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
 #[non_exhaustive]
 pub struct ResumeOptions {
     /// Run failed parallel items (`on_error: collect`) again. By default an item that failed
@@ -256,6 +256,10 @@ pub struct ResumeOptions {
     /// An orphaned run of the thread this resume takes over (adoption): its record, still
     /// `running`, is closed once the thread is held.
     pub(crate) orphan: Option<RunId>,
+    /// The user the resumed run is for, replacing the checkpoint's (checked when set, see
+    /// [`ResumeOptions::user`]). By default the run keeps the checkpoint's labels, user
+    /// included.
+    pub(crate) user: Option<String>,
 }
 
 impl ResumeOptions {
@@ -263,6 +267,15 @@ impl ResumeOptions {
     pub fn retry_failed(mut self, retry: bool) -> Self {
         self.retry_failed = retry;
         self
+    }
+
+    /// The user the resumed run is for (its user label), in place of the checkpoint's.
+    /// Refused like any label that is not a valid id.
+    pub fn user(mut self, user: impl Into<String>) -> Result<Self, InvalidId> {
+        let user = user.into();
+        RunLabels::default().with_user(user.as_str())?;
+        self.user = Some(user);
+        Ok(self)
     }
 }
 
@@ -506,7 +519,15 @@ impl Runtime {
                     parent_run_id: snapshot.run_id,
                 }),
                 answers,
-                labels: snapshot.labels,
+                labels: match options.user {
+                    // Checked when it was set.
+                    Some(user) => snapshot
+                        .labels
+                        .clone()
+                        .with_user(user)
+                        .unwrap_or(snapshot.labels),
+                    None => snapshot.labels,
+                },
                 retry_failed: options.retry_failed,
                 lease: hold.lease().clone(),
             })

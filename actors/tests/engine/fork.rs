@@ -501,17 +501,23 @@ async fn a_thread_a_run_is_live_on_can_be_forked_into_a_generated_thread() {
     assert_eq!(k.calls.of("slow"), 2);
 }
 
-/// Rewrites a snapshot as schema version 1 wrote it: without `history_len`.
+/// Rewrites a snapshot as schema version 1 wrote it: without `history_len`, and labels
+/// without a user.
 fn as_schema_1(snapshot: &Snapshot) -> Vec<u8> {
     const HEADER_LEN: usize = 4 + 2 + 2 + 1 + 4 + 4;
-    let v2 = Snapshot {
+    assert_eq!(
+        snapshot.labels.user_id(),
+        None,
+        "schema 1 had no user label"
+    );
+    let v3 = Snapshot {
         history_len: None,
         ..snapshot.clone()
     }
     .encode()
     .expect("encodes");
-    // `None` is the payload's last byte.
-    let payload = &v2[HEADER_LEN..v2.len() - 1];
+    // The labels' `None` user and `None` history length are the payload's last two bytes.
+    let payload = &v3[HEADER_LEN..v3.len() - 2];
     let crc = crc::Crc::<u32>::new(&crc::CRC_32_ISCSI);
     let mut out = Vec::new();
     out.extend_from_slice(&MAGIC);

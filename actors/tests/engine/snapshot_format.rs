@@ -5,9 +5,9 @@
 //! moved) fails here, so a format change is always a deliberate one: bump
 //! [`SCHEMA_VERSION`] (or [`FORMAT_VERSION`]), keep reading the old samples, and add new ones.
 //!
-//! Samples of older schema versions (`v1_*`: before `history_len`) are only decoded: they must
-//! still give their values, with what this build fills in for the fields they lack. Samples of
-//! the current version (`v2_*`) are decoded and encoded.
+//! Samples of older schema versions (`v1_*`: before `history_len`; `v2_*`: labels without a
+//! user) are only decoded: they must still give their values, with what this build fills in
+//! for the fields they lack. Samples of the current version (`v3_*`) are decoded and encoded.
 //!
 //! Regenerating the current version's samples (only when the change is intended):
 //!
@@ -15,7 +15,7 @@
 //! RUNVISOR_WRITE_SNAPSHOT_SAMPLES=1 cargo test -p runvisor-actors --test engine snapshot_format
 //! ```
 //!
-//! writes `tests/snapshots/v2_<name>.bin` from the values below, then the test checks them as
+//! writes `tests/snapshots/v3_<name>.bin` from the values below, then the test checks them as
 //! usual. Older samples are never rewritten.
 //!
 //! Also a deterministic fuzz of the decoder (seeded PRNG, a few thousand cases, well under a
@@ -385,9 +385,9 @@ fn v1_samples() -> [(&'static str, Snapshot); 3] {
     ]
 }
 
-/// The samples in the current schema: where the thread's history stood, recorded (a run that
-/// found no history, one that found some, and the largest count).
-fn samples() -> [(&'static str, Snapshot); 3] {
+/// The samples as schema version 2 wrote them: where the thread's history stood, recorded (a
+/// run that found no history, one that found some, and the largest count); no user label.
+fn v2_samples() -> [(&'static str, Snapshot); 3] {
     let [(_, stopped), (_, awaiting), (_, parallel)] = v1_samples();
     [
         (
@@ -408,6 +408,30 @@ fn samples() -> [(&'static str, Snapshot); 3] {
             "v2_parallel",
             Snapshot {
                 history_len: Some(u64::MAX),
+                ..parallel
+            },
+        ),
+    ]
+}
+
+/// The samples in the current schema: the user a run is for among its labels (beside app and
+/// chat, beside a task, and none).
+fn samples() -> [(&'static str, Snapshot); 3] {
+    let [(_, stopped), (_, awaiting), (_, parallel)] = v2_samples();
+    let with_user = |labels: RunLabels, user: &str| labels.with_user(user).expect("valid user");
+    [
+        (
+            "v3_stopped",
+            Snapshot {
+                labels: with_user(stopped.labels.clone(), "wang1"),
+                ..stopped
+            },
+        ),
+        ("v3_awaiting_loop", awaiting),
+        (
+            "v3_parallel",
+            Snapshot {
+                labels: with_user(parallel.labels.clone(), "u-\u{e9}t\u{e9}"),
                 ..parallel
             },
         ),
@@ -446,25 +470,55 @@ fn samples_of_schema_1_still_decode_to_their_values_with_no_history_len() {
     }
 }
 
-/// A schema-1 payload is a schema-2 payload without its last field: read as version 1 it is
-/// whole, read as version 2 it is one field short. (A `None` field is one byte in postcard.)
+#[test]
+fn samples_of_schema_2_still_decode_to_their_values_with_no_user() {
+    for (name, expected) in v2_samples() {
+        let path = sample_path(name);
+        let committed =
+            std::fs::read(&path).unwrap_or_else(|e| panic!("cannot read {}: {e}", path.display()));
+        assert_eq!(
+            u16::from_be_bytes([committed[6], committed[7]]),
+            2,
+            "{name}: schema version"
+        );
+        match Snapshot::decode(&committed) {
+            Ok(decoded) => {
+                assert_eq!(decoded.labels.user_id(), None, "{name}");
+                assert_eq!(decoded, expected, "{name}");
+            }
+            Err(e) => panic!("{name}: a schema-2 sample no longer decodes: {e}"),
+        }
+    }
+}
+
+/// Without a user and a history length, a schema-3 payload ends in two `None` fields (a byte
+/// each in postcard): the labels' user, then `history_len`. Without the user's byte it is a
+/// schema-2 payload, without both a schema-1 payload; each reads only as its own version.
 #[test]
 fn the_schema_version_decides_how_a_payload_is_read() {
     for (name, v1) in v1_samples() {
-        let v2 = v1.encode().expect("encodes");
-        let payload = &v2[HEADER_LEN..v2.len() - 1];
+        let v3 = v1.encode().expect("encodes");
+        let v1_payload = &v3[HEADER_LEN..v3.len() - 2];
+        let mut v2_payload = v1_payload.to_vec();
+        v2_payload.push(0);
         assert_eq!(
-            Snapshot::decode(&seal_as(1, payload)).as_ref(),
+            Snapshot::decode(&seal_as(1, v1_payload)).as_ref(),
             Ok(&v1),
             "{name}"
         );
-        assert!(
-            matches!(
-                Snapshot::decode(&seal(payload)),
-                Err(SnapshotError::Decode(_))
-            ),
-            "{name}: a schema-2 header over a schema-1 payload must not decode"
+        assert_eq!(
+            Snapshot::decode(&seal_as(2, &v2_payload)).as_ref(),
+            Ok(&v1),
+            "{name}"
         );
+        let older_payloads = [seal_as(2, v1_payload), seal(v1_payload), seal(&v2_payload)];
+        for sealed in older_payloads {
+            let schema = u16::from_be_bytes([sealed[6], sealed[7]]);
+            assert!(
+                matches!(Snapshot::decode(&sealed), Err(SnapshotError::Decode(_))),
+                "{name}: a schema-{schema} header over an older payload must not decode"
+            );
+        }
     }
 }
 
@@ -652,13 +706,13 @@ fn check(case: &str, bytes: &[u8], ok_allowed: bool) {
 #[test]
 fn the_decoder_survives_garbage_damage_and_lying_headers() {
     let mut rng = Rng(0x5eed_0fc0_ffee);
-    // The current schema's samples, and the committed schema-1 ones (their decoder too).
+    // The current schema's samples, and the committed older ones (their decoders too).
     let mut encoded: Vec<Vec<u8>> = samples()
         .iter()
         .map(|(_, s)| s.encode().expect("encodes"))
         .collect();
-    for (name, _) in v1_samples() {
-        encoded.push(std::fs::read(sample_path(name)).expect("the schema-1 sample"));
+    for (name, _) in v1_samples().into_iter().chain(v2_samples()) {
+        encoded.push(std::fs::read(sample_path(name)).expect("an older sample"));
     }
     let mut decoded_ok = 0usize;
 
