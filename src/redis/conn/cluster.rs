@@ -227,9 +227,16 @@ impl Cluster {
 }
 
 /// The slot of a command's key: its first argument after the name (every command runvisor
-/// fans out names its keys first, all in one slot).
+/// fans out names its keys first, all in one slot), or for a script (`EVALSHA sha numkeys
+/// key...`) its first key.
 fn cmd_slot(cmd: &Cmd) -> u16 {
-    match cmd.args_iter().nth(1) {
+    let mut args = cmd.args_iter();
+    let script = matches!(
+        args.next(),
+        Some(Arg::Simple(name)) if name.eq_ignore_ascii_case(b"EVALSHA") || name.eq_ignore_ascii_case(b"EVAL")
+    );
+    let key = if script { args.nth(2) } else { args.next() };
+    match key {
         Some(Arg::Simple(key)) => hash_slot(key),
         _ => 0,
     }
@@ -395,6 +402,24 @@ mod tests {
         ] {
             assert!(SlotTable::parse(&bad).is_err(), "{bad:?}");
         }
+    }
+
+    #[test]
+    fn commands_are_routed_by_their_first_key() {
+        let mut get = ::redis::cmd("GET");
+        get.arg("a{t}");
+        assert_eq!(cmd_slot(&get), hash_slot(b"t"));
+        let mut script = ::redis::cmd("EVALSHA");
+        script
+            .arg("0123abcd")
+            .arg(2)
+            .arg("x{t}")
+            .arg("y{t}")
+            .arg("arg");
+        assert_eq!(cmd_slot(&script), hash_slot(b"t"));
+        let mut keyless = ::redis::cmd("EVALSHA");
+        keyless.arg("0123abcd").arg(0);
+        assert_eq!(cmd_slot(&keyless), 0);
     }
 
     #[test]
