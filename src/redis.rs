@@ -139,7 +139,9 @@ mod keys;
 mod lease;
 pub mod queue;
 mod reply;
+pub mod retention;
 mod run;
+mod scripts;
 pub mod signal;
 
 use std::fmt;
@@ -154,6 +156,7 @@ pub use checkpoint::RedisCheckpointStore;
 pub use history::RedisHistoryStore;
 pub use keys::{Keys, SLOTS, hash_slot};
 pub use lease::RedisLeaseStore;
+pub use retention::KeepCheckpoints;
 pub use run::RedisRunStore;
 pub use signal::RedisSignalSource;
 
@@ -180,14 +183,22 @@ pub struct RedisConfig {
     /// over the two timeouts above.
     #[serde(with = "humantime_serde")]
     pub call_timeout: Duration,
-    /// How long written keys live (refreshed by each write): checkpoints, run records and
-    /// histories alike.
+    /// How long written keys live (refreshed by each write): checkpoints, histories and the
+    /// records of open runs alike.
     #[serde(with = "humantime_serde")]
     pub checkpoint_ttl: Duration,
     /// Where the ends of runs that Redis did not take are kept until they are replayed
     /// (see [`spill`]); by default [`spill::default_dir`].
     #[serde(skip_serializing_if = "Option::is_none")]
     pub spill_dir: Option<std::path::PathBuf>,
+    /// How many checkpoints each thread keeps: a number (at least 1), or `"all"`. Each write
+    /// past it removes the thread's oldest checkpoints in the same script.
+    pub keep_checkpoints: KeepCheckpoints,
+    /// How long the record of a run that ended (succeeded, failed, stopped, cancelled) lives
+    /// after its last write. Records of open runs (running, awaiting input) live for
+    /// `checkpoint_ttl`, and a running run's lease renewals keep its record alive.
+    #[serde(with = "humantime_serde")]
+    pub finished_run_ttl: Duration,
 }
 
 impl RedisConfig {
@@ -229,6 +240,12 @@ impl RedisConfig {
         if self.checkpoint_ttl < Duration::from_millis(1) {
             return invalid("checkpoint_ttl must be at least 1ms".to_owned());
         }
+        if self.finished_run_ttl < Duration::from_millis(1) {
+            return invalid("finished_run_ttl must be at least 1ms".to_owned());
+        }
+        if self.keep_checkpoints == KeepCheckpoints::Newest(0) {
+            return invalid("keep_checkpoints must be at least 1, or \"all\"".to_owned());
+        }
         Ok(())
     }
 }
@@ -243,6 +260,8 @@ impl Default for RedisConfig {
             call_timeout: Duration::from_secs(2),
             checkpoint_ttl: Duration::from_secs(30 * 24 * 60 * 60),
             spill_dir: None,
+            keep_checkpoints: KeepCheckpoints::default(),
+            finished_run_ttl: Duration::from_secs(7 * 24 * 60 * 60),
         }
     }
 }
@@ -257,6 +276,8 @@ impl fmt::Debug for RedisConfig {
             .field("call_timeout", &self.call_timeout)
             .field("checkpoint_ttl", &self.checkpoint_ttl)
             .field("spill_dir", &self.spill_dir)
+            .field("keep_checkpoints", &self.keep_checkpoints)
+            .field("finished_run_ttl", &self.finished_run_ttl)
             .finish()
     }
 }
@@ -382,8 +403,18 @@ impl RedisStores {
         );
         Ok(Self {
             spill,
-            checkpoints: Arc::new(RedisCheckpointStore::new(conn.clone(), keys.clone(), ttl)),
-            runs: Arc::new(RedisRunStore::new(conn.clone(), keys.clone(), ttl)),
+            checkpoints: Arc::new(RedisCheckpointStore::new(
+                conn.clone(),
+                keys.clone(),
+                ttl,
+                config.keep_checkpoints.limit(),
+            )),
+            runs: Arc::new(RedisRunStore::new(
+                conn.clone(),
+                keys.clone(),
+                ttl,
+                config.finished_run_ttl,
+            )),
             history: Arc::new(RedisHistoryStore::new(conn.clone(), keys.clone(), ttl)),
             leases: Arc::new(RedisLeaseStore::new(conn.clone(), keys.clone(), ttl)),
             signals: Arc::new(RedisSignalSource::new(

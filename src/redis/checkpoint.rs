@@ -4,84 +4,53 @@
 //!
 //! `put` is one Lua script: it refuses a sequence not greater than the stored one (compared as
 //! decimal text, so every `u64` is exact), then writes payload, index entry and sequence with
-//! the TTL, or nothing. `prune` removes the oldest checkpoints in batches, each batch (payloads
-//! and index entries) one script. Reads follow the index: `latest` takes the newest entry whose
-//! payload exists (an index entry can outlive its payload's TTL; such entries read as absent
-//! and `prune` removes them).
+//! the TTL, and prunes the thread to its newest checkpoints ([`RedisConfig::keep_checkpoints`](
+//! super::RedisConfig::keep_checkpoints)): the oldest payloads, their index entries and the
+//! sequence keys of their runs (but the writer's) go in the same script, or nothing happens.
+//! `prune` trims in batches, each batch one script. Reads follow the index and drop the entries
+//! whose payload expired (checked again inside a script): `list` every one it sees, `latest`
+//! those newer than the checkpoint it returns, `get` the one asked for. The scripts are in
+//! [`lua`].
+
+mod lua;
 
 use std::fmt;
 use std::time::Duration;
 
-use ::redis::Script;
+use ::redis::{Script, Value};
 use async_trait::async_trait;
 use runvisor_actors::store::{CheckpointStore, StoredCheckpoint};
-use runvisor_actors::{CheckpointId, Fence, RunId, StoreError, ThreadId};
+use runvisor_actors::{CheckpointId, Fence, StoreError, ThreadId};
 
 use super::conn::Conn;
 use super::keys::{Keys, ttl_ms};
 use super::lease::{fenced, fenced_script, token_arg};
 use super::reply::{self, Fields, corrupt};
+use super::scripts::Lua;
 
-/// Writes one checkpoint if its sequence is newer than the run's stored one.
-///
-/// KEYS: payload hash, index zset, sequence string, the thread's fence counter.
-/// ARGV: checkpoint id, run id, sequence (decimal, no leading zeros), bytes, TTL in ms, fencing
-/// token (empty: unfenced).
-/// Returns `{"ok"}`, `{"fenced", current}`, `{"stale", stored}`, `{"wrongtype", key}` or
-/// `{"corrupt", key}`.
-const PUT: &str = r#"
-local kinds = {'hash', 'zset', 'string', 'string'}
-for i, key in ipairs(KEYS) do
-  local t = redis.call('TYPE', key)['ok']
-  if t ~= 'none' and t ~= kinds[i] then return {'wrongtype', key} end
-end
-local refused = fence_refused(KEYS[4], ARGV[6], ARGV[5])
-if refused then return {'fenced', refused} end
-local stored = redis.call('GET', KEYS[3])
-if stored then
-  if not (stored == '0' or string.match(stored, '^[1-9]%d*$')) or #stored > 20 then
-    return {'corrupt', KEYS[3]}
-  end
-  local seq = ARGV[3]
-  if #seq < #stored or (#seq == #stored and seq <= stored) then
-    return {'stale', stored}
-  end
-end
-redis.call('DEL', KEYS[1])
-redis.call('HSET', KEYS[1], 'bytes', ARGV[4], 'run', ARGV[2], 'sequence', ARGV[3])
-redis.call('PEXPIRE', KEYS[1], ARGV[5])
-redis.call('ZADD', KEYS[2], 0, ARGV[1])
-redis.call('PEXPIRE', KEYS[2], ARGV[5])
-redis.call('SET', KEYS[3], ARGV[3], 'PX', ARGV[5])
-return {'ok'}
-"#;
+pub(crate) use lua::{COUNT, HELPERS, TRIM};
 
-/// Removes checkpoints: index entries and payloads.
-///
-/// KEYS: index zset, then one payload key per id. ARGV: the ids, in the same order.
-/// Returns how many index entries were removed.
-const PRUNE: &str = r#"
-local removed = 0
-for i, id in ipairs(ARGV) do
-  removed = removed + redis.call('ZREM', KEYS[1], id)
-  redis.call('UNLINK', KEYS[i + 1])
-end
-return removed
-"#;
-
-/// How many checkpoints one prune script removes.
-const PRUNE_BATCH: usize = 128;
+/// The most checkpoints one write prunes: a thread far over its retention (after the
+/// retention was lowered) comes down over its next writes, or at once with `prune`.
+const PUT_PRUNE_MAX: usize = 1000;
+/// The most index entries one trim or count script handles.
+pub(crate) const THREAD_BUDGET: usize = 1000;
 /// How many index entries `latest` reads per round trip when it has to skip expired ones.
 const LATEST_BATCH: isize = 16;
+/// How many index entries one `list` script reads.
+const LIST_BATCH: usize = 1000;
 
 /// [`CheckpointStore`] on Redis: a hash per checkpoint, an index per thread, a sequence per
-/// run, and `put` as one script. See the [key layout](super).
+/// run, and `put` as one script that keeps each thread within its retention. See the
+/// [key layout](super).
 pub struct RedisCheckpointStore {
     conn: Conn,
     keys: Keys,
     ttl_ms: u64,
+    /// How many checkpoints a thread keeps; `None`: all.
+    keep: Option<usize>,
     put: Script,
-    prune: Script,
+    scripts: ThreadScripts,
 }
 
 impl fmt::Debug for RedisCheckpointStore {
@@ -89,18 +58,108 @@ impl fmt::Debug for RedisCheckpointStore {
         f.debug_struct("RedisCheckpointStore")
             .field("keys", &self.keys)
             .field("ttl_ms", &self.ttl_ms)
+            .field("keep", &self.keep)
             .finish_non_exhaustive()
     }
 }
 
+/// The per-thread scripts the store and checkpoint cleanup share.
+#[derive(Debug, Clone)]
+pub(crate) struct ThreadScripts {
+    pub(crate) trim: Lua,
+    pub(crate) count: Lua,
+    list: Lua,
+    drop: Lua,
+}
+
+impl ThreadScripts {
+    pub(crate) fn new() -> Self {
+        let with_helpers = |body: &str| Lua::new(format!("{HELPERS}{body}"));
+        Self {
+            trim: with_helpers(TRIM),
+            count: with_helpers(COUNT),
+            list: with_helpers(lua::LIST),
+            drop: with_helpers(lua::DROP),
+        }
+    }
+}
+
+/// What one trim script did to a thread.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Trimmed {
+    /// Index entries before it.
+    pub(crate) before: u64,
+    /// Entries pruned (the oldest), with their payloads.
+    pub(crate) pruned: u64,
+    /// Kept entries dropped because their payload had expired.
+    pub(crate) dropped: u64,
+}
+
+impl Trimmed {
+    /// Reads a trim script's reply; `index` names the thread's index, for errors.
+    pub(crate) fn read(reply: &Value, index: &str) -> Result<Self, StoreError> {
+        reply::server_error(reply, "the checkpoint trim script", index)?;
+        let items = reply::array(reply, index)?;
+        let status = items.first().map(|s| reply::text(s, index)).transpose()?;
+        match status {
+            Some("ok") if items.len() == 4 => {
+                let number = |i: usize| {
+                    reply::int(&items[i], index).and_then(|n| {
+                        u64::try_from(n).map_err(|_| corrupt(index, "a negative count"))
+                    })
+                };
+                Ok(Self {
+                    before: number(1)?,
+                    pruned: number(2)?,
+                    dropped: number(3)?,
+                })
+            }
+            Some("wrongtype") => Err(wrong_type(items, index)),
+            _ => Err(unexpected("trim", index, reply)),
+        }
+    }
+}
+
+/// Reads a count script's reply: `(checkpoints, expired entries dropped)`.
+pub(crate) fn counted(reply: &Value, index: &str) -> Result<(u64, u64), StoreError> {
+    reply::server_error(reply, "the checkpoint count script", index)?;
+    let items = reply::array(reply, index)?;
+    match items.first().map(|s| reply::text(s, index)).transpose()? {
+        Some("ok") if items.len() == 3 => {
+            let number = |i: usize| {
+                reply::int(&items[i], index)
+                    .and_then(|n| u64::try_from(n).map_err(|_| corrupt(index, "a negative count")))
+            };
+            Ok((number(1)?, number(2)?))
+        }
+        Some("wrongtype") => Err(wrong_type(items, index)),
+        _ => Err(unexpected("count", index, reply)),
+    }
+}
+
+fn wrong_type(items: &[Value], index: &str) -> StoreError {
+    let key = items
+        .get(1)
+        .and_then(|k| reply::text(k, index).ok())
+        .unwrap_or(index);
+    corrupt(key, "the key holds a value of another type")
+}
+
+fn unexpected(script: &str, key: &str, reply: &Value) -> StoreError {
+    StoreError::Unavailable(format!(
+        "unexpected reply from the checkpoint {script} script for {key}: {reply:?}"
+    ))
+}
+
 impl RedisCheckpointStore {
-    pub(crate) fn new(conn: Conn, keys: Keys, ttl: Duration) -> Self {
+    pub(crate) fn new(conn: Conn, keys: Keys, ttl: Duration, keep: Option<usize>) -> Self {
         Self {
             conn,
             keys,
             ttl_ms: ttl_ms(ttl),
-            put: fenced_script(PUT),
-            prune: Script::new(PRUNE),
+            keep: keep.map(|n| n.max(1)),
+            put: fenced_script(&format!("{HELPERS}{}", lua::PUT)),
+            scripts: ThreadScripts::new(),
         }
     }
 
@@ -119,7 +178,7 @@ impl RedisCheckpointStore {
         }
         Ok(Some(StoredCheckpoint {
             id,
-            run: fields.required_parsed::<RunId>("run")?,
+            run: fields.required_parsed("run")?,
             sequence: fields.required_parsed::<u64>("sequence")?,
             bytes: fields.required("bytes")?.to_vec(),
         }))
@@ -140,6 +199,57 @@ impl RedisCheckpointStore {
             .iter()
             .map(|m| reply::text(m, index).map(str::to_owned))
             .collect()
+    }
+
+    /// Drops these index entries of a thread if their payload does not exist (checked again
+    /// in the script). A failure only leaves them for the next reader: it is logged, not
+    /// returned.
+    async fn drop_missing(&self, thread: &ThreadId, ids: &[CheckpointId]) {
+        if ids.is_empty() {
+            return;
+        }
+        let index = self.keys.checkpoint_index(thread);
+        let mut invocation = self.scripts.drop.script().prepare_invoke();
+        invocation
+            .key(&index)
+            .arg(self.keys.checkpoint_prefix(thread));
+        for id in ids {
+            invocation.arg(id.to_string());
+        }
+        match self
+            .conn
+            .script("checkpoint drop", &index, &invocation)
+            .await
+        {
+            Ok(reply) => tracing::debug!(
+                %thread,
+                dropped = ?reply,
+                "dropped index entries of expired checkpoints"
+            ),
+            Err(error) => tracing::debug!(
+                %thread,
+                %error,
+                "could not drop index entries of expired checkpoints"
+            ),
+        }
+    }
+
+    /// One trim script on a thread: at most [`THREAD_BUDGET`] of its oldest checkpoints go.
+    async fn trim_once(&self, thread: &ThreadId, keep: usize) -> Result<Trimmed, StoreError> {
+        let index = self.keys.checkpoint_index(thread);
+        let mut invocation = self.scripts.trim.script().prepare_invoke();
+        invocation
+            .key(&index)
+            .key(self.keys.lease(thread))
+            .arg(self.keys.checkpoint_prefix(thread))
+            .arg(self.keys.checkpoint_sequence_prefix(thread))
+            .arg(keep)
+            .arg(THREAD_BUDGET);
+        let reply = self
+            .conn
+            .script("checkpoint trim", &index, &invocation)
+            .await?;
+        Trimmed::read(&reply, &index)
     }
 }
 
@@ -171,7 +281,11 @@ impl CheckpointStore for RedisCheckpointStore {
             .arg(checkpoint.sequence.to_string())
             .arg(checkpoint.bytes.as_slice())
             .arg(self.ttl_ms)
-            .arg(token_arg(fence));
+            .arg(token_arg(fence))
+            .arg(self.keep.map(|k| k.to_string()).unwrap_or_default())
+            .arg(self.keys.checkpoint_prefix(thread))
+            .arg(self.keys.checkpoint_sequence_prefix(thread))
+            .arg(PUT_PRUNE_MAX);
         let reply = self
             .conn
             .script("checkpoint put", &payload, &invocation)
@@ -207,23 +321,34 @@ impl CheckpointStore for RedisCheckpointStore {
         thread: &ThreadId,
         id: CheckpointId,
     ) -> Result<Option<StoredCheckpoint>, StoreError> {
-        self.read(&self.keys.checkpoint(thread, id), id).await
+        let found = self.read(&self.keys.checkpoint(thread, id), id).await?;
+        if found.is_none() {
+            // Its index entry, if any, points at nothing.
+            self.drop_missing(thread, &[id]).await;
+        }
+        Ok(found)
     }
 
     async fn latest(&self, thread: &ThreadId) -> Result<Option<StoredCheckpoint>, StoreError> {
         let index = self.keys.checkpoint_index(thread);
         let mut start = 0;
+        let mut missing = Vec::new();
         loop {
             let members = self
                 .members(&index, start, start + LATEST_BATCH - 1, true)
                 .await?;
             if members.is_empty() {
+                self.drop_missing(thread, &missing).await;
                 return Ok(None);
             }
             for member in &members {
                 let id = parse_id(member, &index)?;
-                if let Some(found) = self.read(&self.keys.checkpoint(thread, id), id).await? {
-                    return Ok(Some(found));
+                match self.read(&self.keys.checkpoint(thread, id), id).await? {
+                    Some(found) => {
+                        self.drop_missing(thread, &missing).await;
+                        return Ok(Some(found));
+                    }
+                    None => missing.push(id),
                 }
             }
             start += LATEST_BATCH;
@@ -232,44 +357,51 @@ impl CheckpointStore for RedisCheckpointStore {
 
     async fn list(&self, thread: &ThreadId) -> Result<Vec<CheckpointId>, StoreError> {
         let index = self.keys.checkpoint_index(thread);
-        self.members(&index, 0, -1, false)
-            .await?
-            .iter()
-            .map(|m| parse_id(m, &index))
-            .collect()
+        let prefix = self.keys.checkpoint_prefix(thread);
+        let mut ids = Vec::new();
+        let mut start = 0usize;
+        loop {
+            let mut invocation = self.scripts.list.script().prepare_invoke();
+            invocation
+                .key(&index)
+                .arg(&prefix)
+                .arg(start)
+                .arg(LIST_BATCH);
+            let reply = self
+                .conn
+                .script("checkpoint list", &index, &invocation)
+                .await?;
+            let items = reply::array(&reply, &index)?;
+            let (seen, live) = match items {
+                [status, seen, live] if reply::text(status, &index)? == "ok" => {
+                    (reply::int(seen, &index)?, reply::array(live, &index)?)
+                }
+                [status, ..] if reply::text(status, &index)? == "wrongtype" => {
+                    return Err(wrong_type(items, &index));
+                }
+                _ => return Err(unexpected("list", &index, &reply)),
+            };
+            for member in live {
+                ids.push(parse_id(reply::text(member, &index)?, &index)?);
+            }
+            // The entries that went shifted the rest down: the next window starts after the
+            // ones kept.
+            start += live.len();
+            if usize::try_from(seen).unwrap_or(0) < LIST_BATCH {
+                return Ok(ids);
+            }
+        }
     }
 
     async fn prune(&self, thread: &ThreadId, keep: usize) -> Result<usize, StoreError> {
-        let index = self.keys.checkpoint_index(thread);
-        // Everything but the newest `keep`, oldest first. Members are removed as stored, so a
-        // malformed entry is cleaned up too.
-        let Some(stop) = isize::try_from(keep)
-            .ok()
-            .and_then(|k| k.checked_add(1))
-            .map(|k| -k)
-        else {
-            // More than any index can hold: keep everything.
-            return Ok(0);
-        };
-        let doomed = self.members(&index, 0, stop, false).await?;
         let mut removed = 0usize;
-        for batch in doomed.chunks(PRUNE_BATCH) {
-            let mut invocation = self.prune.prepare_invoke();
-            invocation.key(&index);
-            for member in batch {
-                invocation.key(self.keys.checkpoint_member(thread, member));
+        loop {
+            let trimmed = self.trim_once(thread, keep).await?;
+            removed += usize::try_from(trimmed.pruned).unwrap_or(usize::MAX);
+            if trimmed.pruned < THREAD_BUDGET as u64 {
+                return Ok(removed);
             }
-            for member in batch {
-                invocation.arg(member.as_str());
-            }
-            let reply = self
-                .conn
-                .script("checkpoint prune", &index, &invocation)
-                .await?;
-            let count = reply::int(&reply, &index)?;
-            removed += usize::try_from(count).unwrap_or(0);
         }
-        Ok(removed)
     }
 
     async fn put_workflow(

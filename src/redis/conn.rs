@@ -75,6 +75,35 @@ impl Endpoint {
     }
 }
 
+/// One primary of the store: the server itself, or a master of the cluster.
+#[derive(Clone, PartialEq, Eq)]
+pub(crate) enum Primary {
+    /// The one server.
+    Server,
+    /// A cluster master, by address.
+    Node {
+        /// Its host, as the cluster names it.
+        host: String,
+        /// Its port.
+        port: u16,
+    },
+}
+
+impl fmt::Display for Primary {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::Server => f.write_str("the server"),
+            Self::Node { host, port } => write!(f, "node {host}:{port}"),
+        }
+    }
+}
+
+impl fmt::Debug for Primary {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        fmt::Display::fmt(self, f)
+    }
+}
+
 /// A shared, bounded connection. Cheap to clone.
 #[derive(Clone)]
 pub(crate) struct Conn {
@@ -271,6 +300,36 @@ impl Conn {
                 self.bounded(&command_name(cmd), what, cluster.on_every_primary(cmd))
                     .await
             }
+        }
+    }
+
+    /// The primaries: the one server, or every master of the cluster (as the cluster last
+    /// said), to run a command on each, such as `SCAN`, which sees one node's keys.
+    pub(crate) async fn primaries(&self) -> Result<Vec<Primary>, StoreError> {
+        match &self.link {
+            Link::Single(_) => Ok(vec![Primary::Server]),
+            Link::Cluster(cluster) => Ok(self
+                .bounded("CLUSTER SLOTS", "the cluster's slots", cluster.primaries())
+                .await?
+                .into_iter()
+                .map(|(host, port)| Primary::Node { host, port })
+                .collect()),
+        }
+    }
+
+    /// Runs one command on one primary; `what` names it, for errors.
+    pub(crate) async fn query_on(
+        &self,
+        primary: &Primary,
+        what: &str,
+        cmd: &Cmd,
+    ) -> Result<Value, StoreError> {
+        match (&self.link, primary) {
+            (Link::Cluster(cluster), Primary::Node { host, port }) => {
+                self.bounded(&command_name(cmd), what, cluster.on_node(host, *port, cmd))
+                    .await
+            }
+            _ => self.query(what, cmd).await,
         }
     }
 

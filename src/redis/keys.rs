@@ -113,6 +113,17 @@ impl Keys {
         format!("{}:cp:{{{}}}:{member}", self.prefix, tag(thread))
     }
 
+    /// What every checkpoint key of a thread starts with: `<p>:cp:{<thread>}:`, for scripts that
+    /// name the payloads of the ids they find in the index.
+    pub(crate) fn checkpoint_prefix(&self, thread: &ThreadId) -> String {
+        format!("{}:cp:{{{}}}:", self.prefix, tag(thread))
+    }
+
+    /// What every checkpoint sequence key of a thread starts with: `<p>:cpseq:{<thread>}:`.
+    pub(crate) fn checkpoint_sequence_prefix(&self, thread: &ThreadId) -> String {
+        format!("{}:cpseq:{{{}}}:", self.prefix, tag(thread))
+    }
+
     /// `<p>:wf:{<thread>}:<hash>`: a workflow definition the thread's snapshots refer to by
     /// content hash (STRING, JSON).
     pub fn workflow(&self, thread: &ThreadId, hash: &str) -> String {
@@ -156,6 +167,23 @@ impl Keys {
     /// start in ms since the epoch).
     pub fn recent_runs(&self) -> String {
         format!("{}:recent", self.prefix)
+    }
+
+    /// `<p>:threads`: every thread a run was recorded on (SET of thread ids), so that
+    /// checkpoint cleanup and stats find threads without a keyspace scan.
+    pub fn threads(&self) -> String {
+        format!("{}:threads", self.prefix)
+    }
+
+    /// `<p>:users`: every user label a run was recorded with (SET of user ids).
+    pub fn users(&self) -> String {
+        format!("{}:users", self.prefix)
+    }
+
+    /// `<p>:threads:<user_id>`: the threads of a user's runs (SET of thread ids). The user id
+    /// is the whole rest of the key, so two users never share one, nor one with `<p>:threads`.
+    pub fn user_threads(&self, user: &str) -> String {
+        format!("{}:threads:{user}", self.prefix)
     }
 
     /// `<p>:ctl:<worker_id>`: a worker's control mailbox (LIST of JSON requests).

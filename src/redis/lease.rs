@@ -126,16 +126,17 @@ return {'ok', token}
 "#;
 
 /// Renews a lease while its token is the thread's (re-creating it if it expired meanwhile, and
-/// the counter if it was lost: see [`FENCE_CHECK`]).
+/// the counter if it was lost: see [`FENCE_CHECK`]), and keeps the run's record alive while it
+/// says the run is running.
 ///
-/// KEYS: lease hash, fence counter. ARGV: worker, run, token, lease TTL in ms, data TTL in ms.
-/// Returns `{"ok"}`, `{"lost", worker, run}` (empty when nobody holds it) or
-/// `{"wrongtype", key}`.
+/// KEYS: lease hash, fence counter, the run's record. ARGV: worker, run, token, lease TTL in
+/// ms, data TTL in ms. Returns `{"ok"}`, `{"lost", worker, run}` (empty when nobody holds it)
+/// or `{"wrongtype", key}`.
 const RENEW: &str = r#"
 local kinds = {'hash', 'string'}
-for i, key in ipairs(KEYS) do
-  local t = redis.call('TYPE', key)['ok']
-  if t ~= 'none' and t ~= kinds[i] then return {'wrongtype', key} end
+for i, kind in ipairs(kinds) do
+  local t = redis.call('TYPE', KEYS[i])['ok']
+  if t ~= 'none' and t ~= kind then return {'wrongtype', KEYS[i]} end
 end
 if fence_refused(KEYS[2], ARGV[3], ARGV[5]) then
   local held = redis.call('HMGET', KEYS[1], 'worker', 'run')
@@ -146,6 +147,10 @@ local now_ms = tonumber(time[1]) * 1000 + math.floor(tonumber(time[2]) / 1000)
 redis.call('HSET', KEYS[1], 'worker', ARGV[1], 'run', ARGV[2], 'token', ARGV[3],
   'expires', string.format('%.0f', now_ms + tonumber(ARGV[4])))
 redis.call('PEXPIRE', KEYS[1], ARGV[5])
+if redis.call('TYPE', KEYS[3])['ok'] == 'hash'
+    and redis.call('HGET', KEYS[3], 'status') == 'running' then
+  redis.call('PEXPIRE', KEYS[3], ARGV[5])
+end
 return {'ok'}
 "#;
 
@@ -264,6 +269,7 @@ impl RedisLeaseStore {
         invocation
             .key(self.keys.lease(thread))
             .key(self.keys.fence(thread))
+            .key(self.keys.run(thread, lease.holder.run))
             .arg(lease.holder.worker.as_str())
             .arg(lease.holder.run.to_string())
             .arg(lease.fence.0.to_string())
@@ -276,9 +282,10 @@ impl RedisLeaseStore {
     fn renewal_cmd(&self, thread: &ThreadId, lease: &Lease, ttl: Duration) -> ::redis::Cmd {
         let mut cmd = ::redis::cmd("EVALSHA");
         cmd.arg(self.renew.get_hash())
-            .arg(2)
+            .arg(3)
             .arg(self.keys.lease(thread))
             .arg(self.keys.fence(thread))
+            .arg(self.keys.run(thread, lease.holder.run))
             .arg(lease.holder.worker.as_str())
             .arg(lease.holder.run.to_string())
             .arg(lease.fence.0.to_string())

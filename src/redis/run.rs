@@ -10,18 +10,25 @@
 //! exist (an expired record). Records written before they moved into their thread's slot
 //! (`<p>:run:<run_id>`) are still read.
 //!
+//! A record lives for the data TTL while its run is open (running or awaiting input; a running
+//! run's lease renewals refresh it), and for the shorter finished-run TTL once the run ended
+//! ([`RedisConfig::finished_run_ttl`](super::RedisConfig::finished_run_ttl)); the pointer lives
+//! as long as the record.
+//!
 //! Across threads, two ZSETs with members `<run_id> <thread>` scored by start time list runs
 //! for operators: `<p>:open` (running or awaiting input) and `<p>:recent` (every run, entries
-//! older than the data TTL trimmed on each write). They are updated after the record, with
-//! separate commands (they live in slots of their own), so they are hints: `list_open` checks
-//! each record and drops entries whose run is no longer open.
+//! older than the data TTL trimmed on each write). Three SETs find threads for checkpoint
+//! stats and cleanup: `<p>:threads` (every thread), `<p>:threads:<user_id>` (a user's) and
+//! `<p>:users`. They are updated after the record, with separate commands (they live in slots
+//! of their own), so they are hints: `list_open` checks each record and drops entries whose
+//! run is no longer open; `list_recent` and `list_thread` drop entries whose record expired.
 
 use std::fmt;
 use std::time::Duration;
 
 use async_trait::async_trait;
 use runvisor_actors::store::{RunRecord, RunStatus, RunStore};
-use runvisor_actors::{Fence, RunId, StoreError, ThreadId};
+use runvisor_actors::{Fence, RunId, RunLabels, StoreError, ThreadId};
 
 use super::conn::Conn;
 use super::keys::Keys;
@@ -31,10 +38,10 @@ use super::reply::{self, Fields, corrupt};
 
 /// Indexes a run and sets and deletes fields of its hash, refreshing both TTLs.
 ///
-/// KEYS: the run hash, the thread's run index, the thread's fence counter. ARGV: TTL in ms,
-/// fencing token (empty: unfenced), run id, the number N of field/value pairs to set, the N
-/// pairs, then the fields to delete. Returns `{"ok"}`, `{"fenced", current}` or
-/// `{"wrongtype", key}`.
+/// KEYS: the run hash, the thread's run index, the thread's fence counter. ARGV: data TTL in ms
+/// (the index's), fencing token (empty: unfenced), run id, the record's TTL in ms, the number N
+/// of field/value pairs to set, the N pairs, then the fields to delete. Returns `{"ok"}`,
+/// `{"fenced", current}` or `{"wrongtype", key}`.
 const PUT: &str = r#"
 local kinds = {'hash', 'zset', 'string'}
 for i, key in ipairs(KEYS) do
@@ -43,16 +50,16 @@ for i, key in ipairs(KEYS) do
 end
 local refused = fence_refused(KEYS[3], ARGV[2], ARGV[1])
 if refused then return {'fenced', refused} end
-local n = tonumber(ARGV[4])
+local n = tonumber(ARGV[5])
 local set = {}
-for i = 5, 4 + 2 * n do set[#set + 1] = ARGV[i] end
+for i = 6, 5 + 2 * n do set[#set + 1] = ARGV[i] end
 local del = {}
-for i = 5 + 2 * n, #ARGV do del[#del + 1] = ARGV[i] end
+for i = 6 + 2 * n, #ARGV do del[#del + 1] = ARGV[i] end
 redis.call('ZADD', KEYS[2], 0, ARGV[3])
 redis.call('PEXPIRE', KEYS[2], ARGV[1])
 redis.call('HSET', KEYS[1], unpack(set))
 if #del > 0 then redis.call('HDEL', KEYS[1], unpack(del)) end
-redis.call('PEXPIRE', KEYS[1], ARGV[1])
+redis.call('PEXPIRE', KEYS[1], ARGV[4])
 return {'ok'}
 "#;
 
@@ -65,6 +72,8 @@ pub struct RedisRunStore {
     conn: Conn,
     keys: Keys,
     ttl_ms: u64,
+    /// How long the record of a run that ended lives.
+    finished_ttl_ms: u64,
     put: ::redis::Script,
 }
 
@@ -73,17 +82,29 @@ impl fmt::Debug for RedisRunStore {
         f.debug_struct("RedisRunStore")
             .field("keys", &self.keys)
             .field("ttl_ms", &self.ttl_ms)
+            .field("finished_ttl_ms", &self.finished_ttl_ms)
             .finish_non_exhaustive()
     }
 }
 
 impl RedisRunStore {
-    pub(crate) fn new(conn: Conn, keys: Keys, ttl: Duration) -> Self {
+    pub(crate) fn new(conn: Conn, keys: Keys, ttl: Duration, finished_ttl: Duration) -> Self {
         Self {
             conn,
             keys,
             ttl_ms: ttl_ms(ttl),
+            finished_ttl_ms: ttl_ms(finished_ttl),
             put: fenced_script(PUT),
+        }
+    }
+
+    /// How long a record with this status lives: the data TTL while the run is open, the
+    /// finished-run TTL once it ended.
+    fn record_ttl_ms(&self, status: RunStatus) -> u64 {
+        if status.is_open() {
+            self.ttl_ms
+        } else {
+            self.finished_ttl_ms
         }
     }
 }
@@ -107,6 +128,7 @@ fn fields(record: &RunRecord) -> (Vec<(&'static str, String)>, Vec<&'static str>
         ("app_id", record.labels.app_id().map(str::to_owned)),
         ("chat_id", record.labels.chat_id().map(str::to_owned)),
         ("task_id", record.labels.task_id().map(str::to_owned)),
+        ("user_id", record.labels.user_id().map(str::to_owned)),
         ("not_resumable", record.not_resumable.clone()),
         ("worker", record.worker.as_ref().map(ToString::to_string)),
         ("fence", record.fence.map(|f| f.to_string())),
@@ -147,16 +169,27 @@ fn record(run_id: RunId, fields: &Fields<'_>, key: &str) -> Result<Option<RunRec
         failure_reason: fields.optional_text("failure_reason")?.map(str::to_owned),
         stop_reason: fields.optional_text("stop_reason")?.map(str::to_owned),
         unpersisted: fields.optional_text("unpersisted")?.map(str::to_owned),
-        labels: runvisor_actors::RunLabels::new(
-            fields.optional_text("app_id")?.map(str::to_owned),
-            fields.optional_text("chat_id")?.map(str::to_owned),
-            fields.optional_text("task_id")?.map(str::to_owned),
-        )
-        .map_err(|e| corrupt(key, format!("labels: {e}")))?,
+        labels: labels(fields).map_err(|e| corrupt(key, format!("labels: {e}")))?,
         not_resumable: fields.optional_text("not_resumable")?.map(str::to_owned),
         worker: fields.optional_parsed("worker")?,
         fence: fields.optional_parsed("fence")?,
     }))
+}
+
+/// A record's labels, each checked.
+fn labels(fields: &Fields<'_>) -> Result<RunLabels, String> {
+    let text = |name: &str| {
+        fields
+            .optional_text(name)
+            .map(|t| t.map(str::to_owned))
+            .map_err(|e| e.to_string())
+    };
+    let labels = RunLabels::new(text("app_id")?, text("chat_id")?, text("task_id")?)
+        .map_err(|e| e.to_string())?;
+    match text("user_id")? {
+        Some(user) => labels.with_user(user).map_err(|e| e.to_string()),
+        None => Ok(labels),
+    }
 }
 
 impl RedisRunStore {
@@ -173,12 +206,13 @@ impl RedisRunStore {
 impl RunStore for RedisRunStore {
     async fn put(&self, record: &RunRecord, fence: Option<Fence>) -> Result<(), StoreError> {
         let thread = &record.thread;
+        let record_ttl_ms = self.record_ttl_ms(record.status);
         let pointer = self.keys.run_thread(record.run_id);
         let mut cmd = ::redis::cmd("SET");
         cmd.arg(&pointer)
             .arg(thread.as_str())
             .arg("PX")
-            .arg(self.ttl_ms);
+            .arg(record_ttl_ms);
         let reply = self.conn.query(&pointer, &cmd).await?;
         reply::server_error(&reply, "SET", &pointer)?;
 
@@ -192,6 +226,7 @@ impl RunStore for RedisRunStore {
             .arg(self.ttl_ms)
             .arg(token_arg(fence))
             .arg(record.run_id.to_string())
+            .arg(record_ttl_ms)
             .arg(set.len());
         for (name, value) in &set {
             invocation.arg(*name).arg(value.as_str());
@@ -248,9 +283,15 @@ impl RunStore for RedisRunStore {
                     .map_err(|_| corrupt(&index, format!("member {member:?} is not a run id")))
             })
             .collect::<Result<Vec<_>, StoreError>>()?;
-        Ok(self
-            .read_many(&entries, &index)
-            .await?
+        let found = self.read_many(&entries, &index).await?;
+        let expired: Vec<String> = entries
+            .iter()
+            .zip(&found)
+            .filter(|(_, record)| record.is_none())
+            .map(|((run, _), _)| run.to_string())
+            .collect();
+        self.drop_entries(&index, expired).await;
+        Ok(found
             .into_iter()
             .flatten()
             // A record of another thread is not this thread's.
@@ -271,13 +312,7 @@ impl RunStore for RedisRunStore {
                 _ => stale.push(member(*run, thread)),
             }
         }
-        if !stale.is_empty() {
-            let mut cmd = ::redis::cmd("ZREM");
-            cmd.arg(&index).arg(stale);
-            if let Err(e) = self.conn.query(&index, &cmd).await {
-                tracing::debug!(error = %e, "could not drop stale entries of {index}");
-            }
-        }
+        self.drop_entries(&index, stale).await;
         Ok(open)
     }
 
@@ -296,13 +331,17 @@ impl RunStore for RedisRunStore {
             if entries.is_empty() {
                 break;
             }
-            start = stop + 1;
-            records.extend(
-                self.read_many(&entries, &index)
-                    .await?
-                    .into_iter()
-                    .flatten(),
-            );
+            let found = self.read_many(&entries, &index).await?;
+            // The entries whose record expired go; the next window starts after those kept.
+            let expired: Vec<String> = entries
+                .iter()
+                .zip(&found)
+                .filter(|(_, record)| record.is_none())
+                .map(|((run, thread), _)| member(*run, thread))
+                .collect();
+            start = stop + 1 - isize::try_from(expired.len()).unwrap_or(0);
+            self.drop_entries(&index, expired).await;
+            records.extend(found.into_iter().flatten());
         }
         records.truncate(limit);
         Ok(records)
@@ -381,7 +420,21 @@ impl RedisRunStore {
         Ok(records)
     }
 
-    /// Files a record written just now in the open and recent indexes.
+    /// Removes index entries that point at nothing (or at a run no longer open). A failure
+    /// only leaves them for the next reader: it is logged, not returned.
+    async fn drop_entries(&self, index: &str, members: Vec<String>) {
+        if members.is_empty() {
+            return;
+        }
+        let mut cmd = ::redis::cmd("ZREM");
+        cmd.arg(index).arg(members);
+        if let Err(e) = self.conn.query(index, &cmd).await {
+            tracing::debug!(error = %e, "could not drop stale entries of {index}");
+        }
+    }
+
+    /// Files a record written just now in the open and recent indexes, and its thread in the
+    /// thread indexes (every thread's, and its user's).
     async fn index(&self, record: &RunRecord) -> Result<(), StoreError> {
         let entry = member(record.run_id, &record.thread);
         let (open, recent) = (self.keys.open_runs(), self.keys.recent_runs());
@@ -389,36 +442,42 @@ impl RedisRunStore {
             .duration_since(std::time::UNIX_EPOCH)
             .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX));
         let oldest = now_ms.saturating_sub(self.ttl_ms);
-        let mut cmds = Vec::with_capacity(5);
-        let mut cmd = ::redis::cmd("ZADD");
-        cmd.arg(&recent).arg(record.started_at_ms).arg(&entry);
-        cmds.push(cmd);
-        let mut cmd = ::redis::cmd("ZREMRANGEBYSCORE");
-        cmd.arg(&recent).arg("-inf").arg(format!("({oldest}"));
-        cmds.push(cmd);
-        let mut cmd = ::redis::cmd("PEXPIRE");
-        cmd.arg(&recent).arg(self.ttl_ms);
-        cmds.push(cmd);
+        // Each command with the key it writes, for errors.
+        let mut cmds: Vec<(String, ::redis::Cmd)> = Vec::with_capacity(11);
+        let mut push = |key: &str, name: &str, args: &[&str]| {
+            let mut cmd = ::redis::cmd(name);
+            cmd.arg(key).arg(args);
+            cmds.push((key.to_owned(), cmd));
+        };
+        let (started, ttl) = (record.started_at_ms.to_string(), self.ttl_ms.to_string());
+        push(&recent, "ZADD", &[&started, &entry]);
+        push(
+            &recent,
+            "ZREMRANGEBYSCORE",
+            &["-inf", &format!("({oldest}")],
+        );
+        push(&recent, "PEXPIRE", &[&ttl]);
         if record.status.is_open() {
-            let mut cmd = ::redis::cmd("ZADD");
-            cmd.arg(&open).arg(record.started_at_ms).arg(&entry);
-            cmds.push(cmd);
-            let mut cmd = ::redis::cmd("PEXPIRE");
-            cmd.arg(&open).arg(self.ttl_ms);
-            cmds.push(cmd);
+            push(&open, "ZADD", &[&started, &entry]);
+            push(&open, "PEXPIRE", &[&ttl]);
         } else {
-            let mut cmd = ::redis::cmd("ZREM");
-            cmd.arg(&open).arg(&entry);
-            cmds.push(cmd);
+            push(&open, "ZREM", &[&entry]);
         }
-        // The two indexes may live on two nodes: one round trip to each.
+        let thread = record.thread.to_string();
+        let mut sets = vec![(self.keys.threads(), thread.as_str())];
+        if let Some(user) = record.labels.user_id() {
+            sets.push((self.keys.user_threads(user), thread.as_str()));
+            sets.push((self.keys.users(), user));
+        }
+        for (set, member) in &sets {
+            push(set, "SADD", &[member]);
+            push(set, "PEXPIRE", &[&ttl]);
+        }
+        let (keys, cmds): (Vec<String>, Vec<::redis::Cmd>) = cmds.into_iter().unzip();
+        // The indexes may live on several nodes: one round trip to each.
         let replies = self.conn.fan_out(&recent, cmds).await?;
-        for (i, reply) in replies.iter().enumerate() {
-            reply::server_error(
-                reply,
-                "a run index update",
-                if i < 3 { &recent } else { &open },
-            )?;
+        for (key, reply) in keys.iter().zip(&replies) {
+            reply::server_error(reply, "a run index update", key)?;
         }
         Ok(())
     }

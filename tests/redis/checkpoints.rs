@@ -6,7 +6,7 @@ use runvisor::store::memory::MemoryCheckpointStore;
 use runvisor::store::{CheckpointStore, StoredCheckpoint};
 use runvisor::{CheckpointId, RunId, StoreError};
 
-use super::support::{RedisServer, cmd, raw, stores, thread, within};
+use super::support::{RedisServer, cmd, raw, stores, stores_keeping_all, thread, within};
 
 fn checkpoint(id: CheckpointId, run: RunId, sequence: u64, bytes: &[u8]) -> StoredCheckpoint {
     StoredCheckpoint {
@@ -163,7 +163,8 @@ async fn payloads_are_binary_safe() {
 #[tokio::test]
 async fn prune_removes_the_oldest_payloads_and_index_entries() {
     let server = RedisServer::start();
-    let redis = stores(&server).await.checkpoints;
+    // Writes keep everything: `prune` alone removes.
+    let redis = stores_keeping_all(&server).await.checkpoints;
     let mut con = raw(&server).await;
     let t = thread("prune");
     let run = RunId::new();
@@ -194,7 +195,7 @@ async fn prune_removes_the_oldest_payloads_and_index_entries() {
     assert_eq!(redis.prune(&thread("never-written"), 0).await, Ok(0));
 
     // The same calls on the reference store give the same answers.
-    let memory = MemoryCheckpointStore::new();
+    let memory = MemoryCheckpointStore::keeping(None);
     let run = RunId::new();
     for (i, id) in ids.iter().take(5).enumerate() {
         let cp = checkpoint(*id, run, i as u64 + 1, b"x");
@@ -208,28 +209,46 @@ async fn prune_removes_the_oldest_payloads_and_index_entries() {
 }
 
 #[tokio::test]
-async fn an_index_entry_without_its_payload_reads_as_absent() {
+async fn index_entries_whose_payload_expired_read_as_absent_and_are_dropped_when_seen() {
     let server = RedisServer::start();
     let redis = stores(&server).await.checkpoints;
     let mut con = raw(&server).await;
     let t = thread("expired");
+    let index = "runvisor:cpidx:{expired}";
     let run = RunId::new();
-    let ids = ids(3);
+    let ids = ids(5);
     for (i, id) in ids.iter().enumerate() {
         let cp = checkpoint(*id, run, i as u64 + 1, b"x");
         redis.put(&t, cp, None).await.expect("put");
     }
-    // As if the payloads had expired while the index lived on.
-    for id in [ids[0], ids[2]] {
-        let key = format!("runvisor:cp:{{expired}}:{id}");
-        assert_eq!(cmd::<i64>(&mut con, &["DEL", &key]).await, 1);
+    // As if payloads had expired while the index lived on.
+    for id in [ids[0], ids[2], ids[4]] {
+        let payload = format!("runvisor:cp:{{expired}}:{id}");
+        assert_eq!(cmd::<i64>(&mut con, &["DEL", &payload]).await, 1);
     }
+    let range = ["ZRANGE", index, "0", "-1"];
+    // `get` of an expired checkpoint drops its entry.
     assert_eq!(redis.get(&t, ids[2]).await, Ok(None));
+    assert!(
+        !cmd::<Vec<String>>(&mut con, &range)
+            .await
+            .contains(&ids[2].to_string())
+    );
+    // `latest` skips and drops the newer entries whose payload is gone.
     assert_eq!(
         redis.latest(&t).await.map(|c| c.map(|c| c.id)),
-        Ok(Some(ids[1])),
+        Ok(Some(ids[3])),
         "latest skips the entry whose payload is gone"
     );
-    assert_eq!(redis.prune(&t, 2).await, Ok(1));
-    assert_eq!(redis.list(&t).await, Ok(vec![ids[1], ids[2]]));
+    assert!(
+        !cmd::<Vec<String>>(&mut con, &range)
+            .await
+            .contains(&ids[4].to_string())
+    );
+    // `list` answers and keeps only entries with a payload.
+    assert_eq!(redis.list(&t).await, Ok(vec![ids[1], ids[3]]));
+    assert_eq!(
+        cmd::<Vec<String>>(&mut con, &range).await,
+        vec![ids[1].to_string(), ids[3].to_string()]
+    );
 }

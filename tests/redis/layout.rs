@@ -1,12 +1,13 @@
 //! The key layout as other tools see it: exact key names under the prefix, the `{<thread>}`
 //! hash tag on every per-thread key, and the TTL on every key written, refreshed by writes.
+//! (The TTLs of ended runs' records, and retention, are in `retention`.)
 
 use std::collections::BTreeSet;
 use std::time::Duration;
 
 use runvisor::redis::{RedisConfig, RedisStores};
 use runvisor::store::{RunRecord, StoredCheckpoint};
-use runvisor::{CheckpointId, Message, RunId, ThreadId};
+use runvisor::{CheckpointId, Message, RunId, RunLabels, ThreadId};
 
 use super::support::{RedisServer, cmd, config, raw, run_record, thread, within};
 
@@ -42,6 +43,9 @@ async fn write_all(stores: &RedisStores, t: &ThreadId, sequence: u64) -> Vec<Str
         .put(
             &RunRecord {
                 started_at_ms: now_ms(),
+                labels: RunLabels::app_chat("app", "chat")
+                    .and_then(|l| l.with_user("u-1"))
+                    .expect("valid labels"),
                 ..run_record(run, t)
             },
             None,
@@ -60,6 +64,9 @@ async fn write_all(stores: &RedisStores, t: &ThreadId, sequence: u64) -> Vec<Str
         format!("{p}:runthread:{run}"),
         format!("{p}:recent"),
         format!("{p}:open"),
+        format!("{p}:threads"),
+        format!("{p}:threads:u-1"),
+        format!("{p}:users"),
     ]
 }
 
@@ -86,8 +93,8 @@ async fn keys_follow_the_layout_and_carry_the_thread_hash_tag() {
     for key in &keys {
         assert!(key.starts_with("acme:rv:"), "{key} is under the prefix");
         if !key.starts_with("acme:rv:runthread:")
-            && key != "acme:rv:recent"
-            && key != "acme:rv:open"
+            && !key.starts_with("acme:rv:threads")
+            && !["acme:rv:recent", "acme:rv:open", "acme:rv:users"].contains(&key.as_str())
         {
             assert!(key.contains("{chat:42}"), "{key} carries the hash tag");
         }
@@ -102,7 +109,8 @@ async fn keys_follow_the_layout_and_carry_the_thread_hash_tag() {
     assert_eq!(
         types,
         [
-            "hash", "zset", "string", "hash", "zset", "list", "set", "string", "zset", "zset"
+            "hash", "zset", "string", "hash", "zset", "list", "set", "string", "zset", "zset",
+            "set", "set", "set"
         ]
     );
     let scores: Vec<String> =

@@ -235,6 +235,18 @@ pub(crate) async fn stores(server: &RedisServer) -> RedisStores {
         .expect("connect to the test redis-server")
 }
 
+/// Stores connected to a test server with [`config`], keeping every checkpoint (no
+/// retention), for tests of `prune` and of many checkpoints.
+pub(crate) async fn stores_keeping_all(server: &RedisServer) -> RedisStores {
+    let config = RedisConfig {
+        keep_checkpoints: runvisor::redis::KeepCheckpoints::All,
+        ..config(server)
+    };
+    within("connect", RedisStores::connect(config))
+        .await
+        .expect("connect to the test redis-server")
+}
+
 /// A direct connection, to look at and tamper with keys.
 pub(crate) async fn raw(server: &RedisServer) -> MultiplexedConnection {
     let client = ::redis::Client::open(server.url()).expect("valid url");

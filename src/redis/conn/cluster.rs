@@ -177,6 +177,29 @@ impl Cluster {
         Ok(replies)
     }
 
+    /// The address (host, port) of every master, as `CLUSTER SLOTS` answers.
+    pub(crate) async fn primaries(&self) -> RedisResult<Vec<(String, u16)>> {
+        Ok(self.slot_table().await?.addresses.clone())
+    }
+
+    /// Runs a command on the master at this address.
+    pub(crate) async fn on_node(&self, host: &str, port: u16, cmd: &Cmd) -> RedisResult<Value> {
+        let mut con = self.connection();
+        let routing = RoutingInfo::SingleNode(SingleNodeRoutingInfo::ByAddress {
+            host: host.to_owned(),
+            port,
+        });
+        let reply = con.route_command(cmd.clone(), routing).await;
+        if reply
+            .as_ref()
+            .is_err_and(|e| e.code().is_some_and(redirects))
+        {
+            // The node is no longer a master (a failover): ask the slot table anew next time.
+            self.forget_slots();
+        }
+        reply
+    }
+
     /// Runs a command on every master; each reply named by the node's address.
     pub(crate) async fn on_every_primary(
         &self,
@@ -262,6 +285,8 @@ struct SlotTable {
     owners: Box<[u16]>,
     /// How many nodes own slots.
     nodes: usize,
+    /// Each of those nodes' address (host, port), by index.
+    addresses: Vec<(String, u16)>,
 }
 
 /// The owner of a slot that no node serves.
@@ -289,6 +314,7 @@ impl SlotTable {
         };
         let mut owners = vec![NOBODY; usize::from(SLOTS)].into_boxed_slice();
         let mut ids: HashMap<String, u16> = HashMap::new();
+        let mut addresses = Vec::new();
         for range in ranges {
             let Value::Array(fields) = range else {
                 return Err(bad("a range is not an array"));
@@ -308,11 +334,17 @@ impl SlotTable {
                 Some(Value::SimpleString(s)) => s.clone(),
                 _ => return Err(bad("a master without its host")),
             };
-            let Some(Value::Int(port)) = master.get(1) else {
+            let Some(port) = master.get(1).and_then(|p| match p {
+                Value::Int(port) => u16::try_from(*port).ok(),
+                _ => None,
+            }) else {
                 return Err(bad("a master without its port"));
             };
             let next = u16::try_from(ids.len()).map_err(|_| bad("too many nodes"))?;
-            let node = *ids.entry(format!("{host}:{port}")).or_insert(next);
+            let node = *ids.entry(format!("{host}:{port}")).or_insert_with(|| {
+                addresses.push((host.clone(), port));
+                next
+            });
             for slot in start..=end {
                 owners[usize::from(slot)] = node;
             }
@@ -320,6 +352,7 @@ impl SlotTable {
         Ok(Self {
             owners,
             nodes: ids.len(),
+            addresses,
         })
     }
 }
@@ -381,6 +414,10 @@ mod tests {
         ]);
         let table = SlotTable::parse(&reply).expect("parses");
         assert_eq!(table.nodes, 2);
+        assert_eq!(
+            table.addresses,
+            [("10.0.0.1".to_owned(), 7000), ("10.0.0.2".to_owned(), 7000)]
+        );
         assert_eq!(table.owner(0), Some(0));
         assert_eq!(table.owner(5461), Some(1));
         assert_eq!(table.owner(16000), Some(0));

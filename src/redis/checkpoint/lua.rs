@@ -1,0 +1,188 @@
+//! The checkpoint scripts: the fenced write (which prunes the thread to its retention in the
+//! same step), the trim and count that checkpoint cleanup and stats run per thread, and the
+//! reads' clean-up of index entries whose payload expired.
+//!
+//! Every script touches one thread's keys only: its index and lease, given as `KEYS`, and the
+//! payload and sequence keys of the ids it finds in the index, named from the thread's key
+//! prefixes (given as `ARGV`), which carry the thread's hash tag: on a Redis Cluster they all
+//! live in the thread's slot. An index member that is not an id (a UUID's 36 characters) never
+//! becomes a key name, so no script reaches outside that slot.
+
+/// Lua shared by the scripts below.
+///
+/// - `prune_oldest(index, count, cp_prefix, seq_prefix, spare)` removes the `count` oldest
+///   entries of the index with their payloads, and the sequence keys of the runs that wrote
+///   them, except run `spare` (the run writing, or holding the thread's lease): only a live run
+///   writes checkpoints, so only its sequence is needed to refuse a stale write. Returns how
+///   many entries went.
+/// - `drop_missing(index, ids, cp_prefix)` removes the entries among `ids` whose payload does
+///   not exist (it expired); returns how many went.
+pub(crate) const HELPERS: &str = r#"
+local function is_id(text)
+  return type(text) == 'string' and #text == 36
+    and string.match(text, '^%x+%-%x+%-%x+%-%x+%-%x+$') ~= nil
+end
+local function unlink_all(keys)
+  for i = 1, #keys, 500 do
+    redis.call('UNLINK', unpack(keys, i, math.min(i + 499, #keys)))
+  end
+end
+local function prune_oldest(index, count, cp_prefix, seq_prefix, spare)
+  if count <= 0 then return 0 end
+  local doomed = redis.call('ZRANGE', index, 0, count - 1)
+  if #doomed == 0 then return 0 end
+  local payloads = {}
+  local runs = {}
+  for _, id in ipairs(doomed) do
+    if is_id(id) then
+      local key = cp_prefix .. id
+      payloads[#payloads + 1] = key
+      local run = redis.pcall('HGET', key, 'run')
+      if is_id(run) and run ~= spare then runs[run] = true end
+    end
+  end
+  redis.call('ZREMRANGEBYRANK', index, 0, #doomed - 1)
+  unlink_all(payloads)
+  local sequences = {}
+  for run in pairs(runs) do sequences[#sequences + 1] = seq_prefix .. run end
+  unlink_all(sequences)
+  return #doomed
+end
+local function drop_missing(index, ids, cp_prefix)
+  local dropped = 0
+  for _, id in ipairs(ids) do
+    if is_id(id) and redis.call('EXISTS', cp_prefix .. id) == 0 then
+      dropped = dropped + redis.call('ZREM', index, id)
+    end
+  end
+  return dropped
+end
+"#;
+
+/// Writes one checkpoint if its sequence is newer than the run's stored one, then prunes the
+/// thread to its newest `keep` checkpoints. Prepended with the fence check and [`HELPERS`].
+///
+/// KEYS: payload hash, index zset, sequence string, the thread's fence counter.
+/// ARGV: checkpoint id, run id, sequence (decimal, no leading zeros), bytes, TTL in ms, fencing
+/// token (empty: unfenced), how many checkpoints the thread keeps (empty: all), the thread's
+/// checkpoint key prefix, its sequence key prefix, the most one write may prune.
+/// Returns `{"ok"}`, `{"fenced", current}`, `{"stale", stored}`, `{"wrongtype", key}` or
+/// `{"corrupt", key}`.
+pub(crate) const PUT: &str = r#"
+local kinds = {'hash', 'zset', 'string', 'string'}
+for i, key in ipairs(KEYS) do
+  local t = redis.call('TYPE', key)['ok']
+  if t ~= 'none' and t ~= kinds[i] then return {'wrongtype', key} end
+end
+local refused = fence_refused(KEYS[4], ARGV[6], ARGV[5])
+if refused then return {'fenced', refused} end
+local stored = redis.call('GET', KEYS[3])
+if stored then
+  if not (stored == '0' or string.match(stored, '^[1-9]%d*$')) or #stored > 20 then
+    return {'corrupt', KEYS[3]}
+  end
+  local seq = ARGV[3]
+  if #seq < #stored or (#seq == #stored and seq <= stored) then
+    return {'stale', stored}
+  end
+end
+redis.call('DEL', KEYS[1])
+redis.call('HSET', KEYS[1], 'bytes', ARGV[4], 'run', ARGV[2], 'sequence', ARGV[3])
+redis.call('PEXPIRE', KEYS[1], ARGV[5])
+redis.call('ZADD', KEYS[2], 0, ARGV[1])
+redis.call('PEXPIRE', KEYS[2], ARGV[5])
+redis.call('SET', KEYS[3], ARGV[3], 'PX', ARGV[5])
+local keep = tonumber(ARGV[7])
+if keep then
+  local excess = redis.call('ZCARD', KEYS[2]) - keep
+  if excess > 0 then
+    prune_oldest(KEYS[2], math.min(excess, tonumber(ARGV[10])), ARGV[8], ARGV[9], ARGV[2])
+  end
+end
+return {'ok'}
+"#;
+
+/// Trims a thread to its newest `keep` checkpoints, at most `budget` of them per call; in the
+/// call that reaches `keep`, also drops the kept entries (up to `budget`, oldest first) whose
+/// payload expired. Prepended with [`HELPERS`].
+///
+/// KEYS: index zset, the thread's lease hash. ARGV: the thread's checkpoint key prefix, its
+/// sequence key prefix, keep, budget.
+/// Returns `{"ok", entries before, entries pruned, expired entries dropped}` or
+/// `{"wrongtype", key}`.
+pub(crate) const TRIM: &str = r#"
+local t = redis.call('TYPE', KEYS[1])['ok']
+if t ~= 'none' and t ~= 'zset' then return {'wrongtype', KEYS[1]} end
+local n = redis.call('ZCARD', KEYS[1])
+local keep = tonumber(ARGV[3])
+local budget = tonumber(ARGV[4])
+local spare = ''
+if redis.call('TYPE', KEYS[2])['ok'] == 'hash' then
+  spare = redis.call('HGET', KEYS[2], 'run') or ''
+end
+local pruned = 0
+if n > keep then
+  pruned = prune_oldest(KEYS[1], math.min(n - keep, budget), ARGV[1], ARGV[2], spare)
+end
+local dropped = 0
+if n - pruned <= keep and n - pruned > 0 then
+  local kept = redis.call('ZRANGE', KEYS[1], 0, budget - 1)
+  dropped = drop_missing(KEYS[1], kept, ARGV[1])
+end
+return {'ok', n, pruned, dropped}
+"#;
+
+/// Counts a thread's checkpoints: drops the oldest entries whose payload expired (up to
+/// `budget`, stopping at the first that exists), then answers the index's size. Prepended
+/// with [`HELPERS`].
+///
+/// KEYS: index zset. ARGV: the thread's checkpoint key prefix, budget.
+/// Returns `{"ok", count, dropped}` or `{"wrongtype", key}`.
+pub(crate) const COUNT: &str = r#"
+local t = redis.call('TYPE', KEYS[1])['ok']
+if t == 'none' then return {'ok', 0, 0} end
+if t ~= 'zset' then return {'wrongtype', KEYS[1]} end
+local dropped = 0
+local oldest = redis.call('ZRANGE', KEYS[1], 0, tonumber(ARGV[2]) - 1)
+for _, id in ipairs(oldest) do
+  if is_id(id) and redis.call('EXISTS', ARGV[1] .. id) == 1 then break end
+  dropped = dropped + drop_missing(KEYS[1], {id}, ARGV[1])
+end
+return {'ok', redis.call('ZCARD', KEYS[1]), dropped}
+"#;
+
+/// Lists a window of the index: the entries from rank `start`, at most `count`, without those
+/// whose payload expired (which it removes). Prepended with [`HELPERS`].
+///
+/// KEYS: index zset. ARGV: the thread's checkpoint key prefix, start, count.
+/// Returns `{"ok", entries seen, {ids of existing checkpoints}}` or `{"wrongtype", key}`.
+pub(crate) const LIST: &str = r#"
+local t = redis.call('TYPE', KEYS[1])['ok']
+if t == 'none' then return {'ok', 0, {}} end
+if t ~= 'zset' then return {'wrongtype', KEYS[1]} end
+local start = tonumber(ARGV[2])
+local seen = redis.call('ZRANGE', KEYS[1], start, start + tonumber(ARGV[3]) - 1)
+local live = {}
+local gone = {}
+for _, id in ipairs(seen) do
+  if is_id(id) and redis.call('EXISTS', ARGV[1] .. id) == 0 then
+    gone[#gone + 1] = id
+  else
+    live[#live + 1] = id
+  end
+end
+drop_missing(KEYS[1], gone, ARGV[1])
+return {'ok', #seen, live}
+"#;
+
+/// Drops the given index entries whose payload does not exist (checked again here, so an entry
+/// written since the caller looked stays). Prepended with [`HELPERS`].
+///
+/// KEYS: index zset. ARGV: the thread's checkpoint key prefix, then the ids.
+/// Returns how many entries went.
+pub(crate) const DROP: &str = r#"
+if redis.call('TYPE', KEYS[1])['ok'] ~= 'zset' then return 0 end
+local ids = {}
+for i = 2, #ARGV do ids[#ids + 1] = ARGV[i] end
+return drop_missing(KEYS[1], ids, ARGV[1])
+"#;

@@ -1,0 +1,81 @@
+//! Scripts sent as plain `EVALSHA` commands, many at once (one pipeline per node through
+//! [`Conn::fan_out`]), loaded on every primary when a node does not know them yet (a restart,
+//! a failover, a new node).
+
+use std::sync::Arc;
+
+use ::redis::{Cmd, Script, Value};
+use runvisor_actors::StoreError;
+
+use super::conn::Conn;
+
+/// A script and its source, to send by hash and load where it is unknown.
+#[derive(Debug, Clone)]
+pub(crate) struct Lua {
+    script: Script,
+    source: Arc<str>,
+}
+
+impl Lua {
+    /// The script with this source.
+    pub(crate) fn new(source: String) -> Self {
+        Self {
+            script: Script::new(&source),
+            source: Arc::from(source),
+        }
+    }
+
+    /// The script, to run one invocation with [`Conn::script`].
+    pub(crate) fn script(&self) -> &Script {
+        &self.script
+    }
+
+    /// One invocation as an `EVALSHA` command: `keys` (all in one slot), then `args`.
+    pub(crate) fn cmd<K: ::redis::ToRedisArgs, A: ::redis::ToRedisArgs>(
+        &self,
+        keys: &[K],
+        args: &[A],
+    ) -> Cmd {
+        let mut cmd = ::redis::cmd("EVALSHA");
+        cmd.arg(self.script.get_hash()).arg(keys.len());
+        for key in keys {
+            cmd.arg(key);
+        }
+        for arg in args {
+            cmd.arg(arg);
+        }
+        cmd
+    }
+
+    /// Runs invocations of this script ([`Lua::cmd`]) at once and answers one reply per
+    /// invocation, in order; a reply may be an invocation's own error
+    /// ([`Value::ServerError`]), for the caller to name its key. Invocations a node answers
+    /// `NOSCRIPT` are sent again once the script is loaded on every primary.
+    pub(crate) async fn run_many(
+        &self,
+        conn: &Conn,
+        what: &str,
+        cmds: Vec<Cmd>,
+    ) -> Result<Vec<Value>, StoreError> {
+        let mut replies = conn.fan_out(what, cmds.clone()).await?;
+        let unknown: Vec<usize> = replies
+            .iter()
+            .enumerate()
+            .filter(|(_, r)| matches!(r, Value::ServerError(e) if e.code() == "NOSCRIPT"))
+            .map(|(i, _)| i)
+            .collect();
+        if unknown.is_empty() {
+            return Ok(replies);
+        }
+        let mut load = ::redis::cmd("SCRIPT");
+        load.arg("LOAD").arg(&*self.source);
+        conn.on_every_primary("SCRIPT LOAD", &load).await?;
+        let again = conn
+            .fan_out(what, unknown.iter().map(|&i| cmds[i].clone()).collect())
+            .await?;
+        for (i, reply) in unknown.into_iter().zip(again) {
+            replies[i] = reply;
+        }
+        Ok(replies)
+    }
+}
