@@ -3,8 +3,8 @@
 //! one, `stop` and `cancel` stop a run from any process, `ps` and `tree` show runs across
 //! processes, `worker` serves them (and adopts orphans), `recover` writes into Redis the runs
 //! whose end it did not take (kept in spill files; `run`, `resume`, `worker` and `serve` do it
-//! when they start), `serve` runs the HTTP service, `validate` checks a workflow and lists
-//! every problem.
+//! when they start), `serve` runs the HTTP service, `checkpoints` counts and cleans up stored
+//! checkpoints, `validate` checks a workflow and lists every problem.
 //!
 //! Stores: the embedded in-memory default, or Redis (`--redis URL` or the config file), which
 //! `resume`, `stop`, `cancel` and `worker` need since they act on runs of other processes.
@@ -29,13 +29,15 @@ use runvisor::redis::queue::Job;
 use runvisor::redis::{ConnectError, RedisConfig, RedisStores};
 use runvisor::{
     CheckpointId, Config, Durability, Interaction, InteractionId, InteractionKind, Map, NodePath,
-    ResumeError, ResumeFrom, ResumeInput, RunError, RunEvent, RunHandle, RunId, RunLabels,
-    RunOutcome, RunStatus, Runtime, RuntimeConfig, Spill, StartError, StopMode, StopReason,
-    StopRequest, StopResult, StoreError, ThreadId, ValidationErrors, Value, Workflow, WorkflowDef,
-    register_standard_kinds,
+    ResumeError, ResumeFrom, ResumeInput, ResumeOptions, RunError, RunEvent, RunHandle, RunId,
+    RunLabels, RunOutcome, RunStatus, Runtime, RuntimeConfig, Spill, StartError, StopMode,
+    StopReason, StopRequest, StopResult, StoreError, ThreadId, ValidationErrors, Value, Workflow,
+    WorkflowDef, register_standard_kinds,
 };
 use tokio::task::JoinHandle;
 
+#[path = "cli/checkpoints.rs"]
+mod checkpoints_cli;
 #[path = "cli/ops.rs"]
 mod ops_cli;
 #[path = "cli/recover.rs"]
@@ -131,6 +133,8 @@ enum Command {
     /// Write the runs that Redis did not take when they ended (kept in spill files) into
     /// Redis, once each; every worker does it when it starts.
     Recover(recover_cli::RecoverArgs),
+    /// Count stored checkpoints per thread and user, or delete all but each thread's newest.
+    Checkpoints(checkpoints_cli::CheckpointsArgs),
     /// Check a workflow and print every problem found.
     Validate {
         /// The workflow file (JSON).
@@ -164,6 +168,10 @@ struct ResumeArgs {
     /// Print only a JSON document with the outcome.
     #[arg(long)]
     json: bool,
+    /// The user the resumed run is for, in place of the checkpoint's (checkpoint stats and
+    /// cleanup find a user's threads by it).
+    #[arg(long, value_name = "ID")]
+    user: Option<String>,
 }
 
 #[derive(Debug, clap::Args)]
@@ -189,6 +197,9 @@ struct RunArgs {
     /// The RAGFlow task id this run belongs to (names its cancel flag).
     #[arg(long)]
     task: Option<String>,
+    /// The user this run is for (checkpoint stats and cleanup find a user's threads by it).
+    #[arg(long, value_name = "ID")]
+    user: Option<String>,
     /// When progress is saved: after every node and awaited (`sync`), after every node in the
     /// background (`async`), or only at the end (`exit`).
     #[arg(long, value_enum)]
@@ -319,6 +330,9 @@ fn dispatch(cli: Cli) -> anyhow::Result<ExitCode> {
     {
         config.runtime.adopt_orphans = true;
     }
+    if let Command::Checkpoints(args) = cli.command {
+        return checkpoints(config.redis, args);
+    }
     if let Command::Validate { file } = &cli.command {
         let runtime =
             register_standard_kinds(Runtime::builder().config(config.runtime)).try_build()?;
@@ -397,9 +411,28 @@ fn dispatch(cli: Cli) -> anyhow::Result<ExitCode> {
                      `redis` in the config file); the embedded in-memory stores end with the \
                      process that used them"
                 ),
-                Command::Validate { .. } => Ok(ExitCode::SUCCESS),
+                Command::Validate { .. } | Command::Checkpoints(_) => Ok(ExitCode::SUCCESS),
             }
         })
+}
+
+/// `checkpoints stats|cleanup`: straight on Redis, no runtime.
+fn checkpoints(
+    redis: Option<RedisConfig>,
+    args: checkpoints_cli::CheckpointsArgs,
+) -> anyhow::Result<ExitCode> {
+    use checkpoints_cli::Failure;
+    let done = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .context("cannot start the async runtime")?
+        .block_on(checkpoints_cli::run(redis, args));
+    match done {
+        Ok(()) => Ok(ExitCode::SUCCESS),
+        Err(Failure::BadInput(message)) => Err(Exit::error(EXIT_BAD_INPUT, message)),
+        Err(Failure::Storage(message)) => Err(Exit::error(EXIT_STORAGE, message)),
+        Err(Failure::Io(e)) => Err(e.into()),
+    }
 }
 
 /// The runtime with the standard kinds, on Redis when configured (with the stores), else on
@@ -587,8 +620,11 @@ async fn run(runtime: &Runtime, args: RunArgs) -> anyhow::Result<ExitCode> {
         Some(id) => ThreadId::new(id).context("bad --thread")?,
         None => ThreadId::generate(),
     };
-    let labels =
+    let mut labels =
         RunLabels::new(args.app, args.chat, args.task).context("bad --app, --chat or --task")?;
+    if let Some(user) = args.user {
+        labels = labels.with_user(user).context("bad --user")?;
+    }
     let run = runtime
         .start_with(&workflow, inputs, thread, labels)
         .await
@@ -685,7 +721,11 @@ async fn resume(runtime: &Runtime, args: ResumeArgs) -> anyhow::Result<ExitCode>
         }
         (None, None) => ResumeInput::Continue,
     };
-    let run = runtime.resume(from.clone(), input).await?;
+    let mut options = ResumeOptions::default();
+    if let Some(user) = args.user {
+        options = options.user(user).context("bad --user")?;
+    }
+    let run = runtime.resume_with(from.clone(), input, options).await?;
     if let (ResumeFrom::Fork { checkpoint, .. }, false) = (&from, args.json) {
         println!(
             "forked thread {thread} at checkpoint {checkpoint} into thread {}",

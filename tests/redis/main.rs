@@ -2,8 +2,9 @@
 //! [`support`]): the store contracts checked against the in-memory stores, connecting, the
 //! key layout and TTLs, corrupt data, faults (a frozen, killed and restarted server), a
 //! whole workflow stopped in one runtime and resumed in another, stop and cancel flags
-//! set from anywhere, thread leases with fenced writes; and runs, stops, resumes and flags on
-//! a real 3-master Redis Cluster ([`cluster_support`]).
+//! set from anywhere, thread leases with fenced writes, bounded storage and checkpoint ops;
+//! and runs, stops, resumes, flags and checkpoint ops on a real 3-master Redis Cluster
+//! ([`cluster_support`]).
 
 mod chaos;
 mod checkpoints;
@@ -22,6 +23,8 @@ mod layout;
 mod leases;
 mod ops;
 mod resume;
+mod retention;
+mod retention_cluster;
 mod runs;
 mod serve;
 mod signals;
