@@ -225,6 +225,9 @@ struct SubmitArgs {
     /// The RAGFlow task id the run belongs to (names its cancel flag).
     #[arg(long)]
     task: Option<String>,
+    /// The user the run is for (checkpoint stats and cleanup find a user's threads by it).
+    #[arg(long, value_name = "ID")]
+    user: Option<String>,
     /// Print a JSON document (`{"job": ..., "thread": ...}`).
     #[arg(long)]
     json: bool,
@@ -661,8 +664,11 @@ async fn submit(
             ),
         ));
     }
-    let labels =
+    let mut labels =
         RunLabels::new(args.app, args.chat, args.task).context("bad --app, --chat or --task")?;
+    if let Some(user) = args.user {
+        labels = labels.with_user(user).context("bad --user")?;
+    }
     let text = std::fs::read_to_string(&args.file)
         .with_context(|| format!("cannot read workflow {}", args.file.display()))?;
     let job = Job::new(thread, text, inputs, labels);

@@ -38,7 +38,7 @@ pub struct Job {
     /// The inputs, typed already.
     #[serde(default)]
     pub inputs: Map,
-    /// The run's labels (app, chat, task).
+    /// The run's labels (app, chat, task, user).
     #[serde(default)]
     pub labels: RunLabels,
     /// When it was submitted (ms since the Unix epoch).
