@@ -50,6 +50,9 @@
 //! | `<p>:runs:{<thread>}` | ZSET | the thread's run ids, all with score 0 |
 //! | `<p>:open` | ZSET | open runs (running, awaiting input) of every thread: members `<run_id> <thread>`, score the start (ms) |
 //! | `<p>:recent` | ZSET | every run of the last data TTL, as in `<p>:open` |
+//! | `<p>:threads` | SET | every thread a run was recorded on (for checkpoint stats and cleanup, see [`retention`]) |
+//! | `<p>:threads:<user_id>` | SET | the threads of a user's runs (the user id is the rest of the key) |
+//! | `<p>:users` | SET | the user ids runs were recorded with |
 //! | `<p>:lease:{<thread>}` | HASH | the thread's lease: `worker`, `run`, `token`, `expires` (ms, moved on by each renewal; an expired lease is free); deleted when released |
 //! | `<p>:fence:{<thread>}` | STRING | the thread's newest fencing token (a counter) |
 //! | `<p>:ctl:<worker_id>` | LIST | a worker's control mailbox (see [`control`]) |
@@ -72,13 +75,17 @@
 //! Run record fields: `status` (`running`, `stopped`, ...), `thread`, `workflow_id`,
 //! `started_at` (ms since the epoch), and when set `checkpoint_id`, `parent_run_id`,
 //! `finished_at`, `stop_reason`, `failure_reason`, `unpersisted`, `app_id`, `chat_id`,
-//! `task_id`, `not_resumable`, `worker` (the worker id) and `fence` (the token it ran with).
+//! `task_id`, `user_id`, `not_resumable`, `worker` (the worker id) and `fence` (the token it ran
+//! with).
 //! An absent option is an absent field; other fields (written by other tools) are left alone.
 //! Records written before they moved into their thread's slot (`<p>:run:<run_id>`) are still
 //! read.
 //!
 //! Every key written gets the configured TTL ([`RedisConfig::checkpoint_ttl`], default 30 days),
-//! refreshed by each write to it.
+//! refreshed by each write to it, but the record of a run that ended (and its pointer) gets
+//! [`RedisConfig::finished_run_ttl`] (default 7 days); a running run's lease renewals refresh
+//! its record. Each thread keeps its newest [`RedisConfig::keep_checkpoints`] checkpoints
+//! (default 20): see [`retention`].
 //!
 //! # Atomicity and fencing
 //!
@@ -90,17 +97,24 @@
 //!
 //! - A checkpoint `put` is one Lua script: it refuses a sequence not greater than the run's
 //!   stored one ([`StoreError::StaleSequence`](crate::StoreError::StaleSequence)), then writes
-//!   payload, index entry and sequence together, or nothing.
+//!   payload, index entry and sequence together and prunes the thread to its retention (the
+//!   oldest payloads, their index entries, the sequence keys of their runs but the writer's),
+//!   or does nothing.
 //! - A history `append` is one Lua script: it appends, in order, the messages whose id is not
 //!   yet in the id set, and records their ids, or does nothing.
-//! - `prune` reads the index, then removes the oldest checkpoints in batches; each batch
-//!   (payloads and index entries) is one Lua script.
+//! - `prune` removes the oldest checkpoints in batches of at most 1,000; each batch
+//!   (payloads, index entries, the sequence keys of their runs but the lease holder's) is one
+//!   Lua script. Reads drop index entries whose payload expired, in a script that checks
+//!   again that it is missing.
 //! - A run `put` writes the run's thread pointer, then index entry and hash in one Lua script;
 //!   a reader skips an index entry whose hash is missing.
 //! - A run's flag clear is one script over the fence counter and the flags.
 //! - Scripts check the types of their keys before writing, so a key holding something else
 //!   fails the call with [`StoreError::Corrupt`](crate::StoreError::Corrupt) and writes
-//!   nothing. Keys and values reach scripts as `KEYS` and `ARGV`, never as script text.
+//!   nothing. Keys and values reach scripts as `KEYS` and `ARGV`, never as script text. The
+//!   checkpoint scripts also name the payload and sequence keys of the ids they find in the
+//!   index, from the thread's key prefixes (given in `ARGV`): those keys carry the thread's
+//!   tag, so they are in the script's slot.
 //!
 //! # Failures
 //!

@@ -492,13 +492,16 @@ async fn native_stats_and_cleanup_go_through_the_indexes() {
     let stats = ops.stats(Layout::Native, None).await.expect("stats");
     assert_eq!(counts(&stats)["plain"], 29);
 
-    // One thread.
+    // One thread. The oldest checkpoint it would keep has expired: its entry goes too.
+    let first_kept = stores.checkpoints.list(&threads[0]).await.expect("list")[20];
+    let payload = format!("runvisor:cp:{{wang1-a}}:{first_kept}");
+    let _: i64 = cmd(&mut con, &["DEL", &payload]).await;
     let report = ops
         .cleanup(Layout::Native, &Scope::Thread("wang1-a".into()), 10)
         .await
         .expect("cleanup");
     assert_eq!(report.operation_type, "cleanup_thread");
-    assert_eq!((report.total_processed, report.total_deleted), (1, 20));
+    assert_eq!((report.total_processed, report.total_deleted), (1, 21));
     let detail = &report.details["wang1-a"];
     assert_eq!(
         (
@@ -506,11 +509,15 @@ async fn native_stats_and_cleanup_go_through_the_indexes() {
             detail.deleted_count,
             detail.remaining_count
         ),
-        (30, 20, 10)
+        (30, 21, 9)
     );
     assert_eq!(detail.status, "success");
     let payloads: Vec<String> = cmd(&mut con, &["KEYS", "runvisor:cp:{wang1-a}:*"]).await;
-    assert_eq!(payloads.len(), 10);
+    assert_eq!(payloads.len(), 9);
+    assert_eq!(
+        stores.checkpoints.list(&threads[0]).await.map(|l| l.len()),
+        Ok(9)
+    );
     // The first two runs' checkpoints went, and their sequence keys with them.
     let sequences: Vec<String> = cmd(&mut con, &["KEYS", "runvisor:cpseq:{wang1-a}:*"]).await;
     assert_eq!(sequences.len(), 1, "{sequences:?}");
@@ -521,7 +528,7 @@ async fn native_stats_and_cleanup_go_through_the_indexes() {
         .await
         .expect("cleanup");
     assert_eq!(report.target, "wang1");
-    assert_eq!(report.total_deleted, 5 + 25);
+    assert_eq!(report.total_deleted, 4 + 25);
     let stats = ops.stats(Layout::Native, None).await.expect("stats");
     assert_eq!(
         counts(&stats),

@@ -17,6 +17,9 @@
 ///   many entries went.
 /// - `drop_missing(index, ids, cp_prefix)` removes the entries among `ids` whose payload does
 ///   not exist (it expired); returns how many went.
+/// - `drop_expired_oldest(index, budget, cp_prefix)` removes the oldest entries whose payload
+///   does not exist, up to `budget`, stopping at the first whose payload exists (or that is not
+///   an id); returns how many went.
 pub(crate) const HELPERS: &str = r#"
 local function is_id(text)
   return type(text) == 'string' and #text == 36
@@ -53,6 +56,22 @@ local function drop_missing(index, ids, cp_prefix)
   for _, id in ipairs(ids) do
     if is_id(id) and redis.call('EXISTS', cp_prefix .. id) == 0 then
       dropped = dropped + redis.call('ZREM', index, id)
+    end
+  end
+  return dropped
+end
+local function drop_expired_oldest(index, budget, cp_prefix)
+  local dropped = 0
+  local batch = math.min(budget, 16)
+  while dropped < budget do
+    local oldest = redis.call('ZRANGE', index, 0, batch - 1)
+    if #oldest == 0 then return dropped end
+    for _, id in ipairs(oldest) do
+      if dropped >= budget or not is_id(id) or redis.call('EXISTS', cp_prefix .. id) == 1 then
+        return dropped
+      end
+      redis.call('ZREM', index, id)
+      dropped = dropped + 1
     end
   end
   return dropped
@@ -103,8 +122,9 @@ return {'ok'}
 "#;
 
 /// Trims a thread to its newest `keep` checkpoints, at most `budget` of them per call; in the
-/// call that reaches `keep`, also drops the kept entries (up to `budget`, oldest first) whose
-/// payload expired. Prepended with [`HELPERS`].
+/// call that reaches `keep`, also drops the oldest kept entries whose payload expired (up to
+/// `budget`, stopping at the first that exists: payloads expire oldest first). Prepended with
+/// [`HELPERS`].
 ///
 /// KEYS: index zset, the thread's lease hash. ARGV: the thread's checkpoint key prefix, its
 /// sequence key prefix, keep, budget.
@@ -126,8 +146,7 @@ if n > keep then
 end
 local dropped = 0
 if n - pruned <= keep and n - pruned > 0 then
-  local kept = redis.call('ZRANGE', KEYS[1], 0, budget - 1)
-  dropped = drop_missing(KEYS[1], kept, ARGV[1])
+  dropped = drop_expired_oldest(KEYS[1], budget, ARGV[1])
 end
 return {'ok', n, pruned, dropped}
 "#;
@@ -142,12 +161,7 @@ pub(crate) const COUNT: &str = r#"
 local t = redis.call('TYPE', KEYS[1])['ok']
 if t == 'none' then return {'ok', 0, 0} end
 if t ~= 'zset' then return {'wrongtype', KEYS[1]} end
-local dropped = 0
-local oldest = redis.call('ZRANGE', KEYS[1], 0, tonumber(ARGV[2]) - 1)
-for _, id in ipairs(oldest) do
-  if is_id(id) and redis.call('EXISTS', ARGV[1] .. id) == 1 then break end
-  dropped = dropped + drop_missing(KEYS[1], {id}, ARGV[1])
-end
+local dropped = drop_expired_oldest(KEYS[1], tonumber(ARGV[2]), ARGV[1])
 return {'ok', redis.call('ZCARD', KEYS[1]), dropped}
 "#;
 
