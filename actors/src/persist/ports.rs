@@ -40,6 +40,11 @@ pub struct StoredCheckpoint {
 /// ([`StoreError::StaleSequence`]), so a retry or a late write never replaces newer state. (A
 /// fork copies a checkpoint of a run into a new thread, where that run has stored nothing.)
 /// Ids are time-ordered; `latest` returns the checkpoint with the greatest id.
+///
+/// A store may keep only each thread's newest checkpoints (its retention): then a `put` past
+/// it removes the oldest in the same atomic step, and the store may forget the sequences of
+/// the runs whose checkpoints it removed, never the writer's (only a live run writes, and its
+/// writes are fenced). Reads never return an id whose checkpoint is gone.
 #[async_trait]
 pub trait CheckpointStore: Send + Sync + 'static {
     /// Writes a checkpoint of a thread; with a fencing token, only if it is the thread's.
