@@ -98,8 +98,11 @@ pub(crate) async fn run(redis: Option<RedisConfig>, args: CheckpointsArgs) -> Re
     };
     let shown = config.redacted_url();
     let stores = RedisStores::connect(config).await.map_err(|e| match e {
-        ConnectError::InvalidConfig(_) => Failure::BadInput(e.to_string()),
-        other => Failure::Storage(format!("cannot use Redis at {shown}: {other}")),
+        ConnectError::InvalidConfig(_) => {
+            Failure::BadInput(format!("cannot use Redis at {shown}: {e}"))
+        }
+        // The other errors name the server themselves.
+        other => Failure::Storage(other.to_string()),
     })?;
     let ops = stores.checkpoint_ops();
     let failed = |e: RetentionError| match e {
