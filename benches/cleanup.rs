@@ -81,7 +81,7 @@ struct Measured {
     deleted: u64,
     commands: Vec<(String, u64, u64)>,
     slowest: Option<(u64, String)>,
-    over_10ms: usize,
+    over_10ms: Vec<(u64, String)>,
 }
 
 async fn query<T: ::redis::FromRedisValue>(
@@ -239,7 +239,7 @@ impl Bench {
         stats
     }
 
-    /// The commands logged since the reset: microseconds, and each command's name.
+    /// The commands logged since the reset: microseconds, and each command's name and key.
     async fn logged(&mut self) -> Vec<(u64, String)> {
         let mut get = ::redis::cmd("SLOWLOG");
         get.arg("GET").arg(100_000);
@@ -254,11 +254,23 @@ impl Bench {
                     Some(::redis::Value::Int(us)) => u64::try_from(*us).ok()?,
                     _ => return None,
                 };
+                // The command and its key: `EVALSHA <sha> <numkeys> <key>`, `SCAN <cursor>`.
                 let name = match fields.get(3) {
-                    Some(::redis::Value::Array(args)) => match args.first() {
-                        Some(::redis::Value::BulkString(b)) => String::from_utf8_lossy(b).into(),
-                        _ => String::new(),
-                    },
+                    Some(::redis::Value::Array(args)) => {
+                        let arg = |i: usize| match args.get(i) {
+                            Some(::redis::Value::BulkString(b)) => {
+                                String::from_utf8_lossy(b).into_owned()
+                            }
+                            _ => String::new(),
+                        };
+                        let name = arg(0);
+                        let key = if name.eq_ignore_ascii_case("evalsha") {
+                            arg(3)
+                        } else {
+                            arg(1)
+                        };
+                        format!("{name} {key}")
+                    }
                     _ => String::new(),
                 };
                 Some((us, name))
@@ -285,7 +297,7 @@ impl Bench {
         let commands = self.command_stats().await;
         let logged = self.logged().await;
         let slowest = logged.iter().max().cloned();
-        let over_10ms = logged.iter().filter(|(us, _)| *us > 10_000).count();
+        let over_10ms = logged.into_iter().filter(|(us, _)| *us > 10_000).collect();
         let expected = (self.threads * (PER_THREAD - KEEP)) as u64;
         assert_eq!(report.total_deleted, expected, "{layout} cleanup deleted");
         let after = self.count_keys().await;
@@ -336,7 +348,11 @@ fn report(layout: Layout, checkpoints: usize, measured: &[Measured]) {
     let median = times[times.len() / 2];
     let deleted = measured[0].deleted as f64;
     let slowest = measured.iter().filter_map(|m| m.slowest.clone()).max();
-    let over_10ms: usize = measured.iter().map(|m| m.over_10ms).sum();
+    let over_10ms: Vec<String> = measured
+        .iter()
+        .flat_map(|m| &m.over_10ms)
+        .map(|(us, name)| format!("{:.2} ms {name}", *us as f64 / 1000.0))
+        .collect();
     // Redis's time per command in the median cleanup, the four it spent most on.
     let typical = measured
         .iter()
@@ -357,8 +373,8 @@ fn report(layout: Layout, checkpoints: usize, measured: &[Measured]) {
         "cleanup {layout}: {checkpoints} checkpoints, {} deleted per cleanup; {} cleanups: \
          median {median:?} (fastest {:?}, slowest {:?}); median rate {:.0} checkpoints \
          deleted/s, {:.0} looked at/s; Redis's time in the median one (calls inside scripts \
-         counted too): {}; slowest single command of all cleanups: {}; {over_10ms} commands \
-         over 10 ms",
+         counted too): {}; slowest single command of all cleanups: {}; {} commands \
+         over 10 ms{}",
         measured[0].deleted,
         measured.len(),
         times[0],
@@ -369,6 +385,12 @@ fn report(layout: Layout, checkpoints: usize, measured: &[Measured]) {
         match slowest {
             Some((us, name)) => format!("{:.2} ms, {name} (SLOWLOG)", us as f64 / 1000.0),
             None => format!("none over {} ms (SLOWLOG)", SLOW_US / 1000),
+        },
+        over_10ms.len(),
+        if over_10ms.is_empty() {
+            String::new()
+        } else {
+            format!(": {}", over_10ms.join(", "))
         }
     );
 }
