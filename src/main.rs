@@ -241,7 +241,10 @@ enum DurabilityArg {
 }
 
 fn main() -> ExitCode {
-    let cli = Cli::parse();
+    let cli = match Cli::try_parse() {
+        Ok(cli) => cli,
+        Err(e) => return usage_error(&e),
+    };
     match dispatch(cli) {
         Ok(code) => code,
         Err(e) if is_broken_pipe(&e) => ExitCode::SUCCESS,
@@ -250,6 +253,46 @@ fn main() -> ExitCode {
             ExitCode::from(exit_code(&e))
         }
     }
+}
+
+/// A command line clap could not read: help and version are printed as clap prints them;
+/// anything else is one `error:` line (clap's first line, which names the flag or value) with
+/// a pointer to `--help`, and exit code 2.
+fn usage_error(e: &clap::Error) -> ExitCode {
+    use clap::error::ErrorKind;
+    if matches!(
+        e.kind(),
+        ErrorKind::DisplayHelp
+            | ErrorKind::DisplayVersion
+            | ErrorKind::DisplayHelpOnMissingArgumentOrSubcommand
+    ) {
+        let _ = e.print();
+        return if e.use_stderr() {
+            ExitCode::from(EXIT_BAD_INPUT)
+        } else {
+            ExitCode::SUCCESS
+        };
+    }
+    // Clap's first paragraph, on one line: `unexpected argument '--x' found`, or `the
+    // following required arguments were not provided: --chat <CHAT>`.
+    let rendered = e.render().to_string();
+    let paragraph: Vec<&str> = rendered
+        .lines()
+        .map(str::trim)
+        .skip_while(|line| line.is_empty())
+        .take_while(|line| !line.is_empty())
+        .collect();
+    let first = paragraph.join(" ");
+    let message = first
+        .strip_prefix("error:")
+        .map_or(first.as_str(), str::trim);
+    let message = if message.is_empty() {
+        "cannot read the command line"
+    } else {
+        message
+    };
+    eprintln!("error: {message} (see runvisor --help)");
+    ExitCode::from(EXIT_BAD_INPUT)
 }
 
 /// The exit code for an error: its own for a conflict or a store that failed or refused,

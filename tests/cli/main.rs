@@ -605,3 +605,28 @@ fn a_stopped_run_is_described_in_json() {
     assert_eq!(doc["stop"]["frontier"], serde_json::json!(["nap"]));
     assert_eq!(doc["stop"]["finished"], serde_json::json!(["start"]));
 }
+
+#[test]
+fn a_command_line_clap_cannot_read_is_one_error_line_with_code_2() {
+    for args in [
+        vec!["run", "--bogus"],
+        vec!["stop", "--app", "a"],
+        vec!["frobnicate"],
+        vec!["worker", "--concurrency", "0"],
+    ] {
+        let ran = runvisor(args.iter().copied());
+        assert_eq!(ran.code, Some(BAD_INPUT), "{args:?}: {ran:?}");
+        let lines: Vec<&str> = ran.stderr.lines().collect();
+        assert_eq!(lines.len(), 1, "{args:?}: {ran:?}");
+        assert!(lines[0].starts_with("error: "), "{args:?}: {ran:?}");
+        assert!(
+            lines[0].ends_with("(see runvisor --help)"),
+            "{args:?}: {ran:?}"
+        );
+    }
+    let ran = runvisor(["stop", "--app", "a"]);
+    assert!(
+        ran.stderr.contains("--chat"),
+        "names what is missing: {ran:?}"
+    );
+}
