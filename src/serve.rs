@@ -17,8 +17,10 @@
 //! waiting for a run gets its stop result), then returns.
 
 mod api;
+mod compat;
 mod error;
 mod extract;
+mod metrics;
 mod runs;
 mod stream;
 mod threads;
@@ -108,6 +110,7 @@ struct Shared {
     draining: AtomicBool,
     token: Option<String>,
     body_limit: usize,
+    metrics: metrics::Metrics,
 }
 
 impl Service {
@@ -121,6 +124,7 @@ impl Service {
                 draining: AtomicBool::new(false),
                 token: config.token.clone().filter(|t| !t.is_empty()),
                 body_limit: config.body_limit,
+                metrics: metrics::Metrics::new(),
             }),
         }
     }
@@ -133,6 +137,10 @@ impl Service {
     /// The runtime served.
     pub fn runtime(&self) -> &Runtime {
         &self.shared.runtime
+    }
+
+    fn metrics(&self) -> &metrics::Metrics {
+        &self.shared.metrics
     }
 
     fn redis(&self) -> Option<&RedisStores> {

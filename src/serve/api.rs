@@ -12,7 +12,7 @@ use subtle::ConstantTimeEq;
 use tower_http::limit::RequestBodyLimitLayer;
 
 use super::error::ApiError;
-use super::{Service, runs, threads};
+use super::{Service, compat, metrics, runs, threads};
 
 /// Every route of the service.
 pub(super) fn router(service: Service) -> Router {
@@ -32,6 +32,9 @@ pub(super) fn router(service: Service) -> Router {
     Router::new()
         .route("/healthz", get(healthz))
         .route("/readyz", get(readyz))
+        .route("/metrics", get(metrics::metrics))
+        .route("/api/v2/chat/stop", post(compat::fastgpt_stop))
+        .route("/stop", post(compat::nexau_stop))
         .merge(v1)
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)

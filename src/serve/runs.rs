@@ -25,6 +25,10 @@ use crate::report::OutcomeDocument;
 /// How long workers of other processes are given to say what they run, or to show a tree.
 const ASK_WAIT: Duration = Duration::from_secs(2);
 
+/// How many events a streamed run may have ahead of its client before the run's observer
+/// waits for the client.
+const STREAM_BUFFER: usize = 256;
+
 /// The most runs one page lists, and how far paging reaches.
 const MAX_LIMIT: usize = 1000;
 const MAX_REACH: usize = 10_000;
@@ -104,7 +108,7 @@ pub(super) async fn start(
         .runtime()
         .start_with(&workflow, request.inputs, thread, labels)
         .await?;
-    answer_run(run, reply).await
+    answer_run(&service, run, reply).await
 }
 
 /// How a start or resume is answered.
@@ -133,10 +137,17 @@ impl Reply {
 
 /// The answer to a start or resume: the outcome when the caller waits, the events when it
 /// streams, else `202 Accepted` with the run, its thread and where to follow it.
-pub(super) async fn answer_run(run: RunHandle, reply: Reply) -> Result<Response, ApiError> {
+pub(super) async fn answer_run(
+    service: &Service,
+    run: RunHandle,
+    reply: Reply,
+) -> Result<Response, ApiError> {
     if reply == Reply::Stream {
-        return Ok(super::stream::events(run).into_response());
+        let (tx, rx) = tokio::sync::mpsc::channel(STREAM_BUFFER);
+        service.metrics().observe(&run, Some(tx));
+        return Ok(super::stream::events(run, rx).into_response());
     }
+    service.metrics().observe(&run, None);
     if reply == Reply::Wait {
         let outcome = run.wait().await;
         let document = OutcomeDocument::new(run.workflow_id(), run.thread(), &outcome);
@@ -334,6 +345,12 @@ async fn stop_with(
     mode: StopMode,
     reason: StopReason,
 ) -> Result<Json<Value>, ApiError> {
+    let started = std::time::Instant::now();
+    let endpoint = if reason == StopReason::Cancelled {
+        "v1_cancel"
+    } else {
+        "v1_stop"
+    };
     match crate::ops::stop(
         service.runtime(),
         service.redis(),
@@ -344,7 +361,10 @@ async fn stop_with(
     )
     .await
     {
-        Ok(document) => Ok(Json(document)),
+        Ok(document) => {
+            service.metrics().stop_latency(endpoint, started.elapsed());
+            Ok(Json(document))
+        }
         Err(StopRunError::UnknownRun(run)) => {
             Err(ApiError::not_found(format!("no run {run}")).with("run_id", run.to_string()))
         }

@@ -7,24 +7,28 @@ use std::convert::Infallible;
 
 use axum::response::sse::{Event, KeepAlive, Sse};
 use futures::Stream;
-use runvisor_actors::{EventStream, RunEvent, RunHandle, RunOutcome};
+use runvisor_actors::{RunEvent, RunHandle, RunOutcome};
 use serde_json::{Value, json};
+use tokio::sync::mpsc;
 
 use crate::report::OutcomeDocument;
 
 /// Where the stream is.
 enum State {
-    Events(RunHandle, EventStream),
+    Events(RunHandle, mpsc::Receiver<RunEvent>),
     Done,
 }
 
-/// The run's events from its start, then its outcome.
-pub(super) fn events(run: RunHandle) -> Sse<impl Stream<Item = Result<Event, Infallible>>> {
-    let events = run.events();
+/// The run's events from its start (as the service's observer of the run forwards them to
+/// `events`), then its outcome.
+pub(super) fn events(
+    run: RunHandle,
+    events: mpsc::Receiver<RunEvent>,
+) -> Sse<impl Stream<Item = Result<Event, Infallible>>> {
     let stream = futures::stream::unfold(State::Events(run, events), |state| async move {
         match state {
             State::Events(run, mut events) => loop {
-                match events.next().await {
+                match events.recv().await {
                     Some(event) => {
                         if let Some(sse) = render(&event) {
                             return Some((Ok(sse), State::Events(run, events)));

@@ -112,7 +112,7 @@ pub(super) async fn resume(
         (None, None) => ResumeInput::Continue,
     };
     let run = runtime.resume(from, input).await?;
-    answer_run(run, reply).await
+    answer_run(&service, run, reply).await
 }
 
 /// `GET /v1/threads/{thread}/checkpoints` parameters.

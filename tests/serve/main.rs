@@ -3,7 +3,9 @@
 //! shown, stopped, cancelled and resumed; interactions answered; workflows validated; every
 //! bad request answered with its JSON error code; the token; SIGTERM.
 
+mod compat;
 mod errors;
+mod metrics;
 mod runs;
 mod server;
 mod shutdown;

@@ -121,6 +121,24 @@ impl Server {
         Answer { status, body }
     }
 
+    /// `GET path`, answered as text: its status, content type and body.
+    pub(crate) async fn get_text(&self, path: &str) -> (u16, String, String) {
+        let request = self.client.get(self.url(path));
+        let request = match &self.token {
+            Some(token) => request.bearer_auth(token),
+            None => request,
+        };
+        let response = request.send().await.expect("the server answers");
+        let status = response.status().as_u16();
+        let content_type = response
+            .headers()
+            .get("content-type")
+            .and_then(|v| v.to_str().ok())
+            .unwrap_or("")
+            .to_owned();
+        (status, content_type, response.text().await.expect("a body"))
+    }
+
     pub(crate) async fn get(&self, path: &str) -> Answer {
         self.send(self.client.get(self.url(path))).await
     }
