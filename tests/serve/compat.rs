@@ -9,10 +9,25 @@ use serde_json::{Value, json};
 use super::server::Server;
 use super::sleepy;
 
+/// `start -> greet (stream_text, which appends an assistant message) -> a (sleep
+/// {{sys.query}})`: a run that has persisted two messages (the query, the greeting) when it
+/// sleeps.
+fn greeting() -> Value {
+    json!({"id": "greeting", "nodes": [
+        {"id": "start", "kind": "begin"},
+        {"id": "greet", "kind": "stream_text", "params": {"text": "hello", "interval": "1ms"}},
+        {"id": "a", "kind": "sleep", "params": {"duration": "{{sys.query}}"}}
+    ], "edges": [{"from": "start", "to": "greet"}, {"from": "greet", "to": "a"}]})
+}
+
 /// Starts `sleepy` on `thread` for 60 s with `labels` (`app`, `chat`) and returns the run id
 /// once it sleeps in node `a`.
 async fn sleeping(server: &Server, thread: &str, labels: Value) -> String {
-    let mut body = json!({"workflow": sleepy(), "inputs": {"query": "60s"}, "thread": thread});
+    sleeping_in(server, sleepy(), thread, labels).await
+}
+
+async fn sleeping_in(server: &Server, workflow: Value, thread: &str, labels: Value) -> String {
+    let mut body = json!({"workflow": workflow, "inputs": {"query": "60s"}, "thread": thread});
     if let (Value::Object(body), Value::Object(labels)) = (&mut body, labels) {
         body.extend(labels);
     }
@@ -94,7 +109,7 @@ async fn fastgpt_chat_stop_stops_the_run_of_that_app_and_chat() {
 #[tokio::test]
 async fn nexau_stop_answers_a_stop_response() {
     let server = Server::start(&[], &[]);
-    let run = sleeping(&server, "sess-1", json!({})).await;
+    let run = sleeping_in(&server, greeting(), "sess-1", json!({})).await;
 
     let stopped = server
         .post(
@@ -110,12 +125,14 @@ async fn nexau_stop_answers_a_stop_response() {
         .as_array()
         .expect("the outcome's messages")
         .len();
+    // The user's query and greet's assistant message.
+    assert_eq!(persisted, 2, "{record:?}");
     assert_eq!(
         stopped.body,
         json!({
             "status": "success",
             "stop_reason": "USER_INTERRUPTED",
-            "message_count": persisted,
+            "message_count": 2,
             "error": null,
         })
     );
