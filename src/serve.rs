@@ -2,9 +2,12 @@
 //!
 //! The native API lives under `/v1` (runs: start, waiting for the outcome or streaming the
 //! events as server-sent events, list, get, tree, stop, cancel; threads: resume, checkpoints;
-//! workflow validation), beside `/healthz` and `/readyz`. Every answer is
-//! JSON; every error is `{"error": {"code": ..., "message": ..., ...details}}` with a stable
-//! code ([`ApiError`], the one place that maps errors to HTTP statuses).
+//! workflow validation), beside `/healthz`, `/readyz` and `/metrics` (OpenMetrics text), and
+//! the seeds' stop endpoints with their own JSON (FastGPT's `/api/v2/chat/stop`, NexAU's
+//! `/stop`). Every other answer is JSON; every error is
+//! `{"error": {"code": ..., "message": ..., ...details}}` with a stable code ([`ApiError`], the
+//! one place that maps errors to HTTP statuses), except those NexAU's `/stop` answers in its
+//! `StopResponse`.
 //!
 //! Safe by default: the default address is loopback; with a token every endpoint but the
 //! health checks requires `Authorization: Bearer <token>` (compared in constant time); request
