@@ -137,3 +137,67 @@ async fn sigterm_stops_runs_resumably_and_another_serve_resumes_them() {
     assert_eq!(resumed.body["status"], "succeeded");
     assert_eq!(resumed.body["outputs"]["start"], json!({"query": "60s"}));
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_seed_stop_endpoints_of_one_serve_process_stop_runs_of_another() {
+    let redis = RedisServer::start();
+    let a = serve(&redis);
+    let b = serve(&redis);
+    let start = |thread: &str, labels: Value| {
+        let mut body = json!({"workflow": sleepy(), "inputs": {"query": "60s"}, "thread": thread});
+        if let (Value::Object(body), Value::Object(labels)) = (&mut body, labels) {
+            body.extend(labels);
+        }
+        body
+    };
+    let fastgpt = a
+        .post(
+            "/v1/runs",
+            start("fg-x", json!({"app": "app1", "chat": "c1"})),
+        )
+        .await;
+    let fastgpt = fastgpt.body["run_id"].as_str().expect("run id").to_owned();
+    let nexau = a.post("/v1/runs", start("sess-x", json!({}))).await;
+    let nexau = nexau.body["run_id"].as_str().expect("run id").to_owned();
+    for run in [&fastgpt, &nexau] {
+        b.until("B to see A's run sleep", &format!("/v1/runs/{run}"), |r| {
+            r.body["nodes"] == json!(["a"])
+        })
+        .await;
+    }
+    // B's scrape counts A's runs among the open runs; A holds their leases, B none.
+    let (_, _, scraped) = b.get_text("/metrics").await;
+    assert!(
+        scraped.contains("runvisor_runs{status=\"running\"} 2"),
+        "{scraped}"
+    );
+    assert!(scraped.contains("runvisor_leases_held 0"), "{scraped}");
+
+    let stopped = b
+        .post(
+            "/api/v2/chat/stop",
+            json!({"appId": "app1", "chatId": "c1"}),
+        )
+        .await;
+    assert_eq!(stopped.status, 200, "{stopped:?}\nA:\n{}", a.log());
+    assert_eq!(stopped.body, json!({"success": true}));
+    let record = b.get(&format!("/v1/runs/{fastgpt}")).await;
+    assert_eq!(record.body["status"], "stopped", "{record:?}");
+
+    let stopped = b
+        .post("/stop", json!({"session_id": "sess-x", "timeout": 5}))
+        .await;
+    assert_eq!(stopped.status, 200, "{stopped:?}\nA:\n{}", a.log());
+    assert_eq!(
+        stopped.body,
+        json!({"status": "success", "stop_reason": "USER_INTERRUPTED",
+               "message_count": 1, "error": null})
+    );
+    let record = b.get(&format!("/v1/runs/{nexau}")).await;
+    assert_eq!(record.body["status"], "stopped", "{record:?}");
+    let (_, _, scraped) = b.get_text("/metrics").await;
+    assert!(
+        scraped.contains("runvisor_stop_latency_seconds_count{endpoint=\"nexau\"} 1"),
+        "{scraped}"
+    );
+}
