@@ -9,8 +9,9 @@
 //! - `runvisor_node_executions_total{kind}` (counter): nodes those runs started.
 //! - `runvisor_stop_latency_seconds{endpoint}` (histogram): from a stop request to the run
 //!   quiesced (its stop result), per stop endpoint.
-//! - `runvisor_scrape_errors_total{kind}` (counter): stores that failed while a scrape read
-//!   them, by the kind of failure.
+//! - `runvisor_store_errors_total{source, kind}` (counter): store failures, `transient` or
+//!   `rejected`: while a scrape read the runs (`scrape`), and when a run of this service found
+//!   the checkpoint store failing and waited for it (`checkpoint`).
 //!
 //! What the engine does is read from the runs' event streams ([`Metrics::observe`]): the
 //! engine knows nothing of metrics.
@@ -66,6 +67,19 @@ struct KindLabel {
 }
 
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ErrorLabel {
+    source: &'static str,
+    kind: &'static str,
+}
+
+impl ErrorLabel {
+    fn new(source: &'static str, transient: bool) -> Self {
+        let kind = if transient { "transient" } else { "rejected" };
+        Self { source, kind }
+    }
+}
+
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct EndpointLabel {
     endpoint: String,
 }
@@ -86,7 +100,7 @@ struct Inner {
     ended: Family<StatusLabel, Counter>,
     nodes: Family<KindLabel, Counter>,
     stop_latency: Latency,
-    scrape_errors: Family<KindLabel, Counter>,
+    store_errors: Family<ErrorLabel, Counter>,
 }
 
 impl std::fmt::Debug for Metrics {
@@ -139,11 +153,11 @@ impl Metrics {
             "From a stop request to the run quiesced, by stop endpoint",
             stop_latency.clone(),
         );
-        let scrape_errors = Family::<KindLabel, Counter>::default();
+        let store_errors = Family::<ErrorLabel, Counter>::default();
         registry.register(
-            "runvisor_scrape_errors",
-            "Store failures while a scrape read the stores, by kind",
-            scrape_errors.clone(),
+            "runvisor_store_errors",
+            "Store failures seen by scrapes and by the runs of this service, by kind",
+            store_errors.clone(),
         );
         // The label values known beforehand are there from the first scrape, at 0.
         for status in ENDED {
@@ -156,10 +170,10 @@ impl Metrics {
                 endpoint: endpoint.to_owned(),
             });
         }
-        for kind in ["transient", "rejected"] {
-            let _created = scrape_errors.get_or_create(&KindLabel {
-                kind: kind.to_owned(),
-            });
+        for source in ["scrape", "checkpoint"] {
+            for transient in [true, false] {
+                let _created = store_errors.get_or_create(&ErrorLabel::new(source, transient));
+            }
         }
         Self {
             inner: Arc::new(Inner {
@@ -170,7 +184,7 @@ impl Metrics {
                 ended,
                 nodes,
                 stop_latency,
-                scrape_errors,
+                store_errors,
             }),
         }
     }
@@ -203,6 +217,16 @@ impl Metrics {
                             .get_or_create(&KindLabel {
                                 kind: kind.to_string(),
                             })
+                            .inc();
+                    }
+                    RunEvent::StorageWait {
+                        waiting: true,
+                        error: Some(error),
+                    } => {
+                        metrics
+                            .inner
+                            .store_errors
+                            .get_or_create(&ErrorLabel::new("checkpoint", error.is_transient()))
                             .inc();
                     }
                     RunEvent::RunFinished { status, .. } => {
@@ -246,16 +270,9 @@ impl Metrics {
                 }
             }
             Err(e) => {
-                let kind = if e.is_transient() {
-                    "transient"
-                } else {
-                    "rejected"
-                };
                 self.inner
-                    .scrape_errors
-                    .get_or_create(&KindLabel {
-                        kind: kind.to_owned(),
-                    })
+                    .store_errors
+                    .get_or_create(&ErrorLabel::new("scrape", e.is_transient()))
                     .inc();
             }
         }

@@ -36,7 +36,7 @@ async fn metrics_need_the_token_and_move_after_runs() {
         "# TYPE runvisor_runs_started counter",
         "# TYPE runvisor_runs_ended counter",
         "# TYPE runvisor_stop_latency_seconds histogram",
-        "# TYPE runvisor_scrape_errors counter",
+        "# TYPE runvisor_store_errors counter",
     ] {
         assert!(before.contains(name), "{name} missing in:\n{before}");
     }
@@ -47,6 +47,10 @@ async fn metrics_need_the_token_and_move_after_runs() {
     );
     assert!(
         before.contains("runvisor_stop_latency_seconds_count{endpoint=\"fastgpt\"} 0"),
+        "{before}"
+    );
+    assert!(
+        before.contains("runvisor_store_errors_total{source=\"checkpoint\",kind=\"transient\"} 0"),
         "{before}"
     );
 
