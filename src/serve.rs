@@ -2,7 +2,8 @@
 //!
 //! The native API lives under `/v1` (runs: start, waiting for the outcome or streaming the
 //! events as server-sent events, list, get, tree, stop, cancel; threads: resume, checkpoints;
-//! workflow validation), beside `/healthz`, `/readyz` and `/metrics` (OpenMetrics text), and
+//! workflow validation; its OpenAPI document at `/openapi.json`), beside `/healthz`, `/readyz`
+//! and `/metrics` (OpenMetrics text), and
 //! the seeds' stop endpoints with their own JSON (FastGPT's `/api/v2/chat/stop`, NexAU's
 //! `/stop`). Every other answer is JSON; every error is
 //! `{"error": {"code": ..., "message": ..., ...details}}` with a stable code ([`ApiError`], the
@@ -24,6 +25,7 @@ mod compat;
 mod error;
 mod extract;
 mod metrics;
+mod openapi;
 mod runs;
 mod stream;
 mod threads;

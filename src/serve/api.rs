@@ -12,7 +12,7 @@ use subtle::ConstantTimeEq;
 use tower_http::limit::RequestBodyLimitLayer;
 
 use super::error::ApiError;
-use super::{Service, compat, metrics, runs, threads};
+use super::{Service, compat, metrics, openapi, runs, threads};
 
 /// Every route of the service.
 pub(super) fn router(service: Service) -> Router {
@@ -33,6 +33,7 @@ pub(super) fn router(service: Service) -> Router {
         .route("/healthz", get(healthz))
         .route("/readyz", get(readyz))
         .route("/metrics", get(metrics::metrics))
+        .route("/openapi.json", get(openapi::openapi))
         .route("/api/v2/chat/stop", post(compat::fastgpt_stop))
         .route("/stop", post(compat::nexau_stop))
         .merge(v1)

@@ -15,10 +15,12 @@ use runvisor_actors::{
 };
 use serde::Deserialize;
 use serde_json::{Value, json};
+use utoipa::{IntoParams, ToSchema};
 
 use super::Service;
 use super::error::ApiError;
 use super::extract::{JsonBody, path_rejection, query_rejection};
+use super::openapi::ErrorDocument;
 use crate::ops::StopRunError;
 use crate::report::OutcomeDocument;
 
@@ -34,19 +36,28 @@ const MAX_LIMIT: usize = 1000;
 const MAX_REACH: usize = 10_000;
 
 /// `POST /v1/runs`.
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub(super) struct StartRequest {
     /// The workflow definition: an object, or its JSON text.
+    #[schema(value_type = Object)]
     workflow: Value,
+    /// The begin node's inputs.
     #[serde(default)]
+    #[schema(value_type = Object)]
     inputs: Map,
+    /// The thread to run on; a fresh one by default.
     thread: Option<String>,
+    /// The FastGPT app id (with `chat`).
     app: Option<String>,
+    /// The FastGPT chat id (with `app`).
     chat: Option<String>,
+    /// The RAGFlow task id.
     task: Option<String>,
+    /// Answer the outcome once the run ends.
     #[serde(default)]
     wait: bool,
+    /// Answer the run's events as server-sent events, then its outcome.
     #[serde(default)]
     stream: bool,
 }
@@ -84,6 +95,15 @@ pub(super) fn run_id(path: Result<Path<String>, PathRejection>) -> Result<RunId,
     })
 }
 
+#[utoipa::path(post, path = "/v1/runs", tag = "runs", request_body = StartRequest,
+    responses(
+        (status = 202, description = "Started: the run id, its thread and links", body = Object),
+        (status = 200, description = "With `wait`: the outcome document; with `stream`: \
+            `text/event-stream` of the run's events, then its outcome", body = Object),
+        (status = 409, description = "`thread_busy`", body = ErrorDocument),
+        (status = 422, description = "`invalid_workflow` (every problem), `invalid_input`",
+            body = ErrorDocument),
+    ))]
 pub(super) async fn start(
     State(service): State<Service>,
     JsonBody(request): JsonBody<StartRequest>,
@@ -170,24 +190,39 @@ pub(super) async fn answer_run(
 }
 
 /// `GET /v1/runs` parameters.
-#[derive(Debug, Default, Deserialize)]
+#[derive(Debug, Default, Deserialize, IntoParams)]
 #[serde(deny_unknown_fields)]
+#[into_params(parameter_in = Query)]
 pub(super) struct ListParams {
-    /// Comma-separated statuses.
+    /// Comma-separated statuses: running, awaiting_input, orphaned, stopped, succeeded,
+    /// failed, cancelled.
     status: Option<String>,
+    /// Only runs of this thread.
     thread: Option<String>,
+    /// Only runs with this app id.
     app: Option<String>,
+    /// Only runs with this chat id.
     chat: Option<String>,
+    /// Only runs with this task id.
     task: Option<String>,
+    /// Only runs of this worker.
     worker: Option<String>,
     /// Also runs that ended (implied by a status filter naming an end status).
     #[serde(default)]
     all: bool,
+    /// At most this many (1 to 1000; 100 by default).
     limit: Option<usize>,
+    /// Skip this many.
     #[serde(default)]
     offset: usize,
 }
 
+#[utoipa::path(get, path = "/v1/runs", tag = "runs", params(ListParams),
+    responses(
+        (status = 200, description = "`{runs, next_offset}`: runs of every worker, newest \
+            first", body = Object),
+        (status = 400, description = "`bad_request`, `invalid_id`", body = ErrorDocument),
+    ))]
 pub(super) async fn list(
     State(service): State<Service>,
     params: Result<Query<ListParams>, QueryRejection>,
@@ -250,6 +285,13 @@ pub(super) async fn list(
     })))
 }
 
+#[utoipa::path(get, path = "/v1/runs/{run_id}", tag = "runs",
+    params(("run_id" = String, Path, description = "The run (a UUID)")),
+    responses(
+        (status = 200, description = "The run: status, worker, nodes running now, outcome",
+            body = Object),
+        (status = 404, description = "`not_found`", body = ErrorDocument),
+    ))]
 pub(super) async fn get(
     State(service): State<Service>,
     path: Result<Path<String>, PathRejection>,
@@ -273,6 +315,13 @@ pub(super) async fn get(
     Ok(Json(body))
 }
 
+#[utoipa::path(get, path = "/v1/runs/{run_id}/tree", tag = "runs",
+    params(("run_id" = String, Path, description = "The run (a UUID)")),
+    responses(
+        (status = 200, description = "Its live actor tree, whichever process runs it",
+            body = Object),
+        (status = 409, description = "`no_live_run`", body = ErrorDocument),
+    ))]
 pub(super) async fn tree(
     State(service): State<Service>,
     path: Result<Path<String>, PathRejection>,
@@ -283,25 +332,37 @@ pub(super) async fn tree(
 }
 
 /// `POST /v1/runs/{run_id}/stop`.
-#[derive(Debug, Default, Deserialize)]
+#[derive(Debug, Default, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub(super) struct StopBody {
     #[serde(default)]
     mode: Mode,
-    /// How long running nodes may take to finish (graceful); the runtime's stop timeout by
-    /// default.
+    /// How long running nodes may take to finish (graceful), as `5s` or `1m 30s`; the
+    /// runtime's stop timeout by default.
     #[serde(default, with = "humantime_serde")]
+    #[schema(value_type = Option<String>, example = "5s")]
     timeout: Option<Duration>,
 }
 
-#[derive(Debug, Default, Clone, Copy, Deserialize)]
+/// A graceful stop lets running nodes finish within the timeout; a force stop aborts them.
+#[derive(Debug, Default, Clone, Copy, Deserialize, ToSchema)]
 #[serde(rename_all = "snake_case")]
-enum Mode {
+pub(super) enum Mode {
     #[default]
     Graceful,
     Force,
 }
 
+#[utoipa::path(post, path = "/v1/runs/{run_id}/stop", tag = "runs", request_body = StopBody,
+    params(("run_id" = String, Path, description = "The run (a UUID)")),
+    responses(
+        (status = 200, description = "The stopped run's outcome, with its stop result",
+            body = Object),
+        (status = 404, description = "`not_found`", body = ErrorDocument),
+        (status = 409, description = "`no_live_run`", body = ErrorDocument),
+        (status = 503, description = "`worker_unavailable`, `storage_unavailable`",
+            body = ErrorDocument),
+    ))]
 pub(super) async fn stop(
     State(service): State<Service>,
     path: Result<Path<String>, PathRejection>,
@@ -322,10 +383,18 @@ pub(super) async fn stop(
     stop_with(&service, run, mode, StopReason::UserInterrupted).await
 }
 
+#[utoipa::path(post, path = "/v1/runs/{run_id}/cancel", tag = "runs",
+    params(("run_id" = String, Path, description = "The run (a UUID)")),
+    responses(
+        (status = 200, description = "The run's outcome: status cancelled (resumable)",
+            body = Object),
+        (status = 404, description = "`not_found`", body = ErrorDocument),
+        (status = 409, description = "`no_live_run`", body = ErrorDocument),
+    ))]
 pub(super) async fn cancel(
     State(service): State<Service>,
     path: Result<Path<String>, PathRejection>,
-    JsonBody(_): JsonBody<CancelBody>,
+    _body: JsonBody<CancelBody>,
 ) -> Result<Json<Value>, ApiError> {
     let run = run_id(path)?;
     let mode = StopMode::Graceful {
@@ -375,12 +444,21 @@ async fn stop_with(
 }
 
 /// `POST /v1/workflows/validate`.
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub(super) struct ValidateRequest {
+    /// The workflow definition: an object, or its JSON text.
+    #[schema(value_type = Object)]
     workflow: Value,
 }
 
+#[utoipa::path(post, path = "/v1/workflows/validate", tag = "workflows",
+    request_body = ValidateRequest,
+    responses(
+        (status = 200, description = "`{valid, workflow, nodes, inputs}`", body = Object),
+        (status = 422, description = "`invalid_workflow`: `errors` lists every problem",
+            body = ErrorDocument),
+    ))]
 pub(super) async fn validate(
     State(service): State<Service>,
     JsonBody(request): JsonBody<ValidateRequest>,

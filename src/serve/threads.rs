@@ -9,20 +9,23 @@ use runvisor_actors::snapshot::Snapshot;
 use runvisor_actors::{CheckpointId, InteractionId, ResumeFrom, ResumeInput, ThreadId, Value};
 use serde::Deserialize;
 use serde_json::json;
+use utoipa::{IntoParams, ToSchema};
 
 use super::Service;
 use super::error::ApiError;
 use super::extract::{JsonBody, path_rejection, query_rejection};
+use super::openapi::ErrorDocument;
 use super::runs::{Reply, answer_run, thread_id};
 
 /// `POST /v1/threads/{thread}/resume`; every field is optional: no field continues from the
 /// newest checkpoint.
-#[derive(Debug, Default, Deserialize)]
+#[derive(Debug, Default, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub(super) struct ResumeRequest {
     /// A new instruction from the user (it becomes `{{sys.query}}`).
     say: Option<String>,
     /// The answer to the interaction the thread waits for.
+    #[schema(value_type = Option<Object>)]
     answer: Option<serde_json::Value>,
     /// The interaction answered; by default the one the checkpoint waits for.
     interaction: Option<String>,
@@ -30,8 +33,10 @@ pub(super) struct ResumeRequest {
     checkpoint: Option<String>,
     /// The fork's new thread (with `checkpoint`); a fresh id by default.
     fork_into: Option<String>,
+    /// Answer the outcome once the run ends.
     #[serde(default)]
     wait: bool,
+    /// Answer the run's events as server-sent events, then its outcome.
     #[serde(default)]
     stream: bool,
 }
@@ -52,6 +57,20 @@ fn parse_id<T: std::str::FromStr>(text: &str, field: &str) -> Result<T, ApiError
     })
 }
 
+#[utoipa::path(post, path = "/v1/threads/{thread}/resume", tag = "threads",
+    request_body = ResumeRequest,
+    params(("thread" = String, Path, description = "The thread")),
+    responses(
+        (status = 202, description = "Resumed: the new run's id, its thread and links",
+            body = Object),
+        (status = 200, description = "With `wait`: the outcome document; with `stream`: \
+            `text/event-stream` of the run's events, then its outcome", body = Object),
+        (status = 404, description = "`not_found`: no checkpoint to resume from",
+            body = ErrorDocument),
+        (status = 409, description = "`thread_busy`, `nothing_to_resume`, `not_resumable`, \
+            `answer_required`, `no_interaction`, `thread_exists`", body = ErrorDocument),
+        (status = 422, description = "`invalid_answer`", body = ErrorDocument),
+    ))]
 pub(super) async fn resume(
     State(service): State<Service>,
     path: Result<Path<String>, PathRejection>,
@@ -116,8 +135,9 @@ pub(super) async fn resume(
 }
 
 /// `GET /v1/threads/{thread}/checkpoints` parameters.
-#[derive(Debug, Default, Deserialize)]
+#[derive(Debug, Default, Deserialize, IntoParams)]
 #[serde(deny_unknown_fields)]
+#[into_params(parameter_in = Query)]
 pub(super) struct CheckpointParams {
     /// At most this many, newest first (default 50).
     limit: Option<usize>,
@@ -125,6 +145,13 @@ pub(super) struct CheckpointParams {
 
 /// The checkpoints of a thread, newest first: each with its run, when it was written, the
 /// run's status then, what a resume would start and what it waits for.
+#[utoipa::path(get, path = "/v1/threads/{thread}/checkpoints", tag = "threads",
+    params(("thread" = String, Path, description = "The thread"), CheckpointParams),
+    responses(
+        (status = 200, description = "`{thread, total, checkpoints}`, newest first",
+            body = Object),
+        (status = 400, description = "`invalid_id`", body = ErrorDocument),
+    ))]
 pub(super) async fn checkpoints(
     State(service): State<Service>,
     path: Result<Path<String>, PathRejection>,

@@ -6,6 +6,7 @@
 mod compat;
 mod errors;
 mod metrics;
+mod openapi;
 mod runs;
 mod server;
 mod shutdown;
