@@ -7,7 +7,9 @@
 //!   as FastGPT answers.
 //! - `POST /stop` `StopRequest {user_id, session_id, agent_id, force, timeout}` ->
 //!   `StopResponse {status, stop_reason, message_count, error}` (NexAU): the session is the
-//!   thread; `force` is a force stop, `timeout` the graceful stop's timeout in seconds. A session
+//!   thread, `user_id` the run's user label (a run without one is anyone's), `agent_id` its
+//!   workflow id or run id; `force` is a force stop, `timeout` the graceful stop's timeout in
+//!   seconds. A session
 //!   with no live run is answered `200` with `status: "error"` and NexAU's message, as NexAU
 //!   does; a store or worker that fails is answered `503` in the same shape.
 
@@ -196,7 +198,14 @@ pub(super) async fn nexau_stop(
         return not_found();
     };
     let runtime = service.runtime();
-    let run = match live_run(runtime, thread, request.agent_id.as_deref()).await {
+    let run = match live_run(
+        runtime,
+        thread,
+        &request.user_id,
+        request.agent_id.as_deref(),
+    )
+    .await
+    {
         Ok(Some(run)) => run,
         Ok(None) => return not_found(),
         Err(e) => return NexauStopResponse::error(StatusCode::SERVICE_UNAVAILABLE, e.to_string()),
@@ -236,11 +245,12 @@ pub(super) async fn nexau_stop(
     }
 }
 
-/// The live run of `thread` (a thread has one at most), if `agent_id` is absent or names it:
-/// its run id or its workflow's id.
+/// The live run of `thread` (a thread has one at most), if it is `user`'s (a run with no user
+/// label is anyone's) and `agent_id` is absent or names it: its run id or its workflow's id.
 async fn live_run(
     runtime: &Runtime,
     thread: ThreadId,
+    user: &str,
     agent_id: Option<&str>,
 ) -> Result<Option<runvisor_actors::RunId>, runvisor_actors::StoreError> {
     let query = RunQuery {
@@ -255,9 +265,10 @@ async fn live_run(
         .into_iter()
         .map(|v| v.record)
         .find(|record| {
-            agent_id.is_none_or(|agent| {
-                agent == record.workflow_id || agent == record.run_id.to_string()
-            })
+            record.labels.user_id().is_none_or(|owner| owner == user)
+                && agent_id.is_none_or(|agent| {
+                    agent == record.workflow_id || agent == record.run_id.to_string()
+                })
         })
         .map(|record| record.run_id))
 }

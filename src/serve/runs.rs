@@ -54,6 +54,8 @@ pub(super) struct StartRequest {
     chat: Option<String>,
     /// The RAGFlow task id.
     task: Option<String>,
+    /// The user the run is for (NexAU's `user_id`).
+    user: Option<String>,
     /// Answer the outcome once the run ends.
     #[serde(default)]
     wait: bool,
@@ -122,8 +124,13 @@ pub(super) async fn start(
             "`app` and `chat` go together: they name the FastGPT stop flag",
         ));
     }
-    let labels = RunLabels::new(request.app, request.chat, request.task)
+    let mut labels = RunLabels::new(request.app, request.chat, request.task)
         .map_err(|e| ApiError::invalid_id("app, chat or task", &e))?;
+    if let Some(user) = request.user {
+        labels = labels
+            .with_user(user)
+            .map_err(|e| ApiError::invalid_id("user", &e))?;
+    }
     let run = service
         .runtime()
         .start_with(&workflow, request.inputs, thread, labels)

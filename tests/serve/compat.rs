@@ -152,6 +152,25 @@ async fn nexau_stop_answers_a_stop_response() {
         })
     );
 
+    // A run with a user label is that user's only.
+    sleeping(&server, "sess-u", json!({"user": "alice"})).await;
+    let not_hers = server
+        .post("/stop", json!({"user_id": "bob", "session_id": "sess-u"}))
+        .await;
+    assert_eq!(
+        not_hers.body,
+        json!({
+            "status": "error",
+            "stop_reason": null,
+            "message_count": 0,
+            "error": "No running agent found for user_id=bob, session_id=sess-u, agent_id=any",
+        })
+    );
+    let hers = server
+        .post("/stop", json!({"user_id": "alice", "session_id": "sess-u"}))
+        .await;
+    assert_eq!(hers.body["status"], "success", "{hers:?}");
+
     // The defaults: user_id "default-user"; agent_id names the workflow (or the run).
     sleeping(&server, "sess-2", json!({})).await;
     let wrong_agent = server
