@@ -26,6 +26,7 @@ use super::Service;
 use super::error::ApiError;
 use super::extract::JsonBody;
 use crate::ops::StopRunError;
+use crate::redis::control::ControlError;
 
 /// How long FastGPT's stop waits for the run to end before it answers.
 const FASTGPT_WAIT: Duration = Duration::from_secs(5);
@@ -106,8 +107,16 @@ pub(super) async fn fastgpt_stop(
     if let Ok(results) = waited {
         for result in results {
             match result {
-                // Stopped, or it ended (or vanished) on its own meanwhile: success.
-                Ok(Ok(_) | Err(StopRunError::NotLive { .. } | StopRunError::UnknownRun(_))) => {}
+                // Stopped, or it ended (or vanished) on its own meanwhile (its worker says it
+                // does not run it): success.
+                Ok(
+                    Ok(_)
+                    | Err(
+                        StopRunError::NotLive { .. }
+                        | StopRunError::UnknownRun(_)
+                        | StopRunError::Control(ControlError::Refused { .. }),
+                    ),
+                ) => {}
                 Ok(Err(StopRunError::Control(e))) => return Err(e.into()),
                 Ok(Err(StopRunError::Store(e))) => return Err(e.into()),
                 Err(e) => return Err(ApiError::internal(format!("the stop failed: {e}"))),
@@ -234,8 +243,13 @@ pub(super) async fn nexau_stop(
             })
             .into_response()
         }
-        // It ended on its own between the lookup and the stop.
-        Err(StopRunError::NotLive { .. } | StopRunError::UnknownRun(_)) => not_found(),
+        // It ended on its own between the lookup and the stop (its worker says it does not
+        // run it).
+        Err(
+            StopRunError::NotLive { .. }
+            | StopRunError::UnknownRun(_)
+            | StopRunError::Control(ControlError::Refused { .. }),
+        ) => not_found(),
         Err(StopRunError::Control(e)) => {
             NexauStopResponse::error(StatusCode::SERVICE_UNAVAILABLE, e.to_string())
         }
