@@ -19,7 +19,7 @@ use axum::Json;
 use axum::extract::State;
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
-use runvisor_actors::{RunQuery, RunStatus, Runtime, StopMode, StopReason, ThreadId};
+use runvisor_actors::{RunLabels, RunQuery, RunStatus, Runtime, StopMode, StopReason, ThreadId};
 use serde::{Deserialize, Serialize};
 
 use super::Service;
@@ -57,11 +57,19 @@ pub(super) async fn fastgpt_stop(
     State(service): State<Service>,
     JsonBody(request): JsonBody<StopV2ChatRequest>,
 ) -> Result<Json<StopV2ChatResponse>, ApiError> {
+    let started = Instant::now();
     if request.app_id.is_empty() || request.chat_id.is_empty() {
         return Err(ApiError::bad_request(
             "`appId` and `chatId` must not be empty",
         ));
     }
+    // Checked as run labels are, before they reach a store: no run carries another.
+    RunLabels::new(
+        Some(request.app_id.clone()),
+        Some(request.chat_id.clone()),
+        None,
+    )
+    .map_err(|e| ApiError::invalid_id("appId or chatId", &e))?;
     let runtime = service.runtime();
     let query = RunQuery {
         statuses: vec![RunStatus::Running],
@@ -76,7 +84,6 @@ pub(super) async fn fastgpt_stop(
         .into_iter()
         .map(|v| v.record.run_id)
         .collect();
-    let started = Instant::now();
     let mode = StopMode::Graceful {
         timeout: runtime.config().stop_timeout,
     };

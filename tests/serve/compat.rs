@@ -104,6 +104,14 @@ async fn fastgpt_chat_stop_stops_the_run_of_that_app_and_chat() {
         )
         .await;
     assert_eq!((empty.status, empty.code()), (400, "bad_request"));
+    // Ids are checked before they reach a store, as run labels are.
+    let spaced = server
+        .post(
+            "/api/v2/chat/stop",
+            json!({"appId": "app 1", "chatId": "chat_789012"}),
+        )
+        .await;
+    assert_eq!((spaced.status, spaced.code()), (400, "invalid_id"));
 }
 
 #[tokio::test]
