@@ -94,6 +94,7 @@ pub(super) async fn fastgpt_stop(
         .map(|run| {
             let service = service.clone();
             tokio::spawn(async move {
+                service.metrics().stop_requested(run, started);
                 let result = crate::ops::stop(
                     service.runtime(),
                     service.redis(),
@@ -103,9 +104,9 @@ pub(super) async fn fastgpt_stop(
                     ASK_WAIT,
                 )
                 .await;
-                if result.is_ok() {
-                    service.metrics().stop_latency("fastgpt", started.elapsed());
-                }
+                service
+                    .metrics()
+                    .stop_answered("fastgpt", started, result.is_ok());
                 result
             })
         })
@@ -226,6 +227,7 @@ pub(super) async fn nexau_stop(
         Ok(None) => return not_found(),
         Err(e) => return NexauStopResponse::error(StatusCode::SERVICE_UNAVAILABLE, e.to_string()),
     };
+    service.metrics().stop_requested(run, started);
     let result = crate::ops::stop(
         runtime,
         service.redis(),
@@ -235,9 +237,11 @@ pub(super) async fn nexau_stop(
         ASK_WAIT,
     )
     .await;
+    service
+        .metrics()
+        .stop_answered("nexau", started, result.is_ok());
     match result {
         Ok(document) => {
-            service.metrics().stop_latency("nexau", started.elapsed());
             let message_count = document["messages"].as_array().map_or(0, Vec::len);
             let stop_reason = document["stop"]["reason"]
                 .as_str()

@@ -9,6 +9,8 @@
 //! - `runvisor_node_executions_total{kind}` (counter): nodes those runs started.
 //! - `runvisor_stop_latency_seconds{endpoint}` (histogram): from a stop request to the run
 //!   quiesced (its stop result), per stop endpoint.
+//! - `runvisor_stop_ack_seconds` (histogram): from a stop request to the run's supervisor
+//!   acknowledging it (its `stopping` event), for runs of this process.
 //! - `runvisor_store_errors_total{source, kind}` (counter): store failures, `transient` or
 //!   `rejected`: while a scrape read the runs (`scrape`), and when a run of this service found
 //!   the checkpoint store failing and waited for it (`checkpoint`).
@@ -16,8 +18,9 @@
 //! What the engine does is read from the runs' event streams ([`Metrics::observe`]): the
 //! engine knows nothing of metrics.
 
-use std::sync::Arc;
-use std::time::Duration;
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::Instant;
 
 use axum::extract::State;
 use axum::http::header;
@@ -28,7 +31,7 @@ use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::registry::Registry;
-use runvisor_actors::{RunEvent, RunHandle, RunQuery, RunStatus};
+use runvisor_actors::{RunEvent, RunHandle, RunId, RunQuery, RunStatus};
 use tokio::sync::mpsc;
 
 use super::Service;
@@ -100,6 +103,9 @@ struct Inner {
     ended: Family<StatusLabel, Counter>,
     nodes: Family<KindLabel, Counter>,
     stop_latency: Latency,
+    stop_ack: Histogram,
+    /// The runs followed now, each with when a stop not yet acknowledged was asked.
+    followed: Mutex<HashMap<RunId, Option<Instant>>>,
     store_errors: Family<ErrorLabel, Counter>,
 }
 
@@ -153,6 +159,12 @@ impl Metrics {
             "From a stop request to the run quiesced, by stop endpoint",
             stop_latency.clone(),
         );
+        let stop_ack = latency_histogram();
+        registry.register(
+            "runvisor_stop_ack_seconds",
+            "From a stop request to the run's supervisor acknowledging it, runs of this process",
+            stop_ack.clone(),
+        );
         let store_errors = Family::<ErrorLabel, Counter>::default();
         registry.register(
             "runvisor_store_errors",
@@ -184,19 +196,39 @@ impl Metrics {
                 ended,
                 nodes,
                 stop_latency,
+                stop_ack,
+                followed: Mutex::new(HashMap::new()),
                 store_errors,
             }),
         }
     }
 
-    /// Records how long a stop took, from its request to the run quiesced.
-    pub(crate) fn stop_latency(&self, endpoint: &str, elapsed: Duration) {
+    /// A stop of `run` was asked at `at`: when this service follows the run, its
+    /// acknowledgement (the run's `stopping` event) is timed from then.
+    pub(crate) fn stop_requested(&self, run: RunId, at: Instant) {
+        if let Some(asked @ None) = self.followed().get_mut(&run) {
+            *asked = Some(at);
+        }
+    }
+
+    /// The stop of `run` asked at `at` through `endpoint` was answered; when it `stopped` the
+    /// run, how long it took to quiesce is recorded.
+    pub(crate) fn stop_answered(&self, endpoint: &str, at: Instant, stopped: bool) {
+        if stopped {
+            self.inner
+                .stop_latency
+                .get_or_create(&EndpointLabel {
+                    endpoint: endpoint.to_owned(),
+                })
+                .observe(at.elapsed().as_secs_f64());
+        }
+    }
+
+    fn followed(&self) -> std::sync::MutexGuard<'_, HashMap<RunId, Option<Instant>>> {
         self.inner
-            .stop_latency
-            .get_or_create(&EndpointLabel {
-                endpoint: endpoint.to_owned(),
-            })
-            .observe(elapsed.as_secs_f64());
+            .followed
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
     }
 
     /// Follows a run this service started: counts its nodes and how it ended. Takes the run's
@@ -205,6 +237,8 @@ impl Metrics {
     pub(crate) fn observe(&self, run: &RunHandle, forward: Option<mpsc::Sender<RunEvent>>) {
         self.inner.started.inc();
         let mut events = run.events();
+        let run_id = run.run_id();
+        self.followed().insert(run_id, None);
         let metrics = self.clone();
         tokio::spawn(async move {
             let mut forward = forward;
@@ -218,6 +252,15 @@ impl Metrics {
                                 kind: kind.to_string(),
                             })
                             .inc();
+                    }
+                    RunEvent::Stopping { .. } => {
+                        let asked = metrics.followed().get_mut(&run_id).and_then(Option::take);
+                        if let Some(asked) = asked {
+                            metrics
+                                .inner
+                                .stop_ack
+                                .observe(asked.elapsed().as_secs_f64());
+                        }
                     }
                     RunEvent::StorageWait {
                         waiting: true,
@@ -246,6 +289,7 @@ impl Metrics {
                     forward = None;
                 }
             }
+            metrics.followed().remove(&run_id);
         });
     }
 

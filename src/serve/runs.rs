@@ -422,12 +422,13 @@ async fn stop_with(
     reason: StopReason,
 ) -> Result<Json<Value>, ApiError> {
     let started = std::time::Instant::now();
+    service.metrics().stop_requested(run, started);
     let endpoint = if reason == StopReason::Cancelled {
         "v1_cancel"
     } else {
         "v1_stop"
     };
-    match crate::ops::stop(
+    let result = crate::ops::stop(
         service.runtime(),
         service.redis(),
         run,
@@ -435,12 +436,12 @@ async fn stop_with(
         reason,
         ASK_WAIT,
     )
-    .await
-    {
-        Ok(document) => {
-            service.metrics().stop_latency(endpoint, started.elapsed());
-            Ok(Json(document))
-        }
+    .await;
+    service
+        .metrics()
+        .stop_answered(endpoint, started, result.is_ok());
+    match result {
+        Ok(document) => Ok(Json(document)),
         Err(StopRunError::UnknownRun(run)) => {
             Err(ApiError::not_found(format!("no run {run}")).with("run_id", run.to_string()))
         }

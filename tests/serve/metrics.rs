@@ -36,6 +36,7 @@ async fn metrics_need_the_token_and_move_after_runs() {
         "# TYPE runvisor_runs_started counter",
         "# TYPE runvisor_runs_ended counter",
         "# TYPE runvisor_stop_latency_seconds histogram",
+        "# TYPE runvisor_stop_ack_seconds histogram",
         "# TYPE runvisor_store_errors counter",
     ] {
         assert!(before.contains(name), "{name} missing in:\n{before}");
@@ -140,4 +141,10 @@ async fn metrics_need_the_token_and_move_after_runs() {
         "{after}"
     );
     assert_eq!(sample(&after, "runvisor_leases_held"), 0.0, "{after}");
+    // The run's supervisor acknowledged the stop (its `stopping` event) once.
+    assert_eq!(
+        sample(&after, "runvisor_stop_ack_seconds_count"),
+        1.0,
+        "{after}"
+    );
 }
