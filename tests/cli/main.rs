@@ -630,3 +630,35 @@ fn a_command_line_clap_cannot_read_is_one_error_line_with_code_2() {
         "names what is missing: {ran:?}"
     );
 }
+
+#[test]
+fn the_loop_parallel_and_interactive_samples_run_as_the_readme_says() {
+    let ran = runvisor([
+        "run".as_ref(),
+        sample("loop.json").as_os_str(),
+        "--json".as_ref(),
+    ]);
+    assert_eq!(ran.code, Some(0), "{ran:?}");
+    let doc: serde_json::Value = serde_json::from_str(&ran.stdout).expect("JSON");
+    assert_eq!(doc["status"], "succeeded", "{doc}");
+    assert_eq!(doc["outputs"]["drafts"]["iterations"], 3, "{doc}");
+
+    let ran = runvisor([
+        "run".as_ref(),
+        sample("parallel.json").as_os_str(),
+        "--json".as_ref(),
+    ]);
+    assert_eq!(ran.code, Some(0), "{ran:?}");
+    let doc: serde_json::Value = serde_json::from_str(&ran.stdout).expect("JSON");
+    assert_eq!(doc["outputs"]["search"]["count"], 4, "{doc}");
+
+    // The interactive sample pauses at its form (in memory: the answer needs a durable store).
+    let ran = runvisor([
+        "run".as_ref(),
+        sample("interactive.json").as_os_str(),
+        "--json".as_ref(),
+    ]);
+    assert_eq!(ran.code, Some(0), "{ran:?}");
+    let doc: serde_json::Value = serde_json::from_str(&ran.stdout).expect("JSON");
+    assert_eq!(doc["status"], "awaiting_input", "{doc}");
+}
