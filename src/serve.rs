@@ -4,11 +4,12 @@
 //! events as server-sent events, list, get, tree, stop, cancel; threads: resume, checkpoints;
 //! workflow validation; its OpenAPI document at `/openapi.json`), beside `/healthz`, `/readyz`
 //! and `/metrics` (OpenMetrics text), and
-//! the seeds' stop endpoints with their own JSON (FastGPT's `/api/v2/chat/stop`, NexAU's
-//! `/stop`). Every other answer is JSON; every error is
+//! the seeds' endpoints with their own JSON: the stops (FastGPT's `/api/v2/chat/stop`, NexAU's
+//! `/stop`) and the checkpoint-ops seed's cleanup and stats (`/api/v0/checkpoint/direct/...`,
+//! on Redis). Every other answer is JSON; every error is
 //! `{"error": {"code": ..., "message": ..., ...details}}` with a stable code ([`ApiError`], the
 //! one place that maps errors to HTTP statuses), except those NexAU's `/stop` answers in its
-//! `StopResponse`.
+//! `StopResponse` and those the checkpoint-ops endpoints answer in the seed's error shape.
 //!
 //! Safe by default: the default address is loopback; with a token every endpoint but the
 //! health checks requires `Authorization: Bearer <token>` (compared in constant time); request
@@ -21,6 +22,7 @@
 //! waiting for a run gets its stop result), then returns.
 
 mod api;
+mod checkpoint_ops;
 mod compat;
 mod error;
 mod extract;

@@ -12,7 +12,7 @@ use subtle::ConstantTimeEq;
 use tower_http::limit::RequestBodyLimitLayer;
 
 use super::error::ApiError;
-use super::{Service, compat, metrics, openapi, runs, threads};
+use super::{Service, checkpoint_ops, compat, metrics, openapi, runs, threads};
 
 /// Every route of the service.
 pub(super) fn router(service: Service) -> Router {
@@ -36,6 +36,14 @@ pub(super) fn router(service: Service) -> Router {
         .route("/openapi.json", get(openapi::openapi))
         .route("/api/v2/chat/stop", post(compat::fastgpt_stop))
         .route("/stop", post(compat::nexau_stop))
+        .route(
+            "/api/v0/checkpoint/direct/cleanup",
+            post(checkpoint_ops::cleanup),
+        )
+        .route(
+            "/api/v0/checkpoint/direct/stats",
+            get(checkpoint_ops::stats),
+        )
         .merge(v1)
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)

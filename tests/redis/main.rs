@@ -7,6 +7,7 @@
 //! ([`cluster_support`]).
 
 mod chaos;
+mod checkpoint_api;
 mod checkpoints;
 mod cluster;
 mod cluster_support;

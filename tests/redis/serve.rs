@@ -8,7 +8,7 @@ use serde_json::{Value, json};
 use super::support::RedisServer;
 
 #[path = "../serve/server.rs"]
-mod server;
+pub(crate) mod server;
 
 use server::Server;
 
