@@ -4,7 +4,7 @@
 //! {
 //!   "runtime": {"stop_timeout": "30s", "durability": "sync"},
 //!   "redis": {"url": "redis://127.0.0.1:6379/0", "prefix": "runvisor"},
-//!   "serve": {"listen": "127.0.0.1:8080", "body_limit": 4194304},
+//!   "serve": {"listen": "127.0.0.1:8080", "body_limit": 4194304, "checkpoint_layout": "native"},
 //!   "log": "info,runvisor=debug"
 //! }
 //! ```
@@ -131,6 +131,27 @@ mod tests {
 
     fn parse(text: &str) -> Result<Config, String> {
         Config::from_json(text, Path::new("runvisor.json")).map_err(|e| e.to_string())
+    }
+
+    #[test]
+    fn checkpoint_ops_defaults_are_read_and_checked() {
+        let config =
+            parse(r#"{"serve": {"checkpoint_layout": "compat", "checkpoint_keep_count": 3}}"#)
+                .expect("valid");
+        assert_eq!(
+            config.serve.checkpoint_layout,
+            crate::redis::retention::Layout::Compat
+        );
+        assert_eq!(config.serve.checkpoint_keep_count.get(), 3);
+        assert_eq!(
+            Config::default().serve.checkpoint_keep_count.get(),
+            10,
+            "the seed's CHECKPOINT_KEEP_COUNT"
+        );
+        let zero = parse(r#"{"serve": {"checkpoint_keep_count": 0}}"#).expect_err("refused");
+        assert!(zero.contains("serve.checkpoint_keep_count"), "{zero}");
+        let bad = parse(r#"{"serve": {"checkpoint_layout": "other"}}"#).expect_err("refused");
+        assert!(bad.contains("serve.checkpoint_layout"), "{bad}");
     }
 
     #[test]

@@ -34,6 +34,7 @@ mod threads;
 
 use std::future::{Future, IntoFuture};
 use std::net::SocketAddr;
+use std::num::NonZeroUsize;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
@@ -45,11 +46,13 @@ use serde::{Deserialize, Serialize};
 pub use error::ApiError;
 
 use crate::redis::RedisStores;
+use crate::redis::retention::Layout;
 
 /// The `serve` section of the config file.
 ///
 /// ```json
-/// {"serve": {"listen": "127.0.0.1:8080", "token": "...", "body_limit": 4194304}}
+/// {"serve": {"listen": "127.0.0.1:8080", "token": "...", "body_limit": 4194304,
+///            "checkpoint_layout": "native", "checkpoint_keep_count": 10}}
 /// ```
 #[derive(Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
@@ -62,6 +65,12 @@ pub struct ServeConfig {
     pub token: Option<String>,
     /// The largest request body accepted, in bytes; larger ones are refused with 413.
     pub body_limit: usize,
+    /// The layout the checkpoint-ops endpoints work on when a request names none (`native`
+    /// by default; `compat` for `checkpoint:{user}:{timestamp}:{id}` keys).
+    pub checkpoint_layout: Layout,
+    /// How many checkpoints a checkpoint-ops cleanup keeps per thread when the request gives
+    /// no `keep_count` (the seed's `CHECKPOINT_KEEP_COUNT`, 10 by default; at least 1).
+    pub checkpoint_keep_count: NonZeroUsize,
 }
 
 impl ServeConfig {
@@ -70,6 +79,8 @@ impl ServeConfig {
         SocketAddr::new(std::net::IpAddr::V4(std::net::Ipv4Addr::LOCALHOST), 8080);
     /// The default body limit: 4 MiB.
     pub const DEFAULT_BODY_LIMIT: usize = 4 * 1024 * 1024;
+    /// The default `keep_count` of a checkpoint-ops cleanup: 10, as the seed's.
+    pub const DEFAULT_CHECKPOINT_KEEP_COUNT: NonZeroUsize = NonZeroUsize::new(10).unwrap();
 }
 
 impl Default for ServeConfig {
@@ -78,6 +89,8 @@ impl Default for ServeConfig {
             listen: Self::DEFAULT_LISTEN,
             token: None,
             body_limit: Self::DEFAULT_BODY_LIMIT,
+            checkpoint_layout: Layout::Native,
+            checkpoint_keep_count: Self::DEFAULT_CHECKPOINT_KEEP_COUNT,
         }
     }
 }
@@ -88,6 +101,8 @@ impl std::fmt::Debug for ServeConfig {
             .field("listen", &self.listen)
             .field("token", &self.token.as_ref().map(|_| "<redacted>"))
             .field("body_limit", &self.body_limit)
+            .field("checkpoint_layout", &self.checkpoint_layout)
+            .field("checkpoint_keep_count", &self.checkpoint_keep_count)
             .finish()
     }
 }
@@ -117,6 +132,8 @@ struct Shared {
     draining: AtomicBool,
     token: Option<String>,
     body_limit: usize,
+    checkpoint_layout: Layout,
+    checkpoint_keep_count: NonZeroUsize,
     metrics: metrics::Metrics,
 }
 
@@ -131,6 +148,8 @@ impl Service {
                 draining: AtomicBool::new(false),
                 token: config.token.clone().filter(|t| !t.is_empty()),
                 body_limit: config.body_limit,
+                checkpoint_layout: config.checkpoint_layout,
+                checkpoint_keep_count: config.checkpoint_keep_count,
                 metrics: metrics::Metrics::new(),
             }),
         }

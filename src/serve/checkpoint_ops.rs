@@ -4,8 +4,8 @@
 //! `runvisor checkpoints stats|cleanup`).
 //!
 //! - `POST /api/v0/checkpoint/direct/cleanup` `{keep_count?, user_id?, thread_id?}`: keeps the
-//!   newest `keep_count` (default 10, the seed's `CHECKPOINT_KEEP_COUNT`) checkpoints of each
-//!   thread of the scope: a thread given wins over a user; neither: every thread.
+//!   newest `keep_count` (default `serve.checkpoint_keep_count`, 10 as the seed's
+//!   `CHECKPOINT_KEEP_COUNT`) checkpoints of each thread of the scope: a thread given wins over a user; neither: every thread.
 //! - `GET /api/v0/checkpoint/direct/stats[?user_id=]`: checkpoints per thread, of every user
 //!   or of one.
 //!
@@ -13,10 +13,11 @@
 //! the seed's fields of [`CleanupReport`] or [`Stats`]. An empty `user_id` or `thread_id` is
 //! absent, as the seed's truthiness tests read them.
 //!
-//! Which keys: `layout` (`native`, the default: runvisor's own, through its indexes; or
-//! `compat`: `checkpoint:{user}:{timestamp}:{id}` keys, by `SCAN`), a query parameter on both
-//! endpoints or a field of the cleanup body (which wins). The seed has no way to choose, so a
-//! seed client that cannot add a field can still pick the layout in the URL.
+//! Which keys: `layout` (`native`: runvisor's own, through its indexes; or `compat`:
+//! `checkpoint:{user}:{timestamp}:{id}` keys, by `SCAN`), a query parameter on both
+//! endpoints or a field of the cleanup body (which wins); when neither names it,
+//! `serve.checkpoint_layout` (default `native`). The seed has no way to choose, so a seed
+//! client that cannot add a field can still pick the layout in the URL, or the service's.
 //!
 //! Failures answer the seed's error shape, `{"code", "success": false, "message":
 //! "请求处理失败", "data": {"response", "error_type", "timestamp"}}`: `400` with
@@ -37,9 +38,6 @@ use super::Service;
 use super::error::ApiError;
 use super::extract::{JsonBody, query_rejection};
 use crate::redis::retention::{CheckpointOps, Layout, RetentionError, Scope, Stats};
-
-/// The seed's default `keep_count` (its `CHECKPOINT_KEEP_COUNT`).
-pub(super) const DEFAULT_KEEP_COUNT: usize = 10;
 
 /// The message of every failure, as the seed's `internal_error_response` gives it.
 const FAILURE_MESSAGE: &str = "请求处理失败";
@@ -214,13 +212,18 @@ pub(super) async fn cleanup(
     JsonBody(request): JsonBody<CleanupRequest>,
 ) -> Result<Response, Failure> {
     let Query(query) = query.map_err(query_rejection)?;
-    let keep = request.keep_count.unwrap_or(DEFAULT_KEEP_COUNT);
+    let keep = request
+        .keep_count
+        .unwrap_or(service.shared.checkpoint_keep_count.get());
     if keep < 1 {
         return Err(ApiError::bad_request("`keep_count` must be at least 1")
             .with("field", "keep_count")
             .into());
     }
-    let layout = request.layout.or(query.layout).unwrap_or(Layout::Native);
+    let layout = request
+        .layout
+        .or(query.layout)
+        .unwrap_or(service.shared.checkpoint_layout);
     // A thread given wins over a user; neither: every thread.
     let scope = match (given(request.thread_id), given(request.user_id)) {
         (Some(thread), _) => Scope::Thread(thread),
@@ -241,7 +244,7 @@ pub(super) async fn stats(
     query: Result<Query<OpsQuery>, QueryRejection>,
 ) -> Result<Response, Failure> {
     let Query(query) = query.map_err(query_rejection)?;
-    let layout = query.layout.unwrap_or(Layout::Native);
+    let layout = query.layout.unwrap_or(service.shared.checkpoint_layout);
     let user = given(query.user_id);
     let ops = ops(&service)?;
     let stats = ops.stats(layout, user.as_deref()).await?;

@@ -3,8 +3,9 @@
 //! /api/v0/checkpoint/direct/cleanup` answer the seed's JSON, compared whole against the
 //! seed's own examples (only the timestamp differs, and is checked for the seed's format), on
 //! the `checkpoint:{user}:{timestamp}:{id}` layout and on runvisor's native layout holding
-//! the same threads; a thread given wins over a user; bad ids, a service in memory and a
-//! missing token are refused in the documented shapes.
+//! the same threads; a thread given wins over a user; the layout and keep count default to
+//! the config's; bad ids, a service in memory and a missing token are refused in the
+//! documented shapes.
 
 use runvisor::store::{RunStatus, StoredCheckpoint};
 use runvisor::{CheckpointId, RunId, RunLabels};
@@ -272,7 +273,7 @@ async fn stats_and_cleanup_answer_the_seeds_json_on_both_layouts() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn the_layout_defaults_to_native_and_a_cleanup_body_may_name_it() {
+async fn the_layout_and_keep_count_default_to_the_config_and_a_cleanup_body_may_name_them() {
     let redis = RedisServer::start();
     compat_data(&redis).await;
     let s = Server::start(&["--redis", &redis.url()], &[]);
@@ -286,6 +287,30 @@ async fn the_layout_defaults_to_native_and_a_cleanup_body_may_name_it() {
         )
         .await;
     assert_eq!(cleaned.body["data"]["total_deleted"], 15, "{cleaned:?}");
+
+    // The config may make compat the default layout, and change the default keep count.
+    let dir = tempfile::tempdir().expect("a temp dir");
+    let path = dir.path().join("runvisor.json");
+    let config = json!({"serve": {"checkpoint_layout": "compat", "checkpoint_keep_count": 3}});
+    std::fs::write(&path, config.to_string()).expect("write the config");
+    let path = path.to_str().expect("a UTF-8 path");
+    let s = Server::start(&["--config", path, "--redis", &redis.url()], &[]);
+    let stats = s.get("/api/v0/checkpoint/direct/stats").await;
+    assert_eq!(
+        stats.body["data"]["total_checkpoints"],
+        132 - 15,
+        "{stats:?}"
+    );
+    let cleaned = s
+        .post(
+            "/api/v0/checkpoint/direct/cleanup",
+            json!({"thread_id": "wang1:20250731141657916"}),
+        )
+        .await;
+    assert_eq!(cleaned.body["data"]["keep_count"], 3, "{cleaned:?}");
+    assert_eq!(cleaned.body["data"]["total_deleted"], 13, "{cleaned:?}");
+    let native = s.get("/api/v0/checkpoint/direct/stats?layout=native").await;
+    assert_eq!(native.body["data"]["total_checkpoints"], 0, "{native:?}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
