@@ -260,6 +260,15 @@ async fn seed_examples(s: &Server, layout: &str) {
         left.body["data"]["total_checkpoints"], 20,
         "{layout}: {left:?}"
     );
+    // The largest keep count keeps everything.
+    let most = s.post(&path, json!({"keep_count": u64::MAX})).await;
+    assert_eq!(most.status, 200, "{layout}: {most:?}");
+    assert_eq!(most.body["data"]["total_deleted"], 0, "{layout}: {most:?}");
+    assert_eq!(
+        most.body["data"]["keep_count"],
+        u64::MAX,
+        "{layout}: {most:?}"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
