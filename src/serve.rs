@@ -29,6 +29,7 @@ mod extract;
 mod metrics;
 mod openapi;
 mod runs;
+mod stdio;
 mod stream;
 mod threads;
 
@@ -44,6 +45,7 @@ use runvisor_actors::Runtime;
 use serde::{Deserialize, Serialize};
 
 pub use error::ApiError;
+pub use stdio::serve_stdio;
 
 use crate::redis::RedisStores;
 use crate::redis::retention::Layout;

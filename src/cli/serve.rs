@@ -1,4 +1,5 @@
-//! `runvisor serve`: the HTTP service ([`runvisor::serve`]) until Ctrl-C or SIGTERM, which
+//! `runvisor serve`: the HTTP service ([`runvisor::serve`]), or JSON-RPC 2.0 on stdio with
+//! `--stdio` ([`runvisor::serve::serve_stdio`]), until Ctrl-C or SIGTERM, which
 //! stop every run with reason `shutdown` (each stays resumable) before the process exits 0. On
 //! Redis it is a worker like `runvisor worker`: it answers control requests and replays its
 //! spill files (at start, and while it runs).
@@ -8,13 +9,13 @@ use std::net::SocketAddr;
 use anyhow::Context;
 use runvisor::Runtime;
 use runvisor::redis::RedisStores;
-use runvisor::serve::{ServeConfig, Service};
+use runvisor::serve::{ServeConfig, Service, serve_stdio};
 
 /// `runvisor serve` flags; each overrides the config file's `serve` section.
 #[derive(Debug, clap::Args)]
 pub(crate) struct ServeArgs {
     /// The address to listen on (the config's `serve.listen`; 127.0.0.1:8080 by default).
-    #[arg(long, value_name = "ADDR")]
+    #[arg(long, value_name = "ADDR", conflicts_with = "stdio")]
     listen: Option<SocketAddr>,
     /// Require `Authorization: Bearer <TOKEN>` on every endpoint but /healthz and /readyz.
     #[arg(
@@ -27,6 +28,10 @@ pub(crate) struct ServeArgs {
     /// The largest request body accepted, in bytes (4 MiB by default).
     #[arg(long, value_name = "BYTES")]
     body_limit: Option<usize>,
+    /// Speak JSON-RPC 2.0 on stdin and stdout (one JSON value per line) instead of HTTP:
+    /// `agent.stop`, `run.start`, `run.resume`. End of input shuts down.
+    #[arg(long)]
+    stdio: bool,
 }
 
 /// Serves until Ctrl-C or SIGTERM; with Redis stores, also answers other processes' control
@@ -64,6 +69,31 @@ pub(crate) async fn serve(
             runtime.config().lease.ttl,
         )
     });
+    if args.stdio {
+        let signals = super::ops_cli::shutdown_signals()?;
+        let service = Service::new(runtime.clone(), redis.cloned(), &config);
+        eprintln!(
+            "runvisor serve on stdio: JSON-RPC 2.0, one message per line (worker {}, {} stores)",
+            runtime.worker().id,
+            if redis.is_some() {
+                "redis"
+            } else {
+                "in-memory"
+            }
+        );
+        let served = serve_stdio(service, std::io::stdin(), std::io::stdout(), async move {
+            signals.await;
+            eprintln!("shutting down: stopping every run (reason shutdown)");
+        })
+        .await
+        .context("the stdio server failed");
+        if let Some(replaying) = replaying {
+            replaying.abort();
+        }
+        served?;
+        eprintln!("stopped");
+        return Ok(());
+    }
     let listener = tokio::net::TcpListener::bind(config.listen)
         .await
         .with_context(|| format!("cannot listen on {}", config.listen))?;

@@ -10,6 +10,7 @@ mod openapi;
 mod runs;
 mod server;
 mod shutdown;
+mod stdio;
 
 use serde_json::{Value, json};
 
