@@ -11,6 +11,9 @@
 //! one place that maps errors to HTTP statuses), except those NexAU's `/stop` answers in its
 //! `StopResponse` and those the checkpoint-ops endpoints answer in the seed's error shape.
 //!
+//! `serve --stdio` ([`serve_stdio`]) answers NexAU's `agent.stop`, `run.start` and
+//! `run.resume` as JSON-RPC 2.0 over stdin and stdout, through the same handlers.
+//!
 //! Safe by default: the default address is loopback; with a token every endpoint but the
 //! health checks requires `Authorization: Bearer <token>` (compared in constant time); request
 //! bodies are size-limited and must say they are JSON (so a web page cannot post a form to a

@@ -102,7 +102,7 @@ pub async fn serve_stdio(
         // Finished handlers are reaped as we go.
         while handling.try_join_next().is_some() {}
     }
-    tracing::info!("stdio input ended: stopping every run (reason shutdown)");
+    tracing::info!("stdio serving ends: stopping every run (reason shutdown)");
     service.drain().await;
     let answered = async { while handling.join_next().await.is_some() {} };
     if tokio::time::timeout(ANSWER_GRACE, answered).await.is_err() {
