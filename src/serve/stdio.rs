@@ -46,6 +46,8 @@ enum Input {
     Line(String),
     /// A line longer than the body limit (its bytes are dropped).
     TooLong,
+    /// A line that is not UTF-8, so not JSON.
+    NotUtf8,
 }
 
 /// Serves `service` as JSON-RPC 2.0 on `input` (requests, one per line) and `output` (answers,
@@ -88,6 +90,12 @@ pub async fn serve_stdio(
         handling.spawn(async move {
             let answer = match next {
                 Input::Line(line) => handle_line(&service, &line).await,
+                Input::NotUtf8 => Some(failure(
+                    Value::Null,
+                    PARSE_ERROR,
+                    "Parse error: the line is not UTF-8".into(),
+                    None,
+                )),
                 Input::TooLong => Some(failure(
                     Value::Null,
                     INVALID_REQUEST,
@@ -143,7 +151,7 @@ fn read_lines(input: impl Read, limit: usize, lines: &tokio::sync::mpsc::Sender<
             if bytes.iter().all(u8::is_ascii_whitespace) {
                 continue;
             }
-            Input::Line(String::from_utf8_lossy(&bytes).into_owned())
+            String::from_utf8(bytes).map_or(Input::NotUtf8, Input::Line)
         } else {
             // The rest of the long line is skipped.
             let _ = input.skip_until(b'\n');

@@ -24,9 +24,10 @@ struct RpcProcess {
 }
 
 impl RpcProcess {
-    fn start() -> Self {
+    fn start(extra: &[&str]) -> Self {
         let mut child = Command::new(BIN)
             .args(["serve", "--stdio"])
+            .args(extra)
             .env_remove("RUST_LOG")
             .env_remove("RUNVISOR_REDIS_URL")
             .env_remove("RUNVISOR_TOKEN")
@@ -103,7 +104,7 @@ impl Drop for RpcProcess {
 
 #[test]
 fn run_start_waits_for_the_outcome() {
-    let mut rpc = RpcProcess::start();
+    let mut rpc = RpcProcess::start(&[]);
     rpc.call(
         7,
         "run.start",
@@ -114,12 +115,38 @@ fn run_start_waits_for_the_outcome() {
     assert_eq!(answer["id"], 7);
     assert_eq!(answer["result"]["status"], "succeeded", "{answer}");
     assert_eq!(answer["result"]["outputs"]["b"]["text"], "done after 10ms");
+    let thread = answer["result"]["thread"].clone();
+
+    // A thread whose run succeeded has nothing to resume: the service's 409 is a server
+    // error, its code in `data`.
+    rpc.call(8, "run.resume", json!({"thread": thread, "say": "20ms"}));
+    let answer = rpc.next();
+    assert_eq!(answer["id"], 8, "{answer}");
+    assert_eq!(answer["error"]["code"], -32000, "{answer}");
+    assert_eq!(
+        answer["error"]["data"]["code"], "nothing_to_resume",
+        "{answer}"
+    );
+    assert_eq!(rpc.finish(), Some(0));
+}
+
+#[test]
+fn a_line_over_the_body_limit_is_an_invalid_request() {
+    let mut rpc = RpcProcess::start(&["--body-limit", "200"]);
+    rpc.call(1, "agent.stop", json!({"session_id": "x".repeat(300)}));
+    let answer = rpc.next();
+    assert_eq!(answer["id"], Value::Null, "{answer}");
+    assert_eq!(answer["error"]["code"], -32600, "{answer}");
+    // The next line is read as usual.
+    rpc.call(2, "no.such", json!({}));
+    let answer = rpc.next();
+    assert_eq!(answer["id"], 2, "{answer}");
     assert_eq!(rpc.finish(), Some(0));
 }
 
 #[test]
 fn agent_stop_stops_a_started_run_while_a_waiting_start_is_pending() {
-    let mut rpc = RpcProcess::start();
+    let mut rpc = RpcProcess::start(&[]);
     // A start that waits a minute blocks nothing sent after it.
     rpc.call(
         1,
@@ -167,6 +194,18 @@ fn agent_stop_stops_a_started_run_while_a_waiting_start_is_pending() {
         "{again}"
     );
 
+    // The stopped thread resumed with a new instruction.
+    rpc.call(
+        5,
+        "run.resume",
+        json!({"thread": "sess-1", "say": "10ms", "wait": true}),
+    );
+    let resumed = rpc.next();
+    assert_eq!(resumed["id"], 5, "{resumed}");
+    assert_eq!(resumed["result"]["status"], "succeeded", "{resumed}");
+    assert_eq!(resumed["result"]["thread"], "sess-1", "{resumed}");
+    assert_eq!(resumed["result"]["outputs"]["b"]["text"], "done after 10ms");
+
     // End of input: the waiting run stops with reason shutdown, its request is answered, and
     // the process exits 0.
     drop(rpc.stdin.take());
@@ -179,7 +218,7 @@ fn agent_stop_stops_a_started_run_while_a_waiting_start_is_pending() {
 
 #[test]
 fn errors_carry_the_standard_codes_and_notifications_get_no_answer() {
-    let mut rpc = RpcProcess::start();
+    let mut rpc = RpcProcess::start(&[]);
     // A notification (no id) is handled but not answered: the next answer is id 1's.
     rpc.send(&json!({"jsonrpc": "2.0", "method": "agent.stop", "params": {"session_id": "x"}}));
     rpc.send(&json!({"jsonrpc": "2.0", "method": "no.such"}));
@@ -233,5 +272,12 @@ fn errors_carry_the_standard_codes_and_notifications_get_no_answer() {
     let answer = rpc.next();
     assert_eq!(answer.as_array().map(Vec::len), Some(1), "{answer}");
     assert_eq!(answer[0]["id"], 6, "{answer}");
+    rpc.send_raw("[]");
+    let answer = rpc.next();
+    assert_eq!(answer["error"]["code"], -32600, "{answer}");
+    rpc.send_raw("[1]");
+    let answer = rpc.next();
+    assert_eq!(answer[0]["id"], Value::Null, "{answer}");
+    assert_eq!(answer[0]["error"]["code"], -32600, "{answer}");
     assert_eq!(rpc.finish(), Some(0));
 }
