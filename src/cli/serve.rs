@@ -1,6 +1,7 @@
 //! `runvisor serve`: the HTTP service ([`runvisor::serve`]), or JSON-RPC 2.0 on stdio with
-//! `--stdio` ([`runvisor::serve::serve_stdio`]), until Ctrl-C or SIGTERM, which
-//! stop every run with reason `shutdown` (each stays resumable) before the process exits 0. On
+//! `--stdio` ([`runvisor::serve::serve_stdio`]), until Ctrl-C or SIGTERM (or, on stdio, the end
+//! of input), which stop every run with reason `shutdown` (each stays resumable) before the
+//! process exits 0. On
 //! Redis it is a worker like `runvisor worker`: it answers control requests and replays its
 //! spill files (at start, and while it runs).
 
