@@ -40,6 +40,9 @@ pub struct RunRow {
     /// Its task id, if it has one.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub task_id: Option<String>,
+    /// Its user, if it has one.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub user_id: Option<String>,
     /// The worker that runs (or ran) it.
     pub worker: Option<WorkerId>,
     /// Whether that worker heartbeats.
@@ -180,6 +183,7 @@ fn row(
         app_id: record.labels.app_id().map(str::to_owned),
         chat_id: record.labels.chat_id().map(str::to_owned),
         task_id: record.labels.task_id().map(str::to_owned),
+        user_id: record.labels.user_id().map(str::to_owned),
         thread: record.thread,
         workflow_id: record.workflow_id,
         status,

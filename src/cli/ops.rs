@@ -32,6 +32,9 @@ pub(crate) struct PsArgs {
     /// Only runs with this task id.
     #[arg(long, value_name = "ID")]
     task: Option<String>,
+    /// Only runs of this user (their `--user` label).
+    #[arg(long, value_name = "ID")]
+    user: Option<String>,
     /// Only runs of this worker.
     #[arg(long, value_name = "ID")]
     worker: Option<String>,
@@ -125,6 +128,7 @@ pub(crate) async fn ps(
         app_id: args.app,
         chat_id: args.chat,
         task_id: args.task,
+        user_id: args.user,
         worker: args
             .worker
             .as_deref()

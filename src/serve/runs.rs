@@ -212,6 +212,8 @@ pub(super) struct ListParams {
     chat: Option<String>,
     /// Only runs with this task id.
     task: Option<String>,
+    /// Only runs of this user.
+    user: Option<String>,
     /// Only runs of this worker.
     worker: Option<String>,
     /// Also runs that ended (implied by a status filter naming an end status).
@@ -276,6 +278,7 @@ pub(super) async fn list(
         app_id: params.app,
         chat_id: params.chat,
         task_id: params.task,
+        user_id: params.user,
         worker: params
             .worker
             .as_deref()

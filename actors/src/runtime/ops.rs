@@ -27,6 +27,8 @@ pub struct RunQuery {
     pub chat_id: Option<String>,
     /// Only runs with this task id.
     pub task_id: Option<String>,
+    /// Only runs of this user (their `user` label).
+    pub user_id: Option<String>,
     /// Only runs of this worker.
     pub worker: Option<WorkerId>,
 }
@@ -41,6 +43,7 @@ impl Default for RunQuery {
             app_id: None,
             chat_id: None,
             task_id: None,
+            user_id: None,
             worker: None,
         }
     }
@@ -57,6 +60,7 @@ impl RunQuery {
             && label(&self.app_id, record.labels.app_id())
             && label(&self.chat_id, record.labels.chat_id())
             && label(&self.task_id, record.labels.task_id())
+            && label(&self.user_id, record.labels.user_id())
             && self
                 .worker
                 .as_ref()

@@ -85,9 +85,12 @@ async fn open_runs_of_every_worker_are_listed_and_ended_ones_on_request() {
     let one = shared.worker("one", false);
     let two = shared.worker("two", false);
     let wf = workflow(&one);
+    let user = runvisor_actors::RunLabels::default()
+        .with_user("ann")
+        .expect("valid user");
     let run = one
         .rt
-        .start(&wf, Default::default(), thread("listed"))
+        .start_with(&wf, Default::default(), thread("listed"), user)
         .await
         .expect("start");
     assert!(one.log.wait_mark("blocked:started", PATIENCE).await);
@@ -125,6 +128,21 @@ async fn open_runs_of_every_worker_are_listed_and_ended_ones_on_request() {
         ..RunQuery::default()
     };
     assert_eq!(two.rt.list_runs(&by_worker).await.expect("list").len(), 1);
+    let of_user = |user: &str| RunQuery {
+        user_id: Some(user.to_owned()),
+        ..RunQuery::default()
+    };
+    assert_eq!(
+        two.rt.list_runs(&of_user("ann")).await.expect("list").len(),
+        1
+    );
+    assert!(
+        two.rt
+            .list_runs(&of_user("bob"))
+            .await
+            .expect("list")
+            .is_empty()
+    );
 
     one.log.mark("blocked:release");
     let outcome = finish(&run).await;
