@@ -10,13 +10,14 @@ use std::collections::BTreeSet;
 use std::time::Duration;
 
 use runvisor_actors::{
-    ActorTree, NodePath, QueryError, RunId, RunOutcome, RunQuery, RunStatus, Runtime, StopError,
-    StopMode, StopReason, StopReply, StoreError, ThreadId, WorkerId,
+    ActorTree, NodePath, QueryError, RunId, RunQuery, RunStatus, Runtime, StopMode, StopReason,
+    StoreError, ThreadId, WorkerId,
 };
 use serde::Serialize;
 
 use crate::redis::RedisStores;
 use crate::redis::control::ControlError;
+pub use crate::redis::control::{StopRunError, stop_here};
 
 /// One run as `runvisor ps` shows it.
 #[derive(Debug, Clone, PartialEq, Serialize)]
@@ -231,29 +232,6 @@ pub async fn tree(
     }
 }
 
-/// Why a run could not be stopped.
-#[derive(Debug, thiserror::Error)]
-#[non_exhaustive]
-pub enum StopRunError {
-    /// No run has this id.
-    #[error("no run {0}")]
-    UnknownRun(RunId),
-    /// The run does not run now: it ended, waits for input, or is orphaned.
-    #[error("run {run} does not run now: it is {status}")]
-    NotLive {
-        /// The run.
-        run: RunId,
-        /// Its status.
-        status: RunStatus,
-    },
-    /// Its worker did not answer, or refused.
-    #[error(transparent)]
-    Control(#[from] ControlError),
-    /// The stores failed.
-    #[error(transparent)]
-    Store(#[from] StoreError),
-}
-
 /// Stops a run wherever it runs: here ([`stop_here`]), or, with Redis stores, asked of the
 /// worker that runs it, waiting for its answer up to the stop's timeout and `wait` more.
 /// Returns the stopped run's [outcome document](crate::report::OutcomeDocument), as JSON.
@@ -302,51 +280,4 @@ pub async fn stop(
         }
         (status, ..) => Err(StopRunError::NotLive { run, status }),
     }
-}
-
-/// Stops a run of this process ([`Runtime::stop_for`]) and renders its outcome document; a
-/// run that had already ended otherwise is [`StopRunError::NotLive`]. Every caller of a stop
-/// gets the same stop result, also one asking after the run stopped.
-pub async fn stop_here(
-    runtime: &Runtime,
-    run: RunId,
-    mode: StopMode,
-    reason: StopReason,
-) -> Result<serde_json::Value, StopRunError> {
-    let summary = runtime.registry().summary(&run);
-    let reply = runtime
-        .stop_for(run, mode, reason)
-        .await
-        .map_err(|e| match e {
-            StopError::UnknownRun(run) => StopRunError::UnknownRun(run),
-            StopError::NotInThisProcess(run, status) => StopRunError::NotLive { run, status },
-            StopError::Store(e) => StopRunError::Store(e),
-            other => StopRunError::Store(StoreError::Unavailable(other.to_string())),
-        })?;
-    let result = match reply {
-        StopReply::Stopped(result) => result,
-        StopReply::AlreadyFinished(finished) => {
-            return Err(StopRunError::NotLive {
-                run,
-                status: finished.status,
-            });
-        }
-        _ => {
-            return Err(StopRunError::NotLive {
-                run,
-                status: RunStatus::Running,
-            });
-        }
-    };
-    let (workflow, thread) = match summary {
-        Some(summary) => (summary.workflow_id, summary.thread),
-        None => match runtime.run_store().get(run).await? {
-            Some(record) => (record.workflow_id, record.thread),
-            None => return Err(StopRunError::UnknownRun(run)),
-        },
-    };
-    let outcome = RunOutcome::Stopped(result);
-    let document = crate::report::OutcomeDocument::new(&workflow, &thread, &outcome);
-    serde_json::to_value(&document)
-        .map_err(|e| StopRunError::Store(StoreError::Unavailable(format!("cannot render: {e}"))))
 }

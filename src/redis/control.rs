@@ -25,7 +25,8 @@ use std::collections::HashMap;
 use std::time::Duration;
 
 use runvisor_actors::{
-    ActorTree, RunId, RunStatus, RunSummary, Runtime, StopMode, StopReason, StoreError, WorkerId,
+    ActorTree, RunId, RunOutcome, RunStatus, RunSummary, Runtime, StopError, StopMode, StopReason,
+    StopReply, StoreError, WorkerId,
 };
 use serde::{Deserialize, Serialize};
 
@@ -401,12 +402,12 @@ async fn answer(runtime: &Runtime, op: Op) -> Answer {
                         .map_or(runtime.config().stop_timeout, Duration::from_millis),
                 }
             };
-            match crate::ops::stop_here(runtime, run, mode, reason).await {
+            match stop_here(runtime, run, mode, reason).await {
                 Ok(outcome) => Answer {
                     outcome: Some(outcome),
                     ..ok
                 },
-                Err(crate::ops::StopRunError::NotLive { status, .. }) => Answer::refused(
+                Err(StopRunError::NotLive { status, .. }) => Answer::refused(
                     format!("run {run} does not run: it is {status}"),
                     Some(status),
                 ),
@@ -431,4 +432,74 @@ fn popped_from(reply: &::redis::Value, key: &str) -> Option<(String, String)> {
         )),
         _ => None,
     }
+}
+
+/// Why a run could not be stopped.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum StopRunError {
+    /// No run has this id.
+    #[error("no run {0}")]
+    UnknownRun(RunId),
+    /// The run does not run now: it ended, waits for input, or is orphaned.
+    #[error("run {run} does not run now: it is {status}")]
+    NotLive {
+        /// The run.
+        run: RunId,
+        /// Its status.
+        status: RunStatus,
+    },
+    /// Its worker did not answer, or refused.
+    #[error(transparent)]
+    Control(#[from] ControlError),
+    /// The stores failed.
+    #[error(transparent)]
+    Store(#[from] StoreError),
+}
+
+/// Stops a run of this process ([`Runtime::stop_for`]) and renders its outcome document; a
+/// run that had already ended otherwise is [`StopRunError::NotLive`]. Every caller of a stop
+/// gets the same stop result, also one asking after the run stopped.
+pub async fn stop_here(
+    runtime: &Runtime,
+    run: RunId,
+    mode: StopMode,
+    reason: StopReason,
+) -> Result<serde_json::Value, StopRunError> {
+    let summary = runtime.registry().summary(&run);
+    let reply = runtime
+        .stop_for(run, mode, reason)
+        .await
+        .map_err(|e| match e {
+            StopError::UnknownRun(run) => StopRunError::UnknownRun(run),
+            StopError::NotInThisProcess(run, status) => StopRunError::NotLive { run, status },
+            StopError::Store(e) => StopRunError::Store(e),
+            other => StopRunError::Store(StoreError::Unavailable(other.to_string())),
+        })?;
+    let result = match reply {
+        StopReply::Stopped(result) => result,
+        StopReply::AlreadyFinished(finished) => {
+            return Err(StopRunError::NotLive {
+                run,
+                status: finished.status,
+            });
+        }
+        _ => {
+            return Err(StopRunError::NotLive {
+                run,
+                status: RunStatus::Running,
+            });
+        }
+    };
+    let (workflow, thread) = match summary {
+        Some(summary) => (summary.workflow_id, summary.thread),
+        None => match runtime.run_store().get(run).await? {
+            Some(record) => (record.workflow_id, record.thread),
+            None => return Err(StopRunError::UnknownRun(run)),
+        },
+    };
+    let outcome = RunOutcome::Stopped(result);
+    let document = crate::report::OutcomeDocument::new(&workflow, &thread, &outcome);
+    serde_json::to_value(&document)
+        .map_err(|e| StopRunError::Store(StoreError::Unavailable(format!("cannot render: {e}"))))
 }

@@ -16,7 +16,9 @@ use runvisor_actors::{
     InvalidId, ResumeError, RunId, RunStatus, StartError, StopError, StoreError, ThreadId,
     ValidationErrors, WorkerId,
 };
+use serde::Serialize;
 use serde_json::{Map, Value, json};
+use utoipa::ToSchema;
 
 use crate::ops::TreeError;
 use crate::redis::control::ControlError;
@@ -327,4 +329,19 @@ impl From<TreeError> for ApiError {
             TreeError::Store(e) => Self::storage(&e),
         }
     }
+}
+
+/// An error answer: `{"error": {"code", "message", ...details}}`.
+#[derive(Debug, Serialize, ToSchema)]
+pub(super) struct ErrorDocument {
+    error: ErrorFields,
+}
+
+/// The error: a stable code, a message, and details beside them (`field`, `run_id`, ...).
+#[derive(Debug, Serialize, ToSchema)]
+pub(super) struct ErrorFields {
+    /// The stable code: `bad_request`, `thread_busy`, `no_live_run`, `invalid_workflow`, ...
+    code: String,
+    /// What went wrong, for people.
+    message: String,
 }

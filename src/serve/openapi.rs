@@ -2,10 +2,10 @@
 //! utoipa from the handlers' own annotations and request types, so it follows the code.
 
 use axum::Json;
-use serde::Serialize;
 use utoipa::openapi::security::{Http, HttpAuthScheme, SecurityScheme};
-use utoipa::{Modify, OpenApi, ToSchema};
+use utoipa::{Modify, OpenApi};
 
+use super::error::{ErrorDocument, ErrorFields};
 use super::{runs, threads};
 
 /// The OpenAPI document of `/v1`.
@@ -49,21 +49,6 @@ impl Modify for BearerToken {
             SecurityScheme::Http(Http::new(HttpAuthScheme::Bearer)),
         );
     }
-}
-
-/// An error answer: `{"error": {"code", "message", ...details}}`.
-#[derive(Debug, Serialize, ToSchema)]
-pub(super) struct ErrorDocument {
-    error: ErrorFields,
-}
-
-/// The error: a stable code, a message, and details beside them (`field`, `run_id`, ...).
-#[derive(Debug, Serialize, ToSchema)]
-pub(super) struct ErrorFields {
-    /// The stable code: `bad_request`, `thread_busy`, `no_live_run`, `invalid_workflow`, ...
-    code: String,
-    /// What went wrong, for people.
-    message: String,
 }
 
 /// `GET /openapi.json`.

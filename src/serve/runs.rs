@@ -19,8 +19,8 @@ use utoipa::{IntoParams, ToSchema};
 
 use super::Service;
 use super::error::ApiError;
+use super::error::ErrorDocument;
 use super::extract::{JsonBody, path_rejection, query_rejection};
-use super::openapi::ErrorDocument;
 use crate::ops::StopRunError;
 use crate::report::OutcomeDocument;
 

@@ -13,8 +13,8 @@ use utoipa::{IntoParams, ToSchema};
 
 use super::Service;
 use super::error::ApiError;
+use super::error::ErrorDocument;
 use super::extract::{JsonBody, path_rejection, query_rejection};
-use super::openapi::ErrorDocument;
 use super::runs::{Reply, answer_run, thread_id};
 
 /// `POST /v1/threads/{thread}/resume`; every field is optional: no field continues from the
