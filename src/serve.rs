@@ -28,9 +28,11 @@ mod api;
 mod checkpoint_ops;
 mod compat;
 mod error;
+mod events;
 mod extract;
 mod metrics;
 mod openapi;
+mod page;
 mod runs;
 mod stdio;
 mod stream;
@@ -140,6 +142,8 @@ struct Shared {
     checkpoint_layout: Layout,
     checkpoint_keep_count: NonZeroUsize,
     metrics: metrics::Metrics,
+    /// The changes of its runs, for `/v1/events`.
+    changes: events::Changes,
 }
 
 impl Service {
@@ -156,6 +160,7 @@ impl Service {
                 checkpoint_layout: config.checkpoint_layout,
                 checkpoint_keep_count: config.checkpoint_keep_count,
                 metrics: metrics::Metrics::new(),
+                changes: events::Changes::new(),
             }),
         }
     }
@@ -187,6 +192,7 @@ impl Service {
     /// Requests waiting for those runs get their stop results.
     pub async fn drain(&self) {
         self.shared.draining.store(true, Ordering::SeqCst);
+        self.shared.changes.shutting_down();
         for (run, reply) in self.shared.runtime.shutdown().await {
             if let Err(e) = reply {
                 tracing::warn!(%run, error = %e, "a run did not stop cleanly at shutdown");

@@ -12,7 +12,7 @@ use subtle::ConstantTimeEq;
 use tower_http::limit::RequestBodyLimitLayer;
 
 use super::error::ApiError;
-use super::{Service, checkpoint_ops, compat, metrics, openapi, runs, threads};
+use super::{Service, checkpoint_ops, compat, events, metrics, openapi, page, runs, threads};
 
 /// Every route of the service.
 pub(super) fn router(service: Service) -> Router {
@@ -20,6 +20,7 @@ pub(super) fn router(service: Service) -> Router {
     let v1 = Router::new()
         .route("/v1/runs", post(runs::start).get(runs::list))
         .route("/v1/runs/{run_id}", get(runs::get))
+        .route("/v1/events", get(events::events))
         .route("/v1/runs/{run_id}/tree", get(runs::tree))
         .route("/v1/runs/{run_id}/stop", post(runs::stop))
         .route("/v1/runs/{run_id}/cancel", post(runs::cancel))
@@ -30,6 +31,9 @@ pub(super) fn router(service: Service) -> Router {
         )
         .route("/v1/workflows/validate", post(runs::validate));
     Router::new()
+        .route("/", get(page::index))
+        .route("/page.css", get(page::css))
+        .route("/page.js", get(page::js))
         .route("/healthz", get(healthz))
         .route("/readyz", get(readyz))
         .route("/metrics", get(metrics::metrics))
@@ -58,11 +62,12 @@ pub(super) fn router(service: Service) -> Router {
         }))
 }
 
-/// The paths anyone may ask, token or not.
-const OPEN_PATHS: [&str; 2] = ["/healthz", "/readyz"];
+/// The paths anyone may ask, token or not: the health checks, and the operator page (which
+/// holds no data: the API calls it makes need the token).
+const OPEN_PATHS: [&str; 5] = ["/healthz", "/readyz", "/", "/page.css", "/page.js"];
 
 /// With a token configured, lets a request through only with `Authorization: Bearer <token>`
-/// (compared in constant time), except the health checks.
+/// (compared in constant time), except the open paths.
 async fn authorize(State(service): State<Service>, request: Request, next: Next) -> Response {
     if let Some(token) = &service.shared.token
         && !OPEN_PATHS.contains(&request.uri().path())

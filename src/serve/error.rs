@@ -161,16 +161,24 @@ impl ApiError {
     }
 }
 
-impl IntoResponse for ApiError {
-    fn into_response(self) -> Response {
+impl ApiError {
+    /// The error as it is answered: `{"error": {"code", "message", ...details}}`.
+    pub(crate) fn document(self) -> Value {
         let mut body = Map::new();
         body.insert("code".into(), Value::String(self.code.into()));
         body.insert("message".into(), Value::String(self.message));
         for (k, v) in self.details {
             body.entry(k).or_insert(v);
         }
-        let mut response = (self.status, axum::Json(json!({ "error": body }))).into_response();
-        if self.status == StatusCode::UNAUTHORIZED {
+        json!({ "error": body })
+    }
+}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        let status = self.status;
+        let mut response = (status, axum::Json(self.document())).into_response();
+        if status == StatusCode::UNAUTHORIZED {
             response
                 .headers_mut()
                 .insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));

@@ -6,7 +6,7 @@ use utoipa::openapi::security::{Http, HttpAuthScheme, SecurityScheme};
 use utoipa::{Modify, OpenApi};
 
 use super::error::{ErrorDocument, ErrorFields};
-use super::{runs, threads};
+use super::{events, runs, threads};
 
 /// The OpenAPI document of `/v1`.
 #[derive(OpenApi)]
@@ -19,6 +19,7 @@ use super::{runs, threads};
     paths(
         runs::start,
         runs::list,
+        events::events,
         runs::get,
         runs::tree,
         runs::stop,
@@ -27,7 +28,7 @@ use super::{runs, threads};
         threads::resume,
         threads::checkpoints,
     ),
-    components(schemas(ErrorDocument, ErrorFields)),
+    components(schemas(ErrorDocument, ErrorFields, events::RunChange)),
     modifiers(&BearerToken),
     security(("bearer" = [])),
     tags(

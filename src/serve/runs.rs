@@ -169,12 +169,16 @@ pub(super) async fn answer_run(
     run: RunHandle,
     reply: Reply,
 ) -> Result<Response, ApiError> {
+    // The observer takes the events from the start; the followers of `/v1/events` see
+    // what comes next.
     if reply == Reply::Stream {
         let (tx, rx) = tokio::sync::mpsc::channel(STREAM_BUFFER);
         service.metrics().observe(&run, Some(tx));
+        service.shared.changes.follow(&run);
         return Ok(super::stream::events(run, rx).into_response());
     }
     service.metrics().observe(&run, None);
+    service.shared.changes.follow(&run);
     if reply == Reply::Wait {
         let outcome = run.wait().await;
         let document = OutcomeDocument::new(run.workflow_id(), run.thread(), &outcome);

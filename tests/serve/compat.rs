@@ -31,12 +31,7 @@ async fn sleeping_in(server: &Server, workflow: Value, thread: &str, labels: Val
     if let (Value::Object(body), Value::Object(labels)) = (&mut body, labels) {
         body.extend(labels);
     }
-    let started = server.post("/v1/runs", body).await;
-    assert_eq!(started.status, 202, "{started:?}");
-    let run = started.body["run_id"]
-        .as_str()
-        .expect("a run id")
-        .to_owned();
+    let run = server.start_run(body).await;
     server
         .until(
             "the run to sleep in node a",

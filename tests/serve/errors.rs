@@ -228,14 +228,25 @@ async fn a_busy_thread_names_its_run_and_worker() {
 }
 
 #[tokio::test]
-async fn with_a_token_every_endpoint_but_health_needs_it() {
+async fn with_a_token_every_endpoint_but_health_and_the_page_needs_it() {
     let server = Server::start(&[], &["--token", "s3cret"]);
     let health = server.get("/healthz").await;
     assert_eq!(health.status, 200, "{health:?}");
     let ready = server.get("/readyz").await;
     assert_eq!(ready.status, 200, "{ready:?}");
+    // The page holds no data: it is served to anyone, and asks for the token.
+    for (path, content_type) in [
+        ("/", "text/html"),
+        ("/page.js", "text/javascript"),
+        ("/page.css", "text/css"),
+    ] {
+        let (status, ct, body) = server.get_text(path).await;
+        assert_eq!(status, 200, "{path}: {body}");
+        assert!(ct.starts_with(content_type), "{path}: {ct}");
+    }
     for answer in [
         server.get("/v1/runs").await,
+        server.get("/v1/events").await,
         server
             .post("/v1/workflows/validate", json!({"workflow": sleepy()}))
             .await,

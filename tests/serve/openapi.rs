@@ -19,6 +19,7 @@ async fn the_openapi_document_describes_every_v1_endpoint() {
         ("/v1/runs", "post"),
         ("/v1/runs", "get"),
         ("/v1/runs/{run_id}", "get"),
+        ("/v1/events", "get"),
         ("/v1/runs/{run_id}/tree", "get"),
         ("/v1/runs/{run_id}/stop", "post"),
         ("/v1/runs/{run_id}/cancel", "post"),
@@ -47,6 +48,7 @@ async fn the_openapi_document_describes_every_v1_endpoint() {
     assert!(schemas["StopBody"]["properties"]["timeout"].is_object());
     assert!(schemas["ResumeRequest"]["properties"]["answer"].is_object());
     assert!(schemas["ErrorDocument"]["properties"]["error"].is_object());
+    assert!(schemas["RunChange"]["properties"]["change"].is_object());
     let list = &doc["paths"]["/v1/runs"]["get"]["parameters"];
     let names: Vec<_> = list
         .as_array()

@@ -335,3 +335,97 @@ async fn a_streamed_run_sends_its_events_and_ends_with_its_stop_result() {
         .await;
     assert_eq!((both.status, both.code()), (400, "bad_request"), "{both:?}");
 }
+
+/// Reads `response` (a server-sent event stream) into `text` until its events satisfy `check`.
+async fn read_until(
+    response: &mut reqwest::Response,
+    text: &mut String,
+    what: &str,
+    check: impl Fn(&[(String, serde_json::Value)]) -> bool,
+) {
+    let read = async {
+        while !check(&sse_events(text)) {
+            match response.chunk().await.expect("the stream") {
+                Some(chunk) => text.push_str(&String::from_utf8_lossy(&chunk)),
+                None => panic!("the stream ended before {what}: {text}"),
+            }
+        }
+    };
+    if tokio::time::timeout(super::server::PATIENCE, read)
+        .await
+        .is_err()
+    {
+        panic!("waited too long for {what}: {text}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_events_stream_lists_the_runs_tells_their_changes_and_ends_at_shutdown() {
+    let server = Server::start(&[], &[]);
+    let mut response = reqwest::Client::new()
+        .get(server.url("/v1/events"))
+        .send()
+        .await
+        .expect("an answer");
+    assert_eq!(response.status(), 200);
+    let content_type = response.headers()["content-type"].to_str().unwrap_or("");
+    assert!(
+        content_type.starts_with("text/event-stream"),
+        "{content_type}"
+    );
+    let mut text = String::new();
+    read_until(&mut response, &mut text, "the first list", |e| {
+        !e.is_empty()
+    })
+    .await;
+    assert_eq!(
+        sse_events(&text)[0],
+        ("runs".to_owned(), json!({"runs": []})),
+        "{text}"
+    );
+
+    let run = sleeping(&server, "ev-1").await;
+    let change = |change: &str, status: &str| {
+        (
+            "run".to_owned(),
+            json!({"run_id": run, "thread": "ev-1", "change": change, "status": status}),
+        )
+    };
+    let started = change("started", "running");
+    read_until(&mut response, &mut text, "the start and a list", |events| {
+        let at = events.iter().position(|e| *e == started);
+        at.is_some_and(|at| {
+            events[at..]
+                .iter()
+                .any(|(name, data)| name == "runs" && data["runs"][0]["run_id"] == run.as_str())
+        })
+    })
+    .await;
+
+    let stopped = server
+        .post(&format!("/v1/runs/{run}/stop"), json!({}))
+        .await;
+    assert_eq!(stopped.status, 200, "{stopped:?}");
+    let stopping = change("stopping", "running");
+    let ended = change("ended", "stopped");
+    read_until(&mut response, &mut text, "the stop and a list", |events| {
+        let at = events.iter().position(|e| *e == ended);
+        events.contains(&stopping)
+            && at.is_some_and(|at| {
+                events[at..]
+                    .iter()
+                    .any(|(name, data)| name == "runs" && data["runs"][0]["status"] == "stopped")
+            })
+    })
+    .await;
+
+    // Shutdown ends the stream: the server exits at once, 0.
+    let exit = tokio::task::spawn_blocking(move || server.terminate());
+    let rest = tokio::time::timeout(super::server::PATIENCE, async {
+        while let Ok(Some(_)) = response.chunk().await {}
+    })
+    .await;
+    assert!(rest.is_ok(), "the stream did not end at shutdown");
+    let (status, log) = exit.await.expect("the server exits");
+    assert!(status.success(), "{status:?}: {log}");
+}

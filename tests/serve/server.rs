@@ -149,6 +149,16 @@ impl Server {
             .await
     }
 
+    /// Starts a run (`POST /v1/runs` with `body`, not waiting); returns its id.
+    pub(crate) async fn start_run(&self, body: Value) -> String {
+        let started = self.post("/v1/runs", body).await;
+        assert_eq!(started.status, 202, "{started:?}");
+        started.body["run_id"]
+            .as_str()
+            .expect("a run id")
+            .to_owned()
+    }
+
     /// POSTs raw bytes with a content type.
     pub(crate) async fn post_raw(
         &self,
