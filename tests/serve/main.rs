@@ -1,12 +1,14 @@
 //! `runvisor serve` end to end: the real binary on a free loopback port with the embedded
 //! in-memory stores, spoken to over HTTP ([`server`]): runs started (waiting or not), listed,
 //! shown, stopped, cancelled and resumed; interactions answered; workflows validated; every
-//! bad request answered with its JSON error code; the token; SIGTERM.
+//! bad request answered with its JSON error code; the token; SIGTERM; the operator page in a
+//! headless Chromium.
 
 mod compat;
 mod errors;
 mod metrics;
 mod openapi;
+mod page;
 mod runs;
 mod server;
 mod shutdown;
