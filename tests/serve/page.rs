@@ -185,6 +185,14 @@ async fn the_page_shows_a_running_runs_tree_and_stops_it_with_one_click() {
     )
     .await;
     assert_eq!(labels, "app app-1, chat chat-1, user ada");
+    let token_form = browser
+        .find(Locator::Id("token-form"))
+        .await
+        .expect("the form");
+    assert!(
+        !token_form.is_displayed().await.expect("displayed or not"),
+        "no token is configured: the page must not ask for one"
+    );
     click(&browser, &format!("{row} button")).await;
 
     // The tree: the supervisor, the loop in its first iteration, the node napping in it.

@@ -165,7 +165,7 @@ function renderRuns() {
       type: "button",
       "aria-label": `Show run ${run.run_id}`,
       onclick: () => select(run.run_id),
-    }, run.run_id.slice(0, 8))),
+    }, `…${run.run_id.slice(-8)}`)),
     el("td", { class: "status-cell" }, status(run.status)),
     el("td", {}, run.workflow_id),
     el("td", { class: "mono" }, run.thread),
@@ -212,7 +212,7 @@ function renderRun(run) {
   $("stop").disabled = !live;
   $("force").disabled = !live;
   $("cancel").disabled = !live;
-  $("resume").disabled = run.status === "running";
+  $("resume").disabled = run.status === "running" || run.status === "succeeded";
   if (run.outcome && run.outcome.stop && !$("result").hasChildNodes()) showOutcome(run.outcome);
 }
 
