@@ -124,8 +124,8 @@ enum Command {
     /// Run a worker: serve `ps` and `tree` requests for its runs and, with `--adopt-orphans`,
     /// take orphaned runs over; until Ctrl-C or SIGTERM.
     Worker(ops_cli::WorkerArgs),
-    /// Serve the HTTP API (runs, threads, workflow validation, health) until Ctrl-C or
-    /// SIGTERM, which stop every run with reason `shutdown`.
+    /// Serve the HTTP API (runs, threads, workflow validation, health) and the operator page
+    /// at `/` until Ctrl-C or SIGTERM, which stop every run with reason `shutdown`.
     Serve(serve_cli::ServeArgs),
     /// Queue a run of a workflow on a new thread for the workers (`runvisor worker`): the
     /// first free worker starts it; prints the job and its thread.

@@ -2,8 +2,10 @@
 //!
 //! The native API lives under `/v1` (runs: start, waiting for the outcome or streaming the
 //! events as server-sent events, list, get, tree, stop, cancel; threads: resume, checkpoints;
-//! workflow validation; its OpenAPI document at `/openapi.json`), beside `/healthz`, `/readyz`
-//! and `/metrics` (OpenMetrics text), and
+//! workflow validation; the runs and their changes as server-sent events for operators,
+//! `/v1/events`; its OpenAPI document at `/openapi.json`), beside `/healthz`, `/readyz`,
+//! `/metrics` (OpenMetrics text), the operator page at `/` (embedded HTML, CSS and
+//! JavaScript that call the native API), and
 //! the seeds' endpoints with their own JSON: the stops (FastGPT's `/api/v2/chat/stop`, NexAU's
 //! `/stop`) and the checkpoint-ops seed's cleanup and stats (`/api/v0/checkpoint/direct/...`,
 //! on Redis). Every other answer is JSON; every error is
@@ -15,7 +17,7 @@
 //! `run.resume` as JSON-RPC 2.0 over stdin and stdout, through the same handlers.
 //!
 //! Safe by default: the default address is loopback; with a token every endpoint but the
-//! health checks requires `Authorization: Bearer <token>` (compared in constant time); request
+//! health checks and the operator page's files (which hold no data) requires `Authorization: Bearer <token>` (compared in constant time); request
 //! bodies are size-limited and must say they are JSON (so a web page cannot post a form to a
 //! loopback server: without CORS, which is not served, a browser asks first and is refused);
 //! ids are checked before they reach a store.
@@ -66,8 +68,8 @@ use crate::redis::retention::Layout;
 pub struct ServeConfig {
     /// The address to listen on; loopback by default.
     pub listen: SocketAddr,
-    /// When set, every endpoint but `/healthz` and `/readyz` requires
-    /// `Authorization: Bearer <token>`.
+    /// When set, every endpoint but `/healthz`, `/readyz` and the operator page's files
+    /// (`/`, `/page.js`, `/page.css`) requires `Authorization: Bearer <token>`.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub token: Option<String>,
     /// The largest request body accepted, in bytes; larger ones are refused with 413.

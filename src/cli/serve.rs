@@ -18,7 +18,8 @@ pub(crate) struct ServeArgs {
     /// The address to listen on (the config's `serve.listen`; 127.0.0.1:8080 by default).
     #[arg(long, value_name = "ADDR", conflicts_with = "stdio")]
     listen: Option<SocketAddr>,
-    /// Require `Authorization: Bearer <TOKEN>` on every endpoint but /healthz and /readyz.
+    /// Require `Authorization: Bearer <TOKEN>` on every endpoint but /healthz, /readyz and
+    /// the operator page (/, /page.js, /page.css: they hold no data).
     #[arg(
         long,
         value_name = "TOKEN",

@@ -39,7 +39,8 @@ use super::{events, runs, threads};
 )]
 struct ApiDoc;
 
-/// The bearer token, required on every path but the health checks when the service has one.
+/// The bearer token, required on every path but the health checks and the operator page when
+/// the service has one.
 struct BearerToken;
 
 impl Modify for BearerToken {
