@@ -238,7 +238,78 @@ async fn the_page_shows_a_running_runs_tree_and_stops_it_with_one_click() {
         stopped.body["outcome"]["stop"]["reason"],
         "user_interrupted"
     );
+
+    // Resume (continue): a new run of the thread, napping in the first iteration again; a
+    // force stop aborts it; resumed again, a cancel stops it with reason cancelled.
+    let resumed = resume(&browser).await;
+    click(&browser, "#force").await;
+    let forced = until_text(
+        &browser,
+        "the force stop's result",
+        "#result .stop-result",
+        |t| t.contains("Aborted (force)\nnap"),
+    )
+    .await;
+    assert!(forced.contains("Reason\nuser_interrupted"), "{forced}");
+    let stopped = server.get(&format!("/v1/runs/{resumed}")).await;
+    assert_eq!(stopped.body["outcome"]["stop"]["forced"], json!(["nap"]));
+    let resumed = resume(&browser).await;
+    click(&browser, "#cancel").await;
+    let cancelled = until_text(
+        &browser,
+        "the cancel's result",
+        "#result .stop-result",
+        |t| t.contains("Reason\ncancelled"),
+    )
+    .await;
+    assert!(
+        cancelled.contains("Stopped at\ndrafts/#0/nap"),
+        "{cancelled}"
+    );
+    let listed = server.get("/v1/runs?all=true&thread=page-1").await;
+    let statuses: Vec<_> = listed.body["runs"]
+        .as_array()
+        .expect("runs")
+        .iter()
+        .map(|r| {
+            (
+                r["run_id"].as_str().unwrap_or("").to_owned(),
+                r["status"].clone(),
+            )
+        })
+        .collect();
+    assert_eq!(statuses.len(), 3, "{listed:?}");
+    assert!(
+        statuses.contains(&(resumed, json!("cancelled"))),
+        "{listed:?}"
+    );
     browser.close().await.expect("the session closes");
+}
+
+/// Presses resume on the selected (ended) run; returns the new run's id once the page shows
+/// it napping in the loop's first iteration.
+async fn resume(browser: &Client) -> String {
+    click(browser, "#resume").await;
+    let said = until_text(browser, "the resumed run", "#result", |t| {
+        t.starts_with("Resumed as run ")
+    })
+    .await;
+    let run = said
+        .trim_start_matches("Resumed as run ")
+        .trim_end_matches('.')
+        .to_owned();
+    until_text(browser, "the resumed run's title", "#run-title", |t| {
+        t == format!("Run {run}")
+    })
+    .await;
+    until_text(
+        browser,
+        "the resumed run's tree",
+        "#tree li[data-node='nap']",
+        |t| t.contains("drafts/#0/nap"),
+    )
+    .await;
+    run
 }
 
 #[tokio::test(flavor = "multi_thread")]

@@ -263,6 +263,7 @@ function showOutcome(outcome) {
       ["Stopped at", list(stop.stopped_at)],
       ["Finished", list(stop.finished)],
       ["Resumes at", list(stop.frontier)],
+      ["Aborted (force)", list(stop.forced)],
       ["Checkpoint", stop.checkpoint_id || stop.checkpoint_error || "none"],
     );
     if (stop.partial_response) rows.push(["Partial response", stop.partial_response]);
