@@ -380,6 +380,9 @@ fn dispatch(cli: Cli) -> anyhow::Result<ExitCode> {
         return checkpoints(config.redis, args);
     }
     if let Command::Validate { file } = &cli.command {
+        // Validation starts nothing, and adopts no orphans either (a config that makes every
+        // worker adopt them is fine here).
+        config.runtime.adopt_orphans = false;
         let runtime =
             register_standard_kinds(Runtime::builder().config(config.runtime)).try_build()?;
         return validate(&runtime, file);

@@ -380,7 +380,14 @@ fn a_bad_config_file_is_one_line() {
     ]);
     assert_one_line_error(&ran, BAD_INPUT, "field `runtime.stop_timeout`");
 
-    std::fs::write(&config, r#"{"runtime": {"stop_timeout": "5s"}}"#).expect("written");
+    // A worker's config (the README's) validates workflows too.
+    std::fs::write(
+        &config,
+        r#"{"runtime": {"stop_timeout": "5s", "worker_id": "api-1",
+                        "lease": {"ttl": "15s", "renew": "5s"},
+                        "adopt_orphans": true, "adopt_every": "5s"}}"#,
+    )
+    .expect("written");
     let ran = runvisor([
         "--config".as_ref(),
         config.as_os_str(),
