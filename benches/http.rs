@@ -28,8 +28,7 @@ use futures::StreamExt;
 use runvisor::serve::{ServeConfig, Service};
 use runvisor::{
     NodeContext, NodeDef, NodeError, NodeHandler, NodeOutput, RunStatus, Runtime, ThreadId, Value,
-    Workflow,
-    WorkflowDef, async_trait,
+    Workflow, WorkflowDef, async_trait,
 };
 use serde_json::json;
 use tokio::runtime::Runtime as Tokio;
@@ -224,7 +223,11 @@ async fn streamed_runs(host: &Arc<Host>) {
             .send()
             .await
             .expect("the service answers");
-        assert!(response.status().is_success(), "start: {}", response.status());
+        assert!(
+            response.status().is_success(),
+            "start: {}",
+            response.status()
+        );
         let epoch = host.epoch;
         streams.push(tokio::spawn(read_stream(response, epoch)));
     }

@@ -7,7 +7,8 @@
 //!   as FastGPT answers.
 //! - `POST /stop` `StopRequest {user_id, session_id, agent_id, force, timeout}` ->
 //!   `StopResponse {status, stop_reason, message_count, error}` (NexAU): the session is the
-//!   thread, `user_id` the run's user label (a run without one is anyone's), `agent_id` its
+//!   thread, `user_id` the run's user label (a run started without one is NexAU's default
+//!   user's, `default-user`, as a NexAU agent started without a user is), `agent_id` its
 //!   workflow id or run id; `force` is a force stop, `timeout` the graceful stop's timeout in
 //!   seconds. A session
 //!   with no live run is answered `200` with `status: "error"` and NexAU's message, as NexAU
@@ -148,8 +149,11 @@ pub(super) struct NexauStopRequest {
     timeout: f64,
 }
 
+/// NexAU's user when a request names none; also the owner of runs started without a user.
+const DEFAULT_USER: &str = "default-user";
+
 fn default_user() -> String {
-    "default-user".to_owned()
+    DEFAULT_USER.to_owned()
 }
 
 fn default_timeout() -> f64 {
@@ -271,7 +275,8 @@ pub(super) async fn nexau_stop(
 }
 
 /// The live run of `thread` (a thread has one at most), if it is `user`'s (a run with no user
-/// label is anyone's) and `agent_id` is absent or names it: its run id or its workflow's id.
+/// label is the default user's) and `agent_id` is absent or names it: its run id or its
+/// workflow's id.
 async fn live_run(
     runtime: &Runtime,
     thread: ThreadId,
@@ -290,7 +295,7 @@ async fn live_run(
         .into_iter()
         .map(|v| v.record)
         .find(|record| {
-            record.labels.user_id().is_none_or(|owner| owner == user)
+            record.labels.user_id().unwrap_or(DEFAULT_USER) == user
                 && agent_id.is_none_or(|agent| {
                     agent == record.workflow_id || agent == record.run_id.to_string()
                 })

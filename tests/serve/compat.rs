@@ -112,7 +112,7 @@ async fn fastgpt_chat_stop_stops_the_run_of_that_app_and_chat() {
 #[tokio::test]
 async fn nexau_stop_answers_a_stop_response() {
     let server = Server::start(&[], &[]);
-    let run = sleeping_in(&server, greeting(), "sess-1", json!({})).await;
+    let run = sleeping_in(&server, greeting(), "sess-1", json!({"user": "u-1"})).await;
 
     let stopped = server
         .post(
@@ -174,8 +174,13 @@ async fn nexau_stop_answers_a_stop_response() {
         .await;
     assert_eq!(hers.body["status"], "success", "{hers:?}");
 
-    // The defaults: user_id "default-user"; agent_id names the workflow (or the run).
+    // The defaults: user_id "default-user", who owns the runs started without a user (no
+    // other user stops them); agent_id names the workflow (or the run).
     sleeping(&server, "sess-2", json!({})).await;
+    let not_default = server
+        .post("/stop", json!({"user_id": "bob", "session_id": "sess-2"}))
+        .await;
+    assert_eq!(not_default.body["status"], "error", "{not_default:?}");
     let wrong_agent = server
         .post(
             "/stop",
