@@ -5,6 +5,7 @@
 //!   "runtime": {"stop_timeout": "30s", "durability": "sync"},
 //!   "redis": {"url": "redis://127.0.0.1:6379/0", "prefix": "runvisor"},
 //!   "serve": {"listen": "127.0.0.1:8080", "body_limit": 4194304, "checkpoint_layout": "native"},
+//!   "http": {"allow": ["localhost", "127.0.0.0/8", "::1", "api.example.com", "10.0.0.0/8"]},
 //!   "log": "info,runvisor=debug"
 //! }
 //! ```
@@ -28,6 +29,8 @@ pub struct Config {
     pub redis: Option<crate::redis::RedisConfig>,
     /// `runvisor serve`: the address, the bearer token, the body limit.
     pub serve: crate::serve::ServeConfig,
+    /// The `http` node kind: the hosts it may call (loopback only by default).
+    pub http: crate::http_node::HttpConfig,
     /// The log filter used when `RUST_LOG` is not set (`tracing_subscriber::EnvFilter`
     /// syntax, e.g. `"info"` or `"warn,runvisor_actors=debug"`).
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -189,6 +192,10 @@ mod tests {
                 "field `serve.listen`: invalid socket address",
             ),
             (r#"{"serve": {"tokn": "x"}}"#, "unknown field `tokn`"),
+            (
+                r#"{"http": {"allow": ["a b"]}}"#,
+                "field `http.allow`: \"a b\" is not a host name",
+            ),
             (r#"{"log": "info"} x"#, "trailing characters (line 1"),
             (
                 "{",
@@ -224,6 +231,10 @@ mod tests {
             serve: crate::serve::ServeConfig {
                 token: Some("secret".into()),
                 ..Default::default()
+            },
+            http: crate::http_node::HttpConfig {
+                allow: crate::http_node::AllowList::new(["api.example.com", "10.0.0.0/8"])
+                    .expect("valid entries"),
             },
             log: Some("debug".into()),
         };

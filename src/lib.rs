@@ -3,7 +3,8 @@
 //! Workflows (LLM calls, tools, branches, as in FastGPT, RAGFlow or LangGraph) run as supervised
 //! actor trees on [ractor](https://docs.rs/ractor), so a stop never loses work. This crate is the
 //! product surface: it re-exports the engine ([`runvisor_actors`]) and adds what a process
-//! around it needs: the [standard kinds](standard), the [config file](config), [logging
+//! around it needs: the [standard kinds](standard) (the [`http`](http_node) kind among them,
+//! for node logic served by hosts in any language), the [config file](config), [logging
 //! setup](telemetry) and the `runvisor` command line.
 //!
 //! ```
@@ -34,6 +35,7 @@
 //! ```
 
 pub mod config;
+pub mod http_node;
 pub mod ops;
 pub mod redis;
 pub mod report;
@@ -45,7 +47,7 @@ pub mod worker;
 
 pub use config::{Config, ConfigError};
 pub use runvisor_actors::*;
-pub use standard::register_standard_kinds;
+pub use standard::{register_standard_kinds, register_standard_kinds_with};
 
 /// The README's Rust snippets, compiled and run as doctests so they stay true.
 #[cfg(doctest)]

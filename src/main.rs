@@ -32,7 +32,7 @@ use runvisor::{
     ResumeError, ResumeFrom, ResumeInput, ResumeOptions, RunError, RunEvent, RunHandle, RunId,
     RunLabels, RunOutcome, RunStatus, Runtime, RuntimeConfig, Spill, StartError, StopMode,
     StopReason, StopRequest, StopResult, StoreError, ThreadId, ValidationErrors, Value, Workflow,
-    WorkflowDef, register_standard_kinds,
+    WorkflowDef, register_standard_kinds_with,
 };
 use tokio::task::JoinHandle;
 
@@ -89,6 +89,17 @@ struct Cli {
     /// file's `redis.spill_dir`; default: the platform data directory, see the README).
     #[arg(long, global = true, value_name = "DIR", env = "RUNVISOR_SPILL_DIR")]
     spill_dir: Option<PathBuf>,
+    /// A host `http` nodes may call: a name, `*.domain`, an IP address or a CIDR network.
+    /// Repeat it (or separate with commas) for several; given, it replaces the config file's
+    /// `http.allow` (default: localhost, 127.0.0.0/8 and ::1).
+    #[arg(
+        long,
+        global = true,
+        value_name = "HOST",
+        env = "RUNVISOR_HTTP_ALLOW",
+        value_delimiter = ','
+    )]
+    http_allow: Vec<String>,
     #[command(subcommand)]
     command: Command,
 }
@@ -359,6 +370,10 @@ fn dispatch(cli: Cli) -> anyhow::Result<ExitCode> {
     if let (Some(dir), Some(redis)) = (cli.spill_dir, config.redis.as_mut()) {
         redis.spill_dir = Some(dir);
     }
+    if !cli.http_allow.is_empty() {
+        config.http.allow = runvisor::http_node::AllowList::new(&cli.http_allow)
+            .map_err(|e| Exit::error(EXIT_BAD_INPUT, format!("--http-allow: {e}")))?;
+    }
     let durability = match &cli.command {
         Command::Run(RunArgs { durability, .. }) => *durability,
         Command::Worker(args) => ops_cli::durability(args),
@@ -384,7 +399,8 @@ fn dispatch(cli: Cli) -> anyhow::Result<ExitCode> {
         // worker adopt them is fine here).
         config.runtime.adopt_orphans = false;
         let runtime =
-            register_standard_kinds(Runtime::builder().config(config.runtime)).try_build()?;
+            register_standard_kinds_with(Runtime::builder().config(config.runtime), &config.http)
+                .try_build()?;
         return validate(&runtime, file);
     }
     tokio::runtime::Builder::new_multi_thread()
@@ -492,7 +508,12 @@ async fn build_runtime(
     config: Config,
     replay: bool,
 ) -> anyhow::Result<(Runtime, Option<RedisStores>)> {
-    let builder = || register_standard_kinds(Runtime::builder().config(config.runtime.clone()));
+    let builder = || {
+        register_standard_kinds_with(
+            Runtime::builder().config(config.runtime.clone()),
+            &config.http,
+        )
+    };
     let Some(redis) = config.redis.clone() else {
         return Ok((builder().try_build()?, None));
     };
@@ -512,7 +533,10 @@ async fn build_runtime(
                 ..config.runtime.clone()
             };
             let replayer = stores
-                .install(register_standard_kinds(Runtime::builder().config(quiet)))
+                .install(register_standard_kinds_with(
+                    Runtime::builder().config(quiet),
+                    &config.http,
+                ))
                 .try_build()?;
             recover_cli::at_start(&replayer, &stores).await;
             replayer.shutdown().await;

@@ -1,6 +1,7 @@
 //! Standard host kinds the CLI registers: `stream_text` (a stand-in for a streaming LLM call)
-//! and `sleep` (slow work). Both honour stops at once, so demos and the tests of stop, resume
-//! and crash recovery can interrupt them at a chosen moment.
+//! and `sleep` (slow work), and [`http`](crate::http_node) (node logic behind a host's HTTP
+//! endpoint). The first two honour stops at once, so demos and the tests of stop, resume and
+//! crash recovery can interrupt them at a chosen moment.
 //!
 //! ```json
 //! {"id": "answer", "kind": "stream_text", "params": {
@@ -18,6 +19,8 @@ use runvisor_actors::{
     RuntimeBuilder, StopRequested, Value, async_trait,
 };
 
+use crate::http_node::{HTTP, HttpConfig, HttpNode};
+
 /// The kind name of [`StreamText`].
 pub const STREAM_TEXT: &str = "stream_text";
 /// The kind name of [`Sleep`].
@@ -26,17 +29,25 @@ pub const SLEEP: &str = "sleep";
 /// The pause between two chunks of `stream_text` when `interval` is not given.
 const DEFAULT_INTERVAL: Duration = Duration::from_millis(30);
 
-/// Registers the standard kinds (`stream_text`, `sleep`) on a runtime builder.
+/// Registers the standard kinds (`stream_text`, `sleep`, and `http` allowed to call loopback
+/// hosts only) on a runtime builder.
 ///
 /// ```
 /// use runvisor::{Runtime, register_standard_kinds};
 /// let runtime = register_standard_kinds(Runtime::builder()).build();
 /// assert!(runtime.kinds().get("stream_text").is_some());
+/// assert!(runtime.kinds().get("http").is_some());
 /// ```
 pub fn register_standard_kinds(builder: RuntimeBuilder) -> RuntimeBuilder {
+    register_standard_kinds_with(builder, &HttpConfig::default())
+}
+
+/// Registers the standard kinds, the `http` kind with its config (the hosts it may call).
+pub fn register_standard_kinds_with(builder: RuntimeBuilder, http: &HttpConfig) -> RuntimeBuilder {
     builder
         .handler(STREAM_TEXT, StreamText)
         .handler(SLEEP, Sleep)
+        .handler(HTTP, HttpNode::new(http))
 }
 
 /// `stream_text`: streams `text` chunk by chunk, like a model producing tokens.

@@ -23,14 +23,14 @@ use async_trait::async_trait;
 
 use crate::model::{Map, Message, NodeError, NodeOutput, Role, Value};
 use crate::workflow::{
-    BEGIN, INTERACTIVE, InputType, KindCatalog, LOOP, MESSAGE, PARALLEL, ParamSchema, ParamType,
-    SET_VARIABLE, SWITCH, TEMPLATE,
+    BEGIN, INTERACTIVE, InputType, KindCatalog, LOOP, MESSAGE, PARALLEL, ParamIssue, ParamSchema,
+    ParamType, SET_VARIABLE, SWITCH, TEMPLATE,
 };
 
 pub use switch::{ELSE, Switch};
 
-/// Kind names the engine keeps for itself (built now or planned), so a host kind never
-/// collides with a later built-in.
+/// Kind names the engine keeps for itself, so a host kind never collides with a built-in.
+/// (`http` is a host kind: the runvisor crate registers it, the engine never speaks HTTP.)
 const RESERVED: &[&str] = &[
     BEGIN,
     TEMPLATE,
@@ -40,7 +40,6 @@ const RESERVED: &[&str] = &[
     LOOP,
     PARALLEL,
     INTERACTIVE,
-    "http",
 ];
 
 /// A kind name that cannot be registered.
@@ -146,6 +145,12 @@ impl KindCatalog for Kinds {
 
     fn kind_names(&self) -> Vec<String> {
         self.handlers.keys().cloned().collect()
+    }
+
+    fn check_params(&self, kind: &str, params: &serde_json::Value) -> Vec<ParamIssue> {
+        self.handlers
+            .get(kind)
+            .map_or_else(Vec::new, |h| h.check_params(params))
     }
 }
 

@@ -6,6 +6,7 @@
 
 mod compat;
 mod errors;
+mod http_node;
 mod metrics;
 mod openapi;
 mod page;

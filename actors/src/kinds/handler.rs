@@ -19,7 +19,7 @@ use crate::model::{
     Map, Message, NodeError, NodeId, NodeOutput, NodePath, RunEvent, RunId, StopMode, StopReason,
     StopRequested, ThreadId, Value,
 };
-use crate::workflow::ParamSchema;
+use crate::workflow::{ParamIssue, ParamSchema};
 
 /// The logic of a node kind. Registered by kind name on the runtime builder.
 ///
@@ -43,6 +43,14 @@ pub trait NodeHandler: Send + Sync + 'static {
     fn branches(&self, params: &serde_json::Value) -> Option<Vec<String>> {
         let _ = params;
         None
+    }
+
+    /// Checks of the raw parameters beyond the types of [`params`](Self::params), made when a
+    /// workflow is validated (a literal URL's host, say); references are not resolved yet, so
+    /// only literal values can be judged. Each issue names its field. None by default.
+    fn check_params(&self, params: &serde_json::Value) -> Vec<ParamIssue> {
+        let _ = params;
+        Vec::new()
     }
 
     /// Runs the node.
@@ -193,11 +201,22 @@ impl NodeContext {
 
     /// Streams a chunk of output: it is published as an event and kept as the node's partial
     /// output. Once a stop is requested the chunk is refused and [`StopRequested`] returned;
-    /// a streaming handler should then return.
+    /// a streaming handler should then return (or, to finish its work within a graceful
+    /// stop's timeout, go on with [`emit_while_stopping`](Self::emit_while_stopping)).
     pub fn emit(&self, chunk: impl Into<String>) -> Result<(), StopRequested> {
         if self.stop.is_cancelled() {
             return Err(StopRequested);
         }
+        self.emit_while_stopping(chunk);
+        Ok(())
+    }
+
+    /// Streams a chunk of output even once a stop is requested: for a handler that finishes
+    /// what it is doing during a graceful stop (a call whose answer is still arriving) rather
+    /// than returning at once. Like [`emit`](Self::emit), the chunk is published and kept as
+    /// the node's partial output, so if the stop is forced before the handler returns, what it
+    /// streamed until then is still kept.
+    pub fn emit_while_stopping(&self, chunk: impl Into<String>) {
         let chunk: String = chunk.into();
         let count = {
             let mut buffer = self.lock();
@@ -222,7 +241,6 @@ impl NodeContext {
             self.stop.cancel();
             self.run.request_stop(mode, reason);
         }
-        Ok(())
     }
 
     /// Appends a message to the thread's history. It is persisted with the run's other

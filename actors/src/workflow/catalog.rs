@@ -2,7 +2,7 @@
 //! they may route to. The kinds layer's registry implements it; validation never sees a
 //! handler.
 
-use super::schema::ParamSchema;
+use super::schema::{ParamIssue, ParamSchema};
 
 /// The entry kind.
 pub(crate) const BEGIN: &str = "begin";
@@ -30,4 +30,10 @@ pub trait KindCatalog {
     fn branches(&self, kind: &str, params: &serde_json::Value) -> Option<Vec<String>>;
     /// Every known kind, sorted (for error messages).
     fn kind_names(&self) -> Vec<String>;
+    /// Checks beyond the schema's types that a kind makes on its raw parameters (a URL's
+    /// host, a range of numbers); none by default.
+    fn check_params(&self, kind: &str, params: &serde_json::Value) -> Vec<ParamIssue> {
+        let _ = (kind, params);
+        Vec::new()
+    }
 }

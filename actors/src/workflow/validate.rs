@@ -220,7 +220,9 @@ impl<'d> Checker<'d, '_> {
             return None;
         };
         let errors = &mut self.errors;
-        for issue in schema.check(&node.params) {
+        let mut issues = schema.check(&node.params);
+        issues.extend(self.kinds.check_params(&node.kind, &node.params));
+        for issue in issues {
             let field = issue
                 .field
                 .strip_prefix("params")
