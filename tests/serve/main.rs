@@ -10,6 +10,7 @@ mod http_node;
 mod metrics;
 mod openapi;
 mod page;
+mod python_client;
 mod runs;
 mod server;
 mod shutdown;
