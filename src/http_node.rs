@@ -409,7 +409,12 @@ impl NodeHandler for HttpNode {
                 Err(failure) => failure,
             };
             let retryable = failure.retryable() && stream.chunks == 0;
-            if !retryable || attempt >= call.retry.attempts || ctx.stop_requested() {
+            if retryable && ctx.stop_requested() {
+                // No new attempt once a stop is requested: the node is interrupted, and a
+                // resume calls again.
+                return Err(NodeError::Stopped);
+            }
+            if !retryable || attempt >= call.retry.attempts {
                 return Err(call.error(failure, attempt, &stream));
             }
             let wait = call.retry.pause(attempt, failure.retry_after());
@@ -716,7 +721,7 @@ impl Call {
         }
         if stream.chunks > 0 {
             message.push_str(&format!(
-                " (after {} streamed chunks, kept as the partial output)",
+                " (after {} streamed chunks: not retried)",
                 stream.chunks
             ));
         }

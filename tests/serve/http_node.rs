@@ -33,6 +33,8 @@ struct Host {
     flaky: AtomicU32,
     /// Calls of `/bad`.
     bad: AtomicU32,
+    /// Calls of `/stalls`.
+    stalls: AtomicU32,
     /// Lets `/slow` and `/endless` go on past their first chunks.
     release: Notify,
     /// Told when `/endless` finds its connection closed.
@@ -48,6 +50,7 @@ async fn host(state: Arc<Host>) -> String {
         .route("/flaky", post(flaky))
         .route("/bad", post(bad))
         .route("/hang", post(hang))
+        .route("/stalls", post(stalls))
         .route("/slow", post(slow))
         .route("/endless", post(endless))
         .route("/redirect", post(redirect))
@@ -123,6 +126,20 @@ async fn bad(State(host): State<Arc<Host>>) -> Response {
 
 async fn hang() -> Response {
     std::future::pending().await
+}
+
+/// `one`, then nothing more: the body never ends.
+async fn stalls(State(host): State<Arc<Host>>) -> Response {
+    host.stalls.fetch_add(1, Ordering::SeqCst);
+    let (tx, response) = streamed("application/x-ndjson");
+    let _ = tx.unbounded_send("\"one\"\n".into());
+    tokio::spawn(async move {
+        // Keeps the body open (the sender alive) until the client goes.
+        while !tx.is_closed() {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    });
+    response
 }
 
 /// `one`, then (once released) ` two`, ` three`, the end.
@@ -345,6 +362,26 @@ async fn each_attempt_times_out_and_timeouts_are_retried() {
     .await;
     let error = outcome.error().expect("the run failed").to_string();
     assert!(error.contains("timed out (after 2 attempts)"), "{error}");
+}
+
+#[tokio::test]
+async fn a_call_that_streamed_is_never_retried() {
+    let state = Arc::new(Host::default());
+    let base = host(state.clone()).await;
+    let runtime = register_standard_kinds(Runtime::builder()).build();
+    let (outcome, chunks) = run(
+        &runtime,
+        json!({"url": format!("{base}/stalls"), "timeout": "1s",
+               "retry": {"attempts": 3, "backoff": "1ms"}}),
+    )
+    .await;
+    let error = outcome.error().expect("the run failed").to_string();
+    assert!(
+        error.contains("timed out (after 1 streamed chunks: not retried)"),
+        "{error}"
+    );
+    assert_eq!(chunks, vec!["one"]);
+    assert_eq!(state.stalls.load(Ordering::SeqCst), 1, "one attempt only");
 }
 
 /// Waits for the call's first chunk(s): `count` of them.
