@@ -29,7 +29,9 @@
 //!   as `{"value": ...}`; an empty body is `{}`.
 //!
 //! A status outside 2xx fails the node, naming the method, URL, status and an excerpt of the
-//! body. Redirects are followed only to allowed hosts.
+//! body. Redirects are followed only to allowed hosts. An answer larger than
+//! `max_response_bytes` (16 MiB by default) fails the node. With `append_message`, the
+//! output's `text` becomes an assistant message of the thread.
 //!
 //! **Timeout and retry.** `timeout` (default 60 s) bounds each attempt, streaming included.
 //! `retry` `{attempts, backoff, max_backoff}` (default one attempt; backoff 200 ms, doubled
@@ -52,7 +54,8 @@ use std::str::FromStr;
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
-use futures::{StreamExt, TryStreamExt};
+use axum::body::Bytes;
+use futures::{Stream, StreamExt, TryStreamExt};
 use ipnet::IpNet;
 use reqwest::header::{HeaderMap, HeaderName, HeaderValue};
 use reqwest::{Method, StatusCode, Url};
@@ -79,6 +82,10 @@ const MAX_REDIRECTS: usize = 10;
 const EXCERPT_CHARS: usize = 300;
 /// The longest NDJSON line accepted.
 const MAX_LINE: usize = 8 * 1024 * 1024;
+/// The largest answer read when `max_response_bytes` is not given: 16 MiB.
+const DEFAULT_MAX_RESPONSE: u64 = 16 * 1024 * 1024;
+/// How much of an error answer is read for its excerpt.
+const ERROR_BODY_LIMIT: u64 = 64 * 1024;
 /// The methods a node may use.
 const METHODS: &[&str] = &["POST", "GET", "PUT", "PATCH", "DELETE"];
 
@@ -330,6 +337,7 @@ impl NodeHandler for HttpNode {
                 ),
             )
             .optional("append_message", ParamType::Bool)
+            .optional("max_response_bytes", ParamType::Integer)
     }
 
     fn branches(&self, _: &serde_json::Value) -> Option<Vec<String>> {
@@ -380,6 +388,13 @@ impl NodeHandler for HttpNode {
                 "retry.attempts",
                 format!("{n} is not between 1 and {MAX_ATTEMPTS}"),
             ));
+        }
+        if let Some(n) = params
+            .get("max_response_bytes")
+            .and_then(serde_json::Value::as_i64)
+            && n < 1
+        {
+            issues.push(issue("max_response_bytes", format!("{n} is not positive")));
         }
         if let Some(t) = params.get("timeout").and_then(|t| t.as_str())
             && humantime::parse_duration(t).is_ok_and(|d| d.is_zero())
@@ -481,6 +496,8 @@ struct Call {
     timeout: Duration,
     retry: Retry,
     append_message: bool,
+    /// The largest answer read, in bytes.
+    max_response: u64,
     /// The body's fields but `attempt`, to which it is added per attempt.
     request: serde_json::Map<String, serde_json::Value>,
 }
@@ -626,6 +643,19 @@ impl Call {
             timeout,
             retry,
             append_message: input_bool(input, "append_message", false)?,
+            max_response: match input.get("max_response_bytes") {
+                None | Some(Value::Null) => DEFAULT_MAX_RESPONSE,
+                Some(n) => n
+                    .as_i64()
+                    .and_then(|n| u64::try_from(n).ok())
+                    .filter(|n| *n > 0)
+                    .ok_or_else(|| {
+                        NodeError::invalid_input(
+                            "max_response_bytes",
+                            format!("{n} is not a positive number of bytes"),
+                        )
+                    })?,
+            },
             request,
         })
     }
@@ -662,7 +692,10 @@ impl Call {
                 .get(reqwest::header::LOCATION)
                 .and_then(|v| v.to_str().ok())
                 .map(str::to_owned);
-            let body = response.text().await.unwrap_or_default();
+            let body = read_all(response, ERROR_BODY_LIMIT)
+                .await
+                .map(|b| String::from_utf8_lossy(&b).into_owned())
+                .unwrap_or_default();
             return Err(Failure::Status {
                 status,
                 retry_after,
@@ -684,19 +717,20 @@ impl Call {
             .unwrap_or_default();
         match content_type.as_str() {
             "application/x-ndjson" | "application/jsonl" | "application/jsonlines" => {
-                ndjson(response, ctx, stream).await?;
+                ndjson(limited(response, self.max_response), ctx, stream).await?;
                 stream.output()
             }
             "text/event-stream" => {
-                sse(response, ctx, stream).await?;
+                sse(limited(response, self.max_response), ctx, stream).await?;
                 stream.output()
             }
             "text/plain" => {
-                let text = response.text().await.map_err(Failure::Body)?;
+                let bytes = read_all(response, self.max_response).await?;
+                let text = String::from_utf8_lossy(&bytes).into_owned();
                 Ok(NodeOutput::new(Value::from_iter([("text", text)])))
             }
             _ => {
-                let bytes = response.bytes().await.map_err(Failure::Body)?;
+                let bytes = read_all(response, self.max_response).await?;
                 json_output(&bytes, &content_type)
             }
         }
@@ -783,8 +817,8 @@ enum Failure {
         location: Option<String>,
         excerpt: String,
     },
-    /// The body broke off or could not be read.
-    Body(reqwest::Error),
+    /// The body broke off, could not be read or was too large.
+    Body(BodyError),
     /// The body is not what the content type says.
     Malformed(String),
     /// The host reported an error in its stream.
@@ -854,7 +888,10 @@ impl fmt::Display for Failure {
             Failure::Status {
                 status, excerpt, ..
             } => write!(f, "answered {status}: {excerpt}"),
-            Failure::Body(e) => write!(f, "the answer broke off: {}", chain(e)),
+            Failure::Body(BodyError::Read(e)) => {
+                write!(f, "the answer broke off: {}", chain(e))
+            }
+            Failure::Body(e @ BodyError::TooLarge(_)) => write!(f, "{e}"),
             Failure::Malformed(e) => f.write_str(e),
             Failure::Host(e) => f.write_str(e),
         }
@@ -961,14 +998,72 @@ impl Streamed {
     }
 }
 
+/// Why an answer's body could not be read.
+#[derive(Debug)]
+enum BodyError {
+    /// It broke off.
+    Read(reqwest::Error),
+    /// It is larger than the limit.
+    TooLarge(u64),
+}
+
+impl fmt::Display for BodyError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            BodyError::Read(e) => write!(f, "{e}"),
+            BodyError::TooLarge(limit) => write!(
+                f,
+                "the answer is larger than {limit} bytes (raise `max_response_bytes`)"
+            ),
+        }
+    }
+}
+
+impl std::error::Error for BodyError {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        match self {
+            BodyError::Read(e) => Some(e),
+            BodyError::TooLarge(_) => None,
+        }
+    }
+}
+
+/// The answer's body as a stream of bytes that fails once more than `limit` came.
+fn limited(
+    response: reqwest::Response,
+    limit: u64,
+) -> impl Stream<Item = Result<Bytes, BodyError>> + Send + Unpin {
+    let mut total: u64 = 0;
+    response.bytes_stream().map(move |chunk| {
+        let chunk = chunk.map_err(BodyError::Read)?;
+        total = total.saturating_add(chunk.len() as u64);
+        if total > limit {
+            return Err(BodyError::TooLarge(limit));
+        }
+        Ok(chunk)
+    })
+}
+
+/// The whole body, at most `limit` bytes.
+async fn read_all(response: reqwest::Response, limit: u64) -> Result<Vec<u8>, Failure> {
+    if response.content_length().is_some_and(|n| n > limit) {
+        return Err(Failure::Body(BodyError::TooLarge(limit)));
+    }
+    let mut body = Vec::new();
+    let mut chunks = limited(response, limit);
+    while let Some(chunk) = chunks.next().await {
+        body.extend_from_slice(&chunk.map_err(Failure::Body)?);
+    }
+    Ok(body)
+}
+
 /// Reads an NDJSON answer into `stream`, one JSON value per line (blank lines skipped).
 async fn ndjson(
-    response: reqwest::Response,
+    body: impl Stream<Item = Result<Bytes, BodyError>> + Send + Unpin,
     ctx: &NodeContext,
     stream: &mut Streamed,
 ) -> Result<(), Failure> {
-    let reader =
-        tokio_util::io::StreamReader::new(response.bytes_stream().map_err(std::io::Error::other));
+    let reader = tokio_util::io::StreamReader::new(body.map_err(std::io::Error::other));
     let mut lines = tokio_util::codec::FramedRead::new(
         reader,
         tokio_util::codec::LinesCodec::new_with_max_length(MAX_LINE),
@@ -991,12 +1086,12 @@ async fn ndjson(
 
 /// Reads a server-sent events answer into `stream`.
 async fn sse(
-    response: reqwest::Response,
+    body: impl Stream<Item = Result<Bytes, BodyError>> + Send + Unpin,
     ctx: &NodeContext,
     stream: &mut Streamed,
 ) -> Result<(), Failure> {
     use eventsource_stream::Eventsource;
-    let mut events = response.bytes_stream().eventsource();
+    let mut events = body.eventsource();
     while let Some(event) = events.next().await {
         let event = event.map_err(|e| Failure::Malformed(format!("the answer broke off: {e}")))?;
         if event.data == "[DONE]" {

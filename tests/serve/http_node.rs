@@ -350,6 +350,24 @@ async fn too_many_server_errors_fail_with_the_last_one() {
     );
 }
 
+#[tokio::test]
+async fn answers_over_the_size_limit_fail_the_node() {
+    let base = host(Arc::default()).await;
+    let runtime = register_standard_kinds(Runtime::builder()).build();
+    for path in ["json", "ndjson", "sse"] {
+        let (outcome, _) = run(
+            &runtime,
+            json!({"url": format!("{base}/{path}"), "max_response_bytes": 8}),
+        )
+        .await;
+        let error = outcome.error().expect("the run failed").to_string();
+        assert!(
+            error.contains("the answer is larger than 8 bytes"),
+            "{path}: {error}"
+        );
+    }
+}
+
 #[tokio::test(start_paused = true)]
 async fn each_attempt_times_out_and_timeouts_are_retried() {
     let base = host(Arc::default()).await;
@@ -481,6 +499,59 @@ async fn a_force_stop_closes_the_connection_and_keeps_the_partial_text() {
 }
 
 #[tokio::test]
+async fn a_graceful_stop_that_times_out_keeps_what_streamed_during_it() {
+    let state = Arc::new(Host::default());
+    let (closed_tx, closed) = oneshot::channel();
+    *state.closed.lock().expect("not poisoned") = Some(closed_tx);
+    let base = host(state.clone()).await;
+    let runtime = register_standard_kinds(Runtime::builder()).build();
+    let run = Arc::new(
+        start(
+            &runtime,
+            json!({"url": format!("{base}/endless")}),
+            Map::new(),
+        )
+        .await,
+    );
+    let mut events = run.events();
+    chunks_seen(&mut events, 2).await;
+    let stopping = {
+        let run = Arc::clone(&run);
+        tokio::spawn(async move {
+            run.stop(StopMode::Graceful {
+                timeout: Duration::from_secs(2),
+            })
+            .await
+        })
+    };
+    loop {
+        match tokio::time::timeout(PATIENCE, events.next()).await {
+            Ok(Some(RunEvent::Stopping { .. })) => break,
+            Ok(Some(_)) => {}
+            other => panic!("no stopping event: {other:?}"),
+        }
+    }
+    // The host goes on streaming and never ends: the stop's timeout forces the call.
+    state.release.notify_one();
+    chunks_seen(&mut events, 1).await;
+    let reply = stopping.await.expect("the stop task").expect("stopped");
+    let StopReply::Stopped(stop) = reply else {
+        panic!("not stopped: {reply:?}")
+    };
+    assert_eq!(stop.interrupted.len(), 1, "{stop:?}");
+    assert!(stop.interrupted[0].forced, "{stop:?}");
+    let partial = stop.partial_response.clone().unwrap_or_default();
+    assert!(
+        partial.starts_with("one two tick"),
+        "the chunks streamed during the stop are kept: {partial:?}"
+    );
+    tokio::time::timeout(PATIENCE, closed)
+        .await
+        .expect("the host saw the connection closed in time")
+        .expect("the host told");
+}
+
+#[tokio::test]
 async fn hosts_off_the_allow_list_are_refused_at_validation_and_at_run_time() {
     let base = host(Arc::default()).await;
     let config = HttpConfig {
@@ -532,6 +603,7 @@ fn bad_params_are_named_at_validation() {
             "timeout": "soon",
             "retry": {"attempts": 0, "backoff": 5},
             "headers": {"bad header": "x"},
+            "max_response_bytes": 0,
             "extra": 1
         })))
         .expect_err("invalid");
@@ -544,6 +616,7 @@ fn bad_params_are_named_at_validation() {
         "node `call`: field `params.extra`: is not a known field",
         "node `call`: field `params.headers.bad header`: is not a valid header name",
         "node `call`: field `params.retry.attempts`: 0 is not between 1 and 100",
+        "node `call`: field `params.max_response_bytes`: 0 is not positive",
     ] {
         assert!(
             text.iter().any(|t| t.contains(want)),
