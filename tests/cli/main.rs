@@ -669,3 +669,53 @@ fn the_loop_parallel_and_interactive_samples_run_as_the_readme_says() {
     let doc: serde_json::Value = serde_json::from_str(&ran.stdout).expect("JSON");
     assert_eq!(doc["status"], "awaiting_input", "{doc}");
 }
+
+#[test]
+fn http_hosts_come_from_the_allow_list_its_config_and_its_flag() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let workflow = dir.path().join("remote.json");
+    std::fs::write(
+        &workflow,
+        serde_json::json!({"id": "remote", "nodes": [
+            {"id": "start", "kind": "begin"},
+            {"id": "ask", "kind": "http", "params": {"url": "http://10.1.2.3:9000/ask"}}
+        ], "edges": [{"from": "start", "to": "ask"}]})
+        .to_string(),
+    )
+    .expect("written");
+    // Loopback only by default.
+    let ran = runvisor(["validate".as_ref(), workflow.as_os_str()]);
+    assert_eq!(ran.code, Some(BAD_INPUT), "{ran:?}");
+    assert!(
+        ran.stderr
+            .contains("node `ask`: field `params.url`: host `10.1.2.3` is not on the allow-list"),
+        "{ran:?}"
+    );
+    let ran = runvisor([
+        "--http-allow".as_ref(),
+        "localhost,10.0.0.0/8".as_ref(),
+        "validate".as_ref(),
+        workflow.as_os_str(),
+    ]);
+    assert_eq!(ran.code, Some(0), "{ran:?}");
+    let config = dir.path().join("runvisor.json");
+    std::fs::write(&config, r#"{"http": {"allow": ["10.1.2.3"]}}"#).expect("written");
+    let ran = runvisor([
+        "--config".as_ref(),
+        config.as_os_str(),
+        "validate".as_ref(),
+        workflow.as_os_str(),
+    ]);
+    assert_eq!(ran.code, Some(0), "{ran:?}");
+    let ran = runvisor([
+        "--http-allow".as_ref(),
+        "no such host".as_ref(),
+        "validate".as_ref(),
+        workflow.as_os_str(),
+    ]);
+    assert_one_line_error(
+        &ran,
+        BAD_INPUT,
+        "--http-allow: \"no such host\" is not a host name",
+    );
+}
