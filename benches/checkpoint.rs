@@ -23,25 +23,19 @@
 mod common;
 
 use std::hint::black_box;
-use std::io::{Read, Write};
-use std::net::{Ipv4Addr, SocketAddrV4, TcpListener, TcpStream};
-use std::process::{Child, Command, Stdio};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use ::redis::aio::MultiplexedConnection;
 use criterion::measurement::WallTime;
 use criterion::{BenchmarkGroup, Criterion, Throughput, criterion_group, criterion_main};
+use runvisor::delta::materialize;
 use runvisor::redis::{RedisConfig, RedisStores};
 use runvisor::snapshot::{CompletedNode, GraphState, Snapshot};
 use runvisor::store::{RunStatus, StoredCheckpoint};
-use runvisor::{
-    CheckpointId, Durability, Map, Route, RunId, RunLabels, RunOutcome, Runtime, RuntimeConfig,
-    ThreadId, Value, Workflow,
-};
-use tokio::runtime::Runtime as Tokio;
+use runvisor::{CheckpointId, Durability, Map, Route, RunId, RunLabels, Runtime, ThreadId, Value};
 
-use common::{ECHO, Echo, chain};
+use common::redis_server::{PrivateRedis, flush, raw};
+use common::{ECHO, Echo, chain, run_chain, tokio, with_durability as config};
 
 /// Nodes in the checkpointed chain.
 const CHAIN: usize = 100;
@@ -53,117 +47,6 @@ const MODES: [(&str, Durability); 3] = [
     ("async", Durability::Async),
     ("exit", Durability::Exit),
 ];
-
-/// A `redis-server` owned by the bench: killed (and reaped) on drop.
-struct PrivateRedis {
-    child: Child,
-    port: u16,
-    _dir: tempfile::TempDir,
-}
-
-impl PrivateRedis {
-    fn start() -> Self {
-        let dir = tempfile::tempdir().expect("temporary directory");
-        let port = loop {
-            let probe = TcpListener::bind(SocketAddrV4::new(Ipv4Addr::LOCALHOST, 0))
-                .expect("bind a probe socket");
-            let port = probe.local_addr().expect("probe address").port();
-            if port != 6379 {
-                break port;
-            }
-        };
-        let child = Command::new("redis-server")
-            .args(["--port", &port.to_string(), "--bind", "127.0.0.1"])
-            .args(["--save", "", "--appendonly", "no", "--daemonize", "no"])
-            .arg("--dir")
-            .arg(dir.path())
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("redis-server on the PATH");
-        let server = Self {
-            child,
-            port,
-            _dir: dir,
-        };
-        let deadline = Instant::now() + Duration::from_secs(10);
-        while !server.answers() {
-            assert!(Instant::now() < deadline, "redis-server did not start");
-            std::thread::sleep(Duration::from_millis(20));
-        }
-        server
-    }
-
-    fn url(&self) -> String {
-        format!("redis://127.0.0.1:{}/", self.port)
-    }
-
-    fn answers(&self) -> bool {
-        let addr = SocketAddrV4::new(Ipv4Addr::LOCALHOST, self.port);
-        let Ok(mut stream) = TcpStream::connect_timeout(&addr.into(), Duration::from_millis(200))
-        else {
-            return false;
-        };
-        let _ = stream.set_read_timeout(Some(Duration::from_millis(200)));
-        let mut reply = [0u8; 7];
-        stream.write_all(b"PING\r\n").is_ok()
-            && stream.read_exact(&mut reply).is_ok()
-            && &reply == b"+PONG\r\n"
-    }
-}
-
-impl Drop for PrivateRedis {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-fn config(durability: Durability) -> RuntimeConfig {
-    RuntimeConfig {
-        durability,
-        ..RuntimeConfig::default()
-    }
-}
-
-fn tokio() -> Tokio {
-    tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()
-        .expect("tokio runtime")
-}
-
-async fn raw(url: &str) -> MultiplexedConnection {
-    ::redis::Client::open(url)
-        .expect("url")
-        .get_multiplexed_async_connection()
-        .await
-        .expect("raw connection")
-}
-
-async fn flush(con: &mut MultiplexedConnection) {
-    let _: () = ::redis::cmd("FLUSHDB")
-        .query_async(con)
-        .await
-        .expect("FLUSHDB");
-}
-
-/// One run of the chain; panics unless it completed with the expected last output.
-async fn run_chain(runtime: &Runtime, workflow: &Workflow, thread: &ThreadId, len: usize) {
-    let run = runtime
-        .start(workflow, Map::new(), thread.clone())
-        .await
-        .expect("start");
-    let outcome = run.wait().await;
-    let last = format!("n{len}");
-    match &outcome {
-        RunOutcome::Completed { .. }
-            if outcome.output(&last).and_then(|o| o.get("value")) == Some(&Value::Int(1)) => {}
-        other => panic!("the chain did not complete: {other:?}"),
-    }
-    black_box(outcome);
-}
 
 /// A snapshot whose node outputs total about `bytes`, over eight nodes.
 fn snapshot_of(bytes: usize) -> Snapshot {
@@ -267,7 +150,8 @@ fn durable(c: &mut Criterion) {
         .block_on(stores.checkpoints.get(&thread, ids[ids.len() / 2]))
         .expect("get")
         .expect("listed");
-    let workflow_json = Snapshot::decode(&middle.bytes)
+    let workflow_json = rt
+        .block_on(materialize(&*stores.checkpoints, &thread, &middle))
         .expect("decodes")
         .workflow
         .map_or(0, |w| w.len());
@@ -330,6 +214,7 @@ fn durable(c: &mut Criterion) {
                         run,
                         sequence: i + 1,
                         bytes: bytes.clone(),
+                        link: None,
                     };
                     let started = Instant::now();
                     store.put(&thread, checkpoint, None).await.expect("put");

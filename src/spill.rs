@@ -542,6 +542,8 @@ impl Document {
                 run: c.run,
                 sequence: c.sequence,
                 bytes: unhex(&c.bytes_hex).ok_or("the checkpoint bytes are not hex")?,
+                // A run's final checkpoint, the only one spilled, is always whole.
+                link: None,
             }),
             None => None,
         };
@@ -618,6 +620,7 @@ mod tests {
             run: run_id,
             sequence: 9,
             bytes: vec![0, 1, 0xfe, 0xff, 0x42],
+            link: None,
         });
         run.workflow = Some(("abc".into(), "{\"id\": \"w\"}".into()));
         run

@@ -53,6 +53,7 @@ pub use workflow::{
 /// in-memory implementations, and the records they keep.
 pub mod store {
     pub use crate::model::{RunRecord, RunStatus, StoreError};
+    pub use crate::persist::DeltaLink;
     pub use crate::persist::memory;
     pub use crate::persist::{
         Acquired, CheckpointStore, HistoryStore, LeaseStore, MemoryLeaseStore, Notice,
@@ -63,6 +64,11 @@ pub mod store {
 /// The snapshot format: what a checkpoint holds and its versioned, checksummed envelope.
 pub mod snapshot {
     pub use crate::persist::snapshot::*;
+}
+
+/// Incremental checkpoints: deltas of snapshots, and reading a checkpoint back whole.
+pub mod delta {
+    pub use crate::persist::delta::*;
 }
 
 /// Re-exported so host handlers need no direct dependency to implement [`NodeHandler`].

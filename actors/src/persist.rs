@@ -7,6 +7,7 @@
 //! crate implements them on Redis.
 
 mod check;
+pub(crate) mod delta;
 mod durability;
 mod keys;
 mod leases;
@@ -22,8 +23,8 @@ pub use durability::Durability;
 pub(crate) use keys::WatchedKeys;
 pub use keys::{SignalConfig, escape_label, render_key};
 pub use ports::{
-    Acquired, CheckpointStore, HistoryStore, LeaseStore, Notice, NoticeStream, RunStore, Signal,
-    SignalSource, StoredCheckpoint,
+    Acquired, CheckpointStore, DeltaLink, HistoryStore, LeaseStore, Notice, NoticeStream, RunStore,
+    Signal, SignalSource, StoredCheckpoint,
 };
 pub(crate) use snapshot::Snapshot;
 pub use spill::{SpillStore, SpilledRun};

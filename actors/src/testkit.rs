@@ -401,7 +401,17 @@ pub async fn persisted(runtime: &Runtime, thread: &ThreadId) -> Persisted {
         .await
         .ok()
         .flatten();
-    let checkpoint = stored.map(|s| (s.id, Snapshot::decode(&s.bytes)));
+    let checkpoint = match stored {
+        Some(s) => {
+            use crate::persist::delta::{MaterializeError, materialize};
+            match materialize(runtime.checkpoint_store().as_ref(), thread, &s).await {
+                Ok(snapshot) => Some((s.id, Ok(snapshot))),
+                Err(MaterializeError::Snapshot(error)) => Some((s.id, Err(error))),
+                Err(MaterializeError::Store(_)) => None,
+            }
+        }
+        None => None,
+    };
     let record = match &checkpoint {
         Some((_, Ok(snapshot))) => runtime
             .run_store()

@@ -4,6 +4,8 @@
 // Each bench target uses part of this module.
 #![allow(dead_code)]
 
+pub(crate) mod redis_server;
+
 use runvisor::{
     Map, NodeContext, NodeDef, NodeError, NodeHandler, NodeOutput, Runtime, Value, Workflow,
     WorkflowDef, async_trait,
@@ -73,4 +75,42 @@ impl NodeHandler for Cooperative {
         ctx.stopped().await;
         Err(NodeError::Stopped)
     }
+}
+
+/// A multi-threaded tokio runtime for a bench.
+pub(crate) fn tokio() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .expect("tokio runtime")
+}
+
+/// The default runtime settings with this durability.
+pub(crate) fn with_durability(durability: runvisor::Durability) -> runvisor::RuntimeConfig {
+    runvisor::RuntimeConfig {
+        durability,
+        ..runvisor::RuntimeConfig::default()
+    }
+}
+
+/// One run of [`chain`] of `len` nodes; panics unless it completed with the expected last
+/// output.
+pub(crate) async fn run_chain(
+    runtime: &Runtime,
+    workflow: &Workflow,
+    thread: &runvisor::ThreadId,
+    len: usize,
+) {
+    let run = runtime
+        .start(workflow, Map::new(), thread.clone())
+        .await
+        .expect("start");
+    let outcome = run.wait().await;
+    let last = format!("n{len}");
+    match &outcome {
+        runvisor::RunOutcome::Completed { .. }
+            if outcome.output(&last).and_then(|o| o.get("value")) == Some(&Value::Int(1)) => {}
+        other => panic!("the chain did not complete: {other:?}"),
+    }
+    std::hint::black_box(outcome);
 }

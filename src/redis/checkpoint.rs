@@ -7,6 +7,9 @@
 //! the TTL, and prunes the thread to its newest checkpoints ([`RedisConfig::keep_checkpoints`](
 //! super::RedisConfig::keep_checkpoints)): the oldest payloads, their index entries and the
 //! sequence keys of their runs (but the writer's) go in the same script, or nothing happens.
+//! A delta (see [`runvisor_actors::delta`]) also has `base` and `parent` fields; `put` of a
+//! delta checks in the same script that both are stored, pruning never removes what the
+//! oldest kept checkpoint builds on, and a chain's TTL is renewed with its newest delta.
 //! `prune` trims in batches, each batch one script. Reads follow the index and drop the entries
 //! whose payload expired (checked again inside a script): `list` every one it sees, `latest`
 //! those newer than the checkpoint it returns, `get` the one asked for. The scripts are in
@@ -19,7 +22,7 @@ use std::time::Duration;
 
 use ::redis::{Script, Value};
 use async_trait::async_trait;
-use runvisor_actors::store::{CheckpointStore, StoredCheckpoint};
+use runvisor_actors::store::{CheckpointStore, DeltaLink, StoredCheckpoint};
 use runvisor_actors::{CheckpointId, Fence, StoreError, ThreadId};
 
 use super::conn::Conn;
@@ -176,11 +179,19 @@ impl RedisCheckpointStore {
         if fields.is_empty() {
             return Ok(None);
         }
+        let link = match fields.optional_parsed::<CheckpointId>("base")? {
+            Some(base) => Some(DeltaLink {
+                base,
+                parent: fields.required_parsed("parent")?,
+            }),
+            None => None,
+        };
         Ok(Some(StoredCheckpoint {
             id,
             run: fields.required_parsed("run")?,
             sequence: fields.required_parsed::<u64>("sequence")?,
             bytes: fields.required("bytes")?.to_vec(),
+            link,
         }))
     }
 
@@ -285,7 +296,19 @@ impl CheckpointStore for RedisCheckpointStore {
             .arg(self.keep.map(|k| k.to_string()).unwrap_or_default())
             .arg(self.keys.checkpoint_prefix(thread))
             .arg(self.keys.checkpoint_sequence_prefix(thread))
-            .arg(PUT_PRUNE_MAX);
+            .arg(PUT_PRUNE_MAX)
+            .arg(
+                checkpoint
+                    .link
+                    .map(|l| l.base.to_string())
+                    .unwrap_or_default(),
+            )
+            .arg(
+                checkpoint
+                    .link
+                    .map(|l| l.parent.to_string())
+                    .unwrap_or_default(),
+            );
         let reply = self
             .conn
             .script("checkpoint put", &payload, &invocation)
@@ -299,6 +322,9 @@ impl CheckpointStore for RedisCheckpointStore {
         match (status, detail) {
             (Some("ok"), _) => Ok(()),
             (Some("fenced"), current) => Err(fenced(thread, fence, current, &payload)),
+            (Some("missing"), Some(id)) => Err(StoreError::MissingParent {
+                checkpoint: parse_id(id, &index)?,
+            }),
             (Some("stale"), Some(stored)) => Err(StoreError::StaleSequence {
                 run: checkpoint.run,
                 sequence: checkpoint.sequence,

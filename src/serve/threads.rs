@@ -5,7 +5,7 @@ use axum::Json;
 use axum::extract::rejection::{PathRejection, QueryRejection};
 use axum::extract::{Path, Query, State};
 use axum::response::Response;
-use runvisor_actors::snapshot::Snapshot;
+use runvisor_actors::delta::materialize;
 use runvisor_actors::{CheckpointId, InteractionId, ResumeFrom, ResumeInput, ThreadId, Value};
 use serde::Deserialize;
 use serde_json::json;
@@ -169,7 +169,7 @@ pub(super) async fn checkpoints(
             // Pruned or expired between the listing and the read.
             continue;
         };
-        let entry = match Snapshot::decode(&stored.bytes) {
+        let entry = match materialize(store.as_ref(), &thread, &stored).await {
             Ok(snapshot) => json!({
                 "checkpoint_id": id.to_string(),
                 "run_id": stored.run.to_string(),

@@ -57,6 +57,7 @@ async fn native_data(server: &RedisServer) {
                 run,
                 sequence: sequence as u64,
                 bytes: b"snapshot".to_vec(),
+                link: None,
             };
             stores
                 .checkpoints

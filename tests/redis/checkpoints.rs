@@ -14,6 +14,7 @@ fn checkpoint(id: CheckpointId, run: RunId, sequence: u64, bytes: &[u8]) -> Stor
         run,
         sequence,
         bytes: bytes.to_vec(),
+        link: None,
     }
 }
 

@@ -144,6 +144,7 @@ async fn junk_checkpoints_are_corrupt() {
         run,
         sequence,
         bytes: b"bytes".to_vec(),
+        link: None,
     };
     checkpoints.put(&t, cp(1), None).await.expect("put");
 

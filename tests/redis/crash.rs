@@ -18,6 +18,7 @@ use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
+use runvisor::delta::materialize;
 use runvisor::snapshot::Snapshot;
 use runvisor::{Role, RunStatus, ThreadId};
 
@@ -152,14 +153,16 @@ async fn kill_mid_run_then_resume(durability: &str, t: ThreadId) {
             );
         }
         let latest = stores.checkpoints.latest(&t).await.ok().flatten();
-        let n2_stored = latest.is_some_and(|latest| {
-            Snapshot::decode(&latest.bytes)
+        let n2_stored = match latest {
+            Some(latest) => materialize(&*stores.checkpoints, &t, &latest)
+                .await
                 .expect("stored snapshots decode")
                 .graph
                 .completed
                 .iter()
-                .any(|c| c.node.as_str() == "n2")
-        });
+                .any(|c| c.node.as_str() == "n2"),
+            None => false,
+        };
         if n2_stored {
             break;
         }
@@ -186,7 +189,9 @@ async fn kill_mid_run_then_resume(durability: &str, t: ThreadId) {
         .await
         .expect("latest")
         .expect("a checkpoint");
-    let snapshot = Snapshot::decode(&latest.bytes).expect("the last snapshot decodes");
+    let snapshot = materialize(&*stores.checkpoints, &t, &latest)
+        .await
+        .expect("the last snapshot decodes");
     assert_eq!(snapshot.run_id, crashed);
     assert_eq!(snapshot.status, RunStatus::Running);
     let stored: Vec<&str> = snapshot

@@ -17,6 +17,7 @@ fn checkpoint(run: RunId, sequence: u64) -> StoredCheckpoint {
         run,
         sequence,
         bytes: vec![sequence as u8; 16],
+        link: None,
     }
 }
 

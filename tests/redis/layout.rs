@@ -27,6 +27,7 @@ async fn write_all(stores: &RedisStores, t: &ThreadId, sequence: u64) -> Vec<Str
         run,
         sequence,
         bytes: b"snapshot".to_vec(),
+        link: None,
     };
     stores
         .checkpoints

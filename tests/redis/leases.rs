@@ -234,6 +234,7 @@ async fn every_write_with_a_stale_token_is_refused_and_writes_nothing() {
         run: old.run,
         sequence: 1,
         bytes: b"late".to_vec(),
+        link: None,
     };
     refused(
         stores

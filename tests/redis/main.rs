@@ -15,6 +15,7 @@ mod connect;
 mod corrupt;
 mod crash;
 mod cross_process;
+mod deltas;
 mod durability;
 mod failures;
 mod faults;

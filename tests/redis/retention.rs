@@ -162,6 +162,7 @@ fn checkpoint(run: RunId, sequence: u64) -> StoredCheckpoint {
         run,
         sequence,
         bytes: b"snapshot".to_vec(),
+        link: None,
     }
 }
 

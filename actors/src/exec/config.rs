@@ -29,6 +29,11 @@ pub struct RuntimeConfig {
     /// Bytes of background snapshots allowed to wait for the store (during an outage); past
     /// that, runs wait for their snapshot to be stored before going on.
     pub checkpoint_buffer: usize,
+    /// Incremental checkpoints: how many deltas a run writes after a whole snapshot (a base)
+    /// before it writes a whole one again. A run also writes a new base once its deltas since
+    /// the last one add up to more bytes than that base. Restoring a checkpoint reads at most
+    /// this many deltas after its base. 0 writes every checkpoint whole.
+    pub checkpoint_compact_every: u32,
     /// In `async` mode, the window over which a run's completions share one snapshot.
     #[serde(with = "humantime_serde")]
     pub checkpoint_coalesce: Duration,
@@ -94,6 +99,7 @@ impl Default for RuntimeConfig {
             event_buffer: 1024,
             durability: Durability::Async,
             checkpoint_buffer: 64 * 1024 * 1024,
+            checkpoint_compact_every: 64,
             checkpoint_coalesce: Duration::from_millis(20),
             store_deadline: Duration::from_secs(10),
             signals: SignalConfig::default(),

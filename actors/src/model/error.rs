@@ -3,7 +3,7 @@
 
 use std::time::Duration;
 
-use super::ids::{RunId, ThreadId};
+use super::ids::{CheckpointId, RunId, ThreadId};
 
 /// A store operation that failed.
 ///
@@ -56,6 +56,14 @@ pub enum StoreError {
         token: u64,
         /// The thread's current token.
         current: u64,
+    },
+    /// A checkpoint delta was refused because a checkpoint it builds on (its base or its
+    /// parent) is not stored (pruned, or expired): nothing was written. The writer writes the
+    /// checkpoint whole instead.
+    #[error("checkpoint {checkpoint}, which the delta builds on, is not stored")]
+    MissingParent {
+        /// The missing checkpoint.
+        checkpoint: CheckpointId,
     },
     /// Stored data could not be read.
     #[error("corrupt data at {key}: {reason}")]

@@ -78,6 +78,17 @@ fn check(
     }
 }
 
+/// How many of a thread's oldest checkpoints may go so that it keeps its newest `keep`: all
+/// the excess, but none that the oldest kept checkpoint builds on (its base and the deltas
+/// after it).
+fn prunable(stored: &BTreeMap<CheckpointId, StoredCheckpoint>, keep: usize) -> usize {
+    let excess = stored.len().saturating_sub(keep);
+    match stored.values().nth(excess).and_then(|kept| kept.link) {
+        Some(link) => excess.min(stored.range(..link.base).count()),
+        None => excess,
+    }
+}
+
 #[async_trait]
 impl CheckpointStore for MemoryCheckpointStore {
     async fn put(
@@ -87,6 +98,14 @@ impl CheckpointStore for MemoryCheckpointStore {
         fence: Option<Fence>,
     ) -> Result<(), StoreError> {
         check(&self.fences, thread, fence)?;
+        if let Some(link) = checkpoint.link {
+            let stored = self.threads.get(thread);
+            for id in [link.base, link.parent] {
+                if !stored.as_ref().is_some_and(|t| t.contains_key(&id)) {
+                    return Err(StoreError::MissingParent { checkpoint: id });
+                }
+            }
+        }
         // The sequence entry stays locked while the payload is written: the pair is atomic.
         let _guard = match self.sequences.entry((thread.clone(), checkpoint.run)) {
             dashmap::Entry::Occupied(mut stored) => {
@@ -107,7 +126,7 @@ impl CheckpointStore for MemoryCheckpointStore {
         stored.insert(checkpoint.id, checkpoint);
         let mut pruned_runs = Vec::new();
         if let Some(keep) = self.keep {
-            while stored.len() > keep {
+            for _ in 0..prunable(&stored, keep) {
                 if let Some((_, pruned)) = stored.pop_first()
                     && pruned.run != writer
                 {
@@ -152,7 +171,7 @@ impl CheckpointStore for MemoryCheckpointStore {
         let Some(mut t) = self.threads.get_mut(thread) else {
             return Ok(0);
         };
-        let excess = t.len().saturating_sub(keep);
+        let excess = prunable(&t, keep);
         let doomed: Vec<CheckpointId> = t.keys().take(excess).copied().collect();
         let mut runs = HashSet::new();
         for id in &doomed {
@@ -412,6 +431,7 @@ mod tests {
             run,
             sequence,
             bytes: vec![sequence as u8],
+            link: None,
         }
     }
 

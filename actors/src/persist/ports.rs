@@ -20,6 +20,17 @@ use crate::model::{
     ThreadId, WorkerId, WorkerInfo,
 };
 
+/// Where a delta sits among its thread's checkpoints (see
+/// [`delta`](crate::delta)): the checkpoint it applies to and the whole snapshot its chain
+/// starts from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct DeltaLink {
+    /// The whole snapshot the chain starts from.
+    pub base: CheckpointId,
+    /// The checkpoint the delta applies to (the base, or the delta before it).
+    pub parent: CheckpointId,
+}
+
 /// A snapshot as the checkpoint store sees it: opaque, encoded bytes plus what indexes it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct StoredCheckpoint {
@@ -29,8 +40,10 @@ pub struct StoredCheckpoint {
     pub run: RunId,
     /// The run's write sequence: strictly increasing per run.
     pub sequence: u64,
-    /// The encoded snapshot.
+    /// The encoded snapshot, or delta.
     pub bytes: Vec<u8>,
+    /// For a delta, what it builds on; `None` for a whole snapshot.
+    pub link: Option<DeltaLink>,
 }
 
 /// Stores snapshots per thread.
@@ -45,6 +58,14 @@ pub struct StoredCheckpoint {
 /// it removes the oldest in the same atomic step, and the store may forget the sequences of
 /// the runs whose checkpoints it removed, never the writer's (only a live run writes, and its
 /// writes are fenced). Reads never return an id whose checkpoint is gone.
+///
+/// Deltas: a checkpoint with a [`link`](StoredCheckpoint::link) restores only with the
+/// checkpoints it builds on. `put` of a delta whose base or parent is not stored refuses it
+/// ([`StoreError::MissingParent`]), in the same atomic step. Retention never removes a
+/// checkpoint that a kept one builds on: it stops pruning at the base of the oldest kept
+/// checkpoint (a thread's chains follow one another in id order, one run writing at a time),
+/// so a thread may hold up to one chain's length more than it keeps. A store with expiry keeps
+/// a chain's checkpoints alive as long as its newest delta.
 #[async_trait]
 pub trait CheckpointStore: Send + Sync + 'static {
     /// Writes a checkpoint of a thread; with a fencing token, only if it is the thread's.

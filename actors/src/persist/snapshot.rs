@@ -41,6 +41,8 @@ pub use imbl::Vector;
 
 /// The envelope's magic bytes.
 pub const MAGIC: [u8; 4] = *b"RVSN";
+/// The envelope's magic bytes for a delta (see [`delta`](crate::delta)).
+pub const DELTA_MAGIC: [u8; 4] = *b"RVDL";
 /// The envelope layout version this build writes and reads.
 pub const FORMAT_VERSION: u16 = 1;
 /// The [`Snapshot`] schema version this build writes; it reads this one and older ones
@@ -100,8 +102,10 @@ thread_local! {
     static FRAMES_REFUSED: Cell<bool> = const { Cell::new(false) };
 }
 
-/// Decodes a frame inside at most [`MAX_FRAME_DEPTH`] others.
-fn nested_frame<'de, D: Deserializer<'de>>(deserializer: D) -> Result<FrameState, D::Error> {
+/// Decodes a frame (or a frame's delta) inside at most [`MAX_FRAME_DEPTH`] others.
+pub(crate) fn nested_frame<'de, D: Deserializer<'de>, T: Deserialize<'de>>(
+    deserializer: D,
+) -> Result<T, D::Error> {
     struct Level(usize);
     impl Drop for Level {
         fn drop(&mut self) {
@@ -117,7 +121,7 @@ fn nested_frame<'de, D: Deserializer<'de>>(deserializer: D) -> Result<FrameState
     }
     FRAMES.set(around + 1);
     let _level = Level(around);
-    FrameState::deserialize(deserializer)
+    T::deserialize(deserializer)
 }
 
 /// Loop or parallel progress.
@@ -386,6 +390,29 @@ pub enum SnapshotError {
     /// The snapshot could not be encoded.
     #[error("snapshot does not encode: {0}")]
     Encode(String),
+    /// A delta (what one checkpoint changed), not a whole snapshot: it restores only on top
+    /// of the checkpoints it builds on (see [`delta`](crate::delta)).
+    #[error(
+        "a checkpoint delta, not a whole snapshot: it restores with the checkpoints it builds on"
+    )]
+    NotWhole,
+    /// A delta does not fit the state it is applied to.
+    #[error("checkpoint delta does not fit the state it builds on: {0}")]
+    Mismatch(String),
+    /// A checkpoint a delta builds on is gone (expired, or removed by hand).
+    #[error("checkpoint {checkpoint}, which this one builds on, is missing")]
+    MissingLink {
+        /// The missing checkpoint.
+        checkpoint: crate::model::CheckpointId,
+    },
+    /// A checkpoint this one builds on does not decode.
+    #[error("checkpoint {checkpoint}, which this one builds on: {error}")]
+    InChain {
+        /// The checkpoint that does not decode.
+        checkpoint: crate::model::CheckpointId,
+        /// Why.
+        error: Box<SnapshotError>,
+    },
     /// The payload nests deeper than this build reads: a value past
     /// [`MAX_DEPTH`](crate::model::MAX_DEPTH), or frames past [`MAX_FRAME_DEPTH`].
     #[error("snapshot payload nests {what} deeper than {limit} levels (the limit)")]
@@ -400,59 +427,15 @@ pub enum SnapshotError {
 impl Snapshot {
     /// Encodes the snapshot in its envelope.
     pub fn encode(&self) -> Result<Vec<u8>, SnapshotError> {
-        let payload =
-            postcard::to_allocvec(self).map_err(|e| SnapshotError::Encode(e.to_string()))?;
-        if payload.len() > MAX_SNAPSHOT_BYTES {
-            return Err(SnapshotError::TooLarge(payload.len()));
-        }
-        let len =
-            u32::try_from(payload.len()).map_err(|_| SnapshotError::TooLarge(payload.len()))?;
-        let mut out = Vec::with_capacity(HEADER_LEN + payload.len());
-        out.extend_from_slice(&MAGIC);
-        out.extend_from_slice(&FORMAT_VERSION.to_be_bytes());
-        out.extend_from_slice(&SCHEMA_VERSION.to_be_bytes());
-        out.push(CODEC_POSTCARD);
-        out.extend_from_slice(&len.to_be_bytes());
-        out.extend_from_slice(&CRC32C.checksum(&payload).to_be_bytes());
-        out.extend_from_slice(&payload);
-        Ok(out)
+        seal(&MAGIC, SCHEMA_VERSION, self)
     }
 
     /// Decodes a snapshot from its envelope.
     pub fn decode(bytes: &[u8]) -> Result<Self, SnapshotError> {
-        if bytes.len() < HEADER_LEN {
-            return Err(SnapshotError::Truncated(format!(
-                "{} bytes, the header alone is {HEADER_LEN}",
-                bytes.len()
-            )));
+        if bytes.starts_with(&DELTA_MAGIC) {
+            return Err(SnapshotError::NotWhole);
         }
-        let (header, payload) = bytes.split_at(HEADER_LEN);
-        if header[0..4] != MAGIC {
-            return Err(SnapshotError::BadMagic);
-        }
-        let format = u16::from_be_bytes([header[4], header[5]]);
-        let schema = u16::from_be_bytes([header[6], header[7]]);
-        if format != FORMAT_VERSION || schema > SCHEMA_VERSION || schema == 0 {
-            return Err(SnapshotError::UnsupportedVersion { format, schema });
-        }
-        if header[8] != CODEC_POSTCARD {
-            return Err(SnapshotError::UnsupportedCodec(header[8]));
-        }
-        let len = u32::from_be_bytes([header[9], header[10], header[11], header[12]]) as usize;
-        if len > MAX_SNAPSHOT_BYTES {
-            return Err(SnapshotError::TooLarge(len));
-        }
-        if payload.len() != len {
-            return Err(SnapshotError::Truncated(format!(
-                "header declares {len} payload bytes, {} present",
-                payload.len()
-            )));
-        }
-        let stored = u32::from_be_bytes([header[13], header[14], header[15], header[16]]);
-        let computed = CRC32C.checksum(payload);
-        if stored != computed {
-            return Err(SnapshotError::Checksum { stored, computed });
-        }
+        let (schema, payload) = open(bytes, &MAGIC, SCHEMA_VERSION)?;
         match schema {
             1 => decode_payload::<SnapshotV1>(payload).map(Snapshot::from),
             2 => decode_payload::<SnapshotV2>(payload).map(Snapshot::from),
@@ -461,9 +444,76 @@ impl Snapshot {
     }
 }
 
+/// Encodes `value` in an envelope with these magic bytes and schema version.
+pub(crate) fn seal<T: Serialize>(
+    magic: &[u8; 4],
+    schema: u16,
+    value: &T,
+) -> Result<Vec<u8>, SnapshotError> {
+    let payload = postcard::to_allocvec(value).map_err(|e| SnapshotError::Encode(e.to_string()))?;
+    if payload.len() > MAX_SNAPSHOT_BYTES {
+        return Err(SnapshotError::TooLarge(payload.len()));
+    }
+    let len = u32::try_from(payload.len()).map_err(|_| SnapshotError::TooLarge(payload.len()))?;
+    let mut out = Vec::with_capacity(HEADER_LEN + payload.len());
+    out.extend_from_slice(magic);
+    out.extend_from_slice(&FORMAT_VERSION.to_be_bytes());
+    out.extend_from_slice(&schema.to_be_bytes());
+    out.push(CODEC_POSTCARD);
+    out.extend_from_slice(&len.to_be_bytes());
+    out.extend_from_slice(&CRC32C.checksum(&payload).to_be_bytes());
+    out.extend_from_slice(&payload);
+    Ok(out)
+}
+
+/// Checks an envelope with these magic bytes (schema versions 1 to `max_schema`): returns the
+/// schema version and the payload, whose checksum matched.
+pub(crate) fn open<'b>(
+    bytes: &'b [u8],
+    magic: &[u8; 4],
+    max_schema: u16,
+) -> Result<(u16, &'b [u8]), SnapshotError> {
+    if bytes.len() < HEADER_LEN {
+        return Err(SnapshotError::Truncated(format!(
+            "{} bytes, the header alone is {HEADER_LEN}",
+            bytes.len()
+        )));
+    }
+    let (header, payload) = bytes.split_at(HEADER_LEN);
+    if header[0..4] != magic[..] {
+        return Err(SnapshotError::BadMagic);
+    }
+    let format = u16::from_be_bytes([header[4], header[5]]);
+    let schema = u16::from_be_bytes([header[6], header[7]]);
+    if format != FORMAT_VERSION || schema > max_schema || schema == 0 {
+        return Err(SnapshotError::UnsupportedVersion { format, schema });
+    }
+    if header[8] != CODEC_POSTCARD {
+        return Err(SnapshotError::UnsupportedCodec(header[8]));
+    }
+    let len = u32::from_be_bytes([header[9], header[10], header[11], header[12]]) as usize;
+    if len > MAX_SNAPSHOT_BYTES {
+        return Err(SnapshotError::TooLarge(len));
+    }
+    if payload.len() != len {
+        return Err(SnapshotError::Truncated(format!(
+            "header declares {len} payload bytes, {} present",
+            payload.len()
+        )));
+    }
+    let stored = u32::from_be_bytes([header[13], header[14], header[15], header[16]]);
+    let computed = CRC32C.checksum(payload);
+    if stored != computed {
+        return Err(SnapshotError::Checksum { stored, computed });
+    }
+    Ok((schema, payload))
+}
+
 /// Decodes a payload of one schema version: values and frames nested too deep are refused as
 /// they are read, and every byte must be used.
-fn decode_payload<T: serde::de::DeserializeOwned>(payload: &[u8]) -> Result<T, SnapshotError> {
+pub(crate) fn decode_payload<T: serde::de::DeserializeOwned>(
+    payload: &[u8],
+) -> Result<T, SnapshotError> {
     FRAMES_REFUSED.set(false);
     let (decoded, value_too_deep) = watch_depth(|| postcard::take_from_bytes::<T>(payload));
     let frames_too_deep = FRAMES_REFUSED.replace(false);

@@ -99,6 +99,7 @@ impl Runtime {
                     run: stored.run,
                     sequence: stored.sequence,
                     bytes,
+                    link: None,
                 },
                 fence,
             )

@@ -26,6 +26,7 @@ use crate::model::{
     AnswerError, CheckpointId, Fence, Interaction, InteractionId, InvalidId, Message, RunId,
     RunLabels, RunStatus, StopReason, StoreError, ThreadId, TooDeep, Value, WorkerId,
 };
+use crate::persist::delta::{MaterializeError, materialize};
 use crate::persist::snapshot::SnapshotError;
 use crate::persist::{Snapshot, check_graph};
 use crate::workflow::ValidationErrors;
@@ -372,9 +373,11 @@ impl Runtime {
                 })?,
         };
         let checkpoint = stored.id;
-        let snapshot = match Snapshot::decode(&stored.bytes) {
+        let whole = materialize(self.checkpoint_store().as_ref(), &source, &stored).await;
+        let snapshot = match whole {
             Ok(snapshot) => snapshot,
-            Err(error) => {
+            Err(MaterializeError::Store(e)) => return Err(ResumeError::Store(e)),
+            Err(MaterializeError::Snapshot(error)) => {
                 // Record it on the run that wrote the checkpoint, for whoever looks next.
                 if let Ok(Some(mut record)) = self.run_store().get(stored.run).await {
                     record.not_resumable = Some(format!("checkpoint {checkpoint}: {error}"));
@@ -623,10 +626,15 @@ impl Runtime {
             }
             (None, _) => return Err(ResumeError::NoCheckpoint(thread.clone())),
         };
-        let snapshot = Snapshot::decode(&stored.bytes).map_err(|error| ResumeError::Corrupt {
-            checkpoint: stored.id,
-            error,
-        })?;
+        let snapshot = materialize(self.checkpoint_store().as_ref(), thread, &stored)
+            .await
+            .map_err(|e| match e {
+                MaterializeError::Store(e) => ResumeError::Store(e),
+                MaterializeError::Snapshot(error) => ResumeError::Corrupt {
+                    checkpoint: stored.id,
+                    error,
+                },
+            })?;
         Ok(snapshot.interactions)
     }
 }

@@ -157,6 +157,7 @@ impl Services {
                 let args = CheckpointerArgs {
                     store: self.checkpoints.clone(),
                     backlog: self.backlog.clone(),
+                    compact_every: self.config.checkpoint_compact_every,
                 };
                 Actor::spawn(None, Checkpointer, args)
                     .await

@@ -17,6 +17,17 @@
 //! meanwhile. A run whose state grows large (a long loop's history) is then saved less often,
 //! and the time spent saving stays a small, fixed share of the run's time.
 //!
+//! Incremental checkpoints: a run's first checkpoint is a whole snapshot (a base); each one
+//! after it is a delta of the run's last stored checkpoint (see
+//! [`delta`](crate::delta)), holding only what changed since: a node's output, its
+//! messages, the frame's cursor and variables, one iteration's or item's result. Deltas are
+//! computed when written, against what the store holds, so coalesced background snapshots
+//! merge into one delta. A chain is compacted into a new base after
+//! [`checkpoint_compact_every`](crate::RuntimeConfig::checkpoint_compact_every) deltas, or
+//! once its deltas add up to more bytes than its base; a run's final snapshot (stopped,
+//! paused, failed, finished) is always whole. A delta the store refuses because what it
+//! builds on is gone ([`StoreError::MissingParent`]) is written again whole.
+//!
 //! Pending bytes are counted; a run whose background snapshot would exceed the configured
 //! buffer waits for an awaited write instead, so a long outage slows runs down rather than
 //! losing their state or growing memory without bound.
@@ -29,9 +40,12 @@ use std::time::Duration;
 use ractor::{Actor, ActorProcessingErr, ActorRef, RpcReplyPort};
 use tokio::time::Instant;
 
-use crate::model::{CheckpointError, CheckpointId, RunId, StoreError};
+use dashmap::DashMap;
+
+use crate::model::{CheckpointError, CheckpointId, RunId, RunStatus, StoreError, ThreadId};
+use crate::persist::delta::{DeltaLink, SnapshotDelta};
 use crate::persist::retry::Backoff;
-use crate::persist::snapshot::{SaveFailed, SnapshotWrite};
+use crate::persist::snapshot::{SaveFailed, Snapshot, SnapshotError, SnapshotWrite};
 use crate::persist::{CheckpointStore, StoredCheckpoint};
 /// Snapshot bytes waiting to be written, shared with the runs that read it.
 #[derive(Debug, Default)]
@@ -65,23 +79,125 @@ pub(crate) struct Checkpointer;
 pub(crate) struct CheckpointerArgs {
     pub(crate) store: Arc<dyn CheckpointStore>,
     pub(crate) backlog: Arc<Backlog>,
+    /// Deltas after a base before the next base (0: every checkpoint whole).
+    pub(crate) compact_every: u32,
+}
+
+/// The chain of checkpoints a running run writes: its base, and its last stored checkpoint
+/// with the state it holds, which the next delta is computed against.
+struct Chain {
+    thread: ThreadId,
+    base: CheckpointId,
+    last: CheckpointId,
+    sequence: u64,
+    snapshot: Snapshot,
+    deltas: u32,
+    delta_bytes: usize,
+    base_bytes: usize,
+}
+
+/// Each running run's chain, shared by the checkpointer and its awaited writes.
+#[derive(Clone)]
+struct Chains {
+    runs: Arc<DashMap<RunId, Chain>>,
+    compact_every: u32,
+}
+
+impl Chains {
+    /// Encodes a write: a delta of the run's last stored checkpoint when its chain allows
+    /// one, otherwise whole.
+    fn encode(&self, write: &SnapshotWrite) -> Result<(Vec<u8>, Option<DeltaLink>), SnapshotError> {
+        if self.compact_every > 0
+            && write.snapshot.status == RunStatus::Running
+            && let Some(chain) = self.runs.get(&write.run)
+            && chain.thread == write.thread
+            && chain.sequence < write.sequence
+            && chain.deltas < self.compact_every
+            && chain.delta_bytes <= chain.base_bytes
+        {
+            let link = DeltaLink {
+                base: chain.base,
+                parent: chain.last,
+            };
+            let delta = SnapshotDelta::between(&chain.snapshot, &write.snapshot, link);
+            drop(chain);
+            return Ok((delta.encode()?, Some(link)));
+        }
+        Ok((write.snapshot.encode()?, None))
+    }
+
+    /// A checkpoint of the run was stored: the next delta builds on it. A run's final
+    /// checkpoint ends its chain.
+    fn stored(
+        &self,
+        write: SnapshotWrite,
+        id: CheckpointId,
+        bytes: usize,
+        link: Option<DeltaLink>,
+    ) {
+        if self.compact_every == 0 {
+            return;
+        }
+        if write.snapshot.status != RunStatus::Running {
+            self.runs.remove(&write.run);
+            return;
+        }
+        let prior = self
+            .runs
+            .get(&write.run)
+            .map(|c| (c.sequence, c.base, c.deltas, c.delta_bytes, c.base_bytes));
+        if prior.is_some_and(|(sequence, ..)| sequence >= write.sequence) {
+            return;
+        }
+        let (base, deltas, delta_bytes, base_bytes) = match (link, prior) {
+            (None, _) => (id, 0, 0, bytes),
+            (Some(link), Some((_, base, deltas, delta_bytes, base_bytes))) if base == link.base => {
+                (base, deltas + 1, delta_bytes + bytes, base_bytes)
+            }
+            // A delta of a chain this checkpointer no longer follows: start over with a base.
+            (Some(_), _) => {
+                self.runs.remove(&write.run);
+                return;
+            }
+        };
+        self.runs.insert(
+            write.run,
+            Chain {
+                thread: write.thread,
+                base,
+                last: id,
+                sequence: write.sequence,
+                snapshot: *write.snapshot,
+                deltas,
+                delta_bytes,
+                base_bytes,
+            },
+        );
+    }
+
+    /// What the run's chain builds on is gone: its next checkpoint is whole.
+    fn broken(&self, run: &RunId) {
+        self.runs.remove(run);
+    }
 }
 
 struct Pending {
     write: SnapshotWrite,
-    /// Set once encoded (a failed write keeps its bytes, counted in the backlog).
-    bytes: Option<Vec<u8>>,
+    /// Set once encoded (a failed write keeps its bytes, counted in the backlog), with the
+    /// checkpoint it is a delta of, if it is one.
+    bytes: Option<(Vec<u8>, Option<DeltaLink>)>,
     id: CheckpointId,
 }
 
 impl Pending {
     fn held(&self) -> usize {
-        self.bytes.as_ref().map_or(0, Vec::len)
+        self.bytes.as_ref().map_or(0, |(bytes, _)| bytes.len())
     }
 }
 
 pub(crate) struct CheckpointerState {
     store: Arc<dyn CheckpointStore>,
+    chains: Chains,
     backlog: Arc<Backlog>,
     pending: HashMap<RunId, Pending>,
     /// When each run's next background write may start (pacing, or a retry after a failure).
@@ -111,6 +227,10 @@ impl Actor for Checkpointer {
     ) -> Result<Self::State, ActorProcessingErr> {
         Ok(CheckpointerState {
             store: args.store,
+            chains: Chains {
+                runs: Arc::new(DashMap::new()),
+                compact_every: args.compact_every,
+            },
             backlog: args.backlog,
             pending: HashMap::new(),
             due: HashMap::new(),
@@ -133,13 +253,9 @@ impl Actor for Checkpointer {
                 state.drop_pending(&write.run);
                 state.due.remove(&write.run);
                 let store = state.store.clone();
+                let chains = state.chains.clone();
                 tokio::spawn(async move {
-                    let result = match write.snapshot.encode() {
-                        Ok(bytes) => write_until(store, deadline, write, bytes).await,
-                        Err(e) => Err(SaveFailed::from(CheckpointError::Encode {
-                            reason: e.to_string(),
-                        })),
-                    };
+                    let result = write_until(store, chains, deadline, write).await;
                     let _ = reply.send(result);
                 });
             }
@@ -223,15 +339,17 @@ impl CheckpointerState {
             .filter_map(|run| self.pending.remove(run))
             .collect();
         let store = self.store.clone();
+        let chains = self.chains.clone();
         let results = futures::future::join_all(batch.into_iter().map(|mut p| {
             let store = store.clone();
+            let chains = chains.clone();
             async move {
                 let started = Instant::now();
                 let held = p.held();
-                let bytes = match p.bytes.take() {
-                    Some(bytes) => bytes,
-                    None => match p.write.snapshot.encode() {
-                        Ok(bytes) => bytes,
+                let (bytes, link) = match p.bytes.take() {
+                    Some(encoded) => encoded,
+                    None => match chains.encode(&p.write) {
+                        Ok(encoded) => encoded,
                         Err(e) => {
                             tracing::error!(run = %p.write.run, error = %e, "snapshot does not encode");
                             return (p, held, None);
@@ -243,11 +361,17 @@ impl CheckpointerState {
                     run: p.write.run,
                     sequence: p.write.sequence,
                     bytes,
+                    link,
                 };
                 let result = store
                     .put(&p.write.thread, stored.clone(), p.write.fence)
                     .await;
-                p.bytes = Some(stored.bytes);
+                if let Err(StoreError::MissingParent { .. }) = &result {
+                    // Written again, whole, on the next flush.
+                    chains.broken(&p.write.run);
+                } else {
+                    p.bytes = Some((stored.bytes, link));
+                }
                 (p, held, Some((result, started.elapsed())))
             }
         }))
@@ -256,7 +380,10 @@ impl CheckpointerState {
         for (p, held, result) in results {
             if let Some((Err(e), _)) = &result
                 && !e.is_transient()
-                && !matches!(e, StoreError::StaleSequence { .. })
+                && !matches!(
+                    e,
+                    StoreError::StaleSequence { .. } | StoreError::MissingParent { .. }
+                )
             {
                 // Refused for good (lost lease, permission, wrong key type): retrying gives
                 // the same answer. The run's final, awaited snapshot reports it.
@@ -265,11 +392,30 @@ impl CheckpointerState {
             match result {
                 None | Some((Ok(()), _)) => {
                     // Stored, or unencodable (logged): nothing left to hold.
+                    if result.is_some() {
+                        let (len, link) =
+                            p.bytes.as_ref().map_or((0, None), |(b, l)| (b.len(), *l));
+                        let run = p.write.run;
+                        self.chains.stored(p.write, p.id, len, link);
+                        self.backlog.bytes.fetch_sub(held, Ordering::Relaxed);
+                        self.retry_delay = FIRST_RETRY;
+                        let cost = result.map_or(Duration::ZERO, |(_, took)| took);
+                        self.due.insert(run, done + (cost * PACE).min(MAX_PACE));
+                        continue;
+                    }
                     self.backlog.bytes.fetch_sub(held, Ordering::Relaxed);
                     self.retry_delay = FIRST_RETRY;
                     let cost = result.map_or(Duration::ZERO, |(_, took)| took);
                     self.due
                         .insert(p.write.run, done + (cost * PACE).min(MAX_PACE));
+                }
+                Some((Err(StoreError::MissingParent { .. }), _))
+                    if !self.pending.contains_key(&p.write.run) =>
+                {
+                    // Written again, whole, at once.
+                    self.backlog.bytes.fetch_sub(held, Ordering::Relaxed);
+                    self.due.insert(p.write.run, done);
+                    self.pending.insert(p.write.run, p);
                 }
                 Some((Err(e), _)) if !e.is_transient() => {
                     // Superseded (a newer snapshot is stored) or refused for good.
@@ -299,19 +445,27 @@ impl CheckpointerState {
     }
 }
 
-/// Writes one snapshot, retrying with backoff while the store fails transiently, until it
-/// is stored, refused, or `deadline` passed; what was not stored is handed back.
+/// Writes one snapshot (a delta of the run's chain when it allows one), retrying with backoff
+/// while the store fails transiently, until it is stored, refused, or `deadline` passed; what
+/// was not stored is handed back.
 async fn write_until(
     store: Arc<dyn CheckpointStore>,
+    chains: Chains,
     deadline: Instant,
     write: SnapshotWrite,
-    bytes: Vec<u8>,
 ) -> Result<CheckpointId, SaveFailed> {
-    let stored = StoredCheckpoint {
+    let encode = |write: &SnapshotWrite| {
+        chains.encode(write).map_err(|e| CheckpointError::Encode {
+            reason: e.to_string(),
+        })
+    };
+    let (bytes, link) = encode(&write).map_err(SaveFailed::from)?;
+    let mut stored = StoredCheckpoint {
         id: CheckpointId::new(),
         run: write.run,
         sequence: write.sequence,
         bytes,
+        link,
     };
     let started = Instant::now();
     let mut backoff = Backoff::until(deadline);
@@ -319,14 +473,27 @@ async fn write_until(
     let error = loop {
         attempts += 1;
         match store.put(&write.thread, stored.clone(), write.fence).await {
-            Ok(()) => return Ok(stored.id),
+            Ok(()) => {
+                let id = stored.id;
+                chains.stored(write, id, stored.bytes.len(), stored.link);
+                return Ok(id);
+            }
             // An earlier attempt timed out on our side yet reached the store (a frozen or slow
             // server answers late): sequences are unique per write, so the stored one is this
             // very checkpoint, same id and bytes.
             Err(StoreError::StaleSequence { stored: at, .. })
                 if attempts > 1 && at == write.sequence =>
             {
-                return Ok(stored.id);
+                let id = stored.id;
+                chains.stored(write, id, stored.bytes.len(), stored.link);
+                return Ok(id);
+            }
+            // What the delta builds on is gone: write the checkpoint whole.
+            Err(StoreError::MissingParent { .. }) if stored.link.is_some() => {
+                chains.broken(&write.run);
+                let (bytes, link) = encode(&write).map_err(SaveFailed::from)?;
+                stored.bytes = bytes;
+                stored.link = link;
             }
             // Refused for good: newer state is stored, the run lost its thread, or the store
             // refuses the write whatever happens.
@@ -345,6 +512,10 @@ async fn write_until(
             }
         }
     };
+    if write.snapshot.status != RunStatus::Running {
+        // The run's last write: its chain ends with it, stored or not.
+        chains.broken(&write.run);
+    }
     Err(SaveFailed {
         error,
         unwritten: Some(stored),

@@ -77,6 +77,7 @@ pub(crate) async fn put_newest(
                 run: snapshot.run_id,
                 sequence: snapshot.sequence + NEXT.fetch_add(1, Ordering::SeqCst),
                 bytes,
+                link: None,
             },
             None,
         )

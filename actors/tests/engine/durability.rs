@@ -8,6 +8,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use runvisor_actors::Fence;
+use runvisor_actors::delta::materialize;
 use runvisor_actors::snapshot::Snapshot;
 use runvisor_actors::store::memory::MemoryCheckpointStore;
 use runvisor_actors::store::{CheckpointStore, HistoryStore, StoredCheckpoint};
@@ -84,7 +85,9 @@ impl NodeHandler for SeesCheckpoint {
             .await
             .map_err(NodeError::failed)?
             .ok_or_else(|| NodeError::failed("no checkpoint yet"))?;
-        let snapshot = Snapshot::decode(&stored.bytes).map_err(NodeError::failed)?;
+        let snapshot = materialize(&*self.0, ctx.thread(), &stored)
+            .await
+            .map_err(NodeError::failed)?;
         let done: Vec<Value> = snapshot
             .graph
             .completed
@@ -334,7 +337,7 @@ async fn a_progress_snapshot_keeps_a_loops_finished_iterations() {
     let progress = within("a progress snapshot with two iterations", async {
         loop {
             if let Some(stored) = store.latest(&t).await.expect("latest") {
-                let snapshot = Snapshot::decode(&stored.bytes).expect("decodes");
+                let snapshot = materialize(&*store, &t, &stored).await.expect("decodes");
                 let two_done = snapshot.graph.frames.iter().any(|f| {
                     matches!(&f.state, FrameState::Loop(l) if l.iteration == 2 && l.history.len() == 2)
                 });
@@ -488,7 +491,11 @@ async fn progress_inside_nested_bodies_is_stored_while_running_so_a_crash_costs_
                     .latest(&t)
                     .await
                     .expect("latest")
-                    && nested_items_done(&Snapshot::decode(&latest.bytes).expect("decodes")) == 2
+                    && nested_items_done(
+                        &materialize(&**first.rt.checkpoint_store(), &t, &latest)
+                            .await
+                            .expect("decodes"),
+                    ) == 2
                 {
                     return latest;
                 }
@@ -496,7 +503,9 @@ async fn progress_inside_nested_bodies_is_stored_while_running_so_a_crash_costs_
             }
         })
         .await;
-        let snapshot = Snapshot::decode(&stored.bytes).expect("decodes");
+        let snapshot = materialize(&**first.rt.checkpoint_store(), &t, &stored)
+            .await
+            .expect("decodes");
         let pending: Vec<&str> = snapshot
             .pending_messages
             .iter()
@@ -520,7 +529,13 @@ async fn progress_inside_nested_bodies_is_stored_while_running_so_a_crash_costs_
         copy.put_workflow(&t, &snapshot.workflow_hash, &definition)
             .await
             .expect("copy the workflow");
-        copy.put(&t, stored, None)
+        // The stored checkpoint, read back whole (it may be a delta of earlier ones).
+        let whole = StoredCheckpoint {
+            bytes: snapshot.encode().expect("encodes"),
+            link: None,
+            ..stored
+        };
+        copy.put(&t, whole, None)
             .await
             .expect("copy the stored checkpoint");
         let resumed = second

@@ -559,6 +559,7 @@ async fn a_fork_of_a_schema_1_checkpoint_gets_the_whole_history_as_stored() {
                 run: RunId::new(),
                 sequence: 1,
                 bytes,
+                link: None,
             },
             None,
         )

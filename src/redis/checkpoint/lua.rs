@@ -13,8 +13,9 @@
 /// - `prune_oldest(index, count, cp_prefix, seq_prefix, spare)` removes the `count` oldest
 ///   entries of the index with their payloads, and the sequence keys of the runs that wrote
 ///   them, except run `spare` (the run writing, or holding the thread's lease): only a live run
-///   writes checkpoints, so only its sequence is needed to refuse a stale write. Returns how
-///   many entries went.
+///   writes checkpoints, so only its sequence is needed to refuse a stale write. It stops at
+///   the base of the oldest entry it keeps (a delta's `base` field): what a kept checkpoint
+///   builds on stays. Returns how many entries went.
 /// - `drop_missing(index, ids, cp_prefix)` removes the entries among `ids` whose payload does
 ///   not exist (it expired); returns how many went.
 /// - `drop_expired_oldest(index, budget, cp_prefix)` removes the oldest entries whose payload
@@ -31,6 +32,15 @@ local function unlink_all(keys)
   end
 end
 local function prune_oldest(index, count, cp_prefix, seq_prefix, spare)
+  if count <= 0 then return 0 end
+  local kept = redis.call('ZRANGE', index, count, count)
+  if #kept == 1 and is_id(kept[1]) then
+    local base = redis.pcall('HGET', cp_prefix .. kept[1], 'base')
+    if is_id(base) then
+      local rank = redis.call('ZRANK', index, base)
+      if rank and rank < count then count = rank end
+    end
+  end
   if count <= 0 then return 0 end
   local doomed = redis.call('ZRANGE', index, 0, count - 1)
   if #doomed == 0 then return 0 end
@@ -81,12 +91,18 @@ end
 /// Writes one checkpoint if its sequence is newer than the run's stored one, then prunes the
 /// thread to its newest `keep` checkpoints. Prepended with the fence check and [`HELPERS`].
 ///
+/// A delta (a base id given) is written only while its base and parent are stored, with
+/// them as its `base` and `parent` fields. When the base has less than half its TTL left,
+/// the chain (from the parent back to the base, by `parent` fields) gets the full TTL again,
+/// so a chain lives as long as its newest delta.
+///
 /// KEYS: payload hash, index zset, sequence string, the thread's fence counter.
 /// ARGV: checkpoint id, run id, sequence (decimal, no leading zeros), bytes, TTL in ms, fencing
 /// token (empty: unfenced), how many checkpoints the thread keeps (empty: all), the thread's
-/// checkpoint key prefix, its sequence key prefix, the most one write may prune.
-/// Returns `{"ok"}`, `{"fenced", current}`, `{"stale", stored}`, `{"wrongtype", key}` or
-/// `{"corrupt", key}`.
+/// checkpoint key prefix, its sequence key prefix, the most one write may prune, the base id
+/// and the parent id (both empty: a whole snapshot).
+/// Returns `{"ok"}`, `{"fenced", current}`, `{"stale", stored}`, `{"missing", id}`,
+/// `{"wrongtype", key}` or `{"corrupt", key}`.
 pub(crate) const PUT: &str = r#"
 local kinds = {'hash', 'zset', 'string', 'string'}
 for i, key in ipairs(KEYS) do
@@ -105,8 +121,30 @@ if stored then
     return {'stale', stored}
   end
 end
+local base, parent = ARGV[11], ARGV[12]
+if base ~= '' then
+  for _, id in ipairs({base, parent}) do
+    if not is_id(id) or redis.call('EXISTS', ARGV[8] .. id) == 0 then return {'missing', id} end
+  end
+end
 redis.call('DEL', KEYS[1])
-redis.call('HSET', KEYS[1], 'bytes', ARGV[4], 'run', ARGV[2], 'sequence', ARGV[3])
+if base ~= '' then
+  redis.call('HSET', KEYS[1], 'bytes', ARGV[4], 'run', ARGV[2], 'sequence', ARGV[3],
+    'base', base, 'parent', parent)
+  local ttl = tonumber(ARGV[5])
+  local left = redis.call('PTTL', ARGV[8] .. base)
+  if left >= 0 and left < ttl / 2 then
+    local at = parent
+    for _ = 1, 100000 do
+      redis.call('PEXPIRE', ARGV[8] .. at, ttl)
+      if at == base then break end
+      at = redis.pcall('HGET', ARGV[8] .. at, 'parent')
+      if not is_id(at) then break end
+    end
+  end
+else
+  redis.call('HSET', KEYS[1], 'bytes', ARGV[4], 'run', ARGV[2], 'sequence', ARGV[3])
+end
 redis.call('PEXPIRE', KEYS[1], ARGV[5])
 redis.call('ZADD', KEYS[2], 0, ARGV[1])
 redis.call('PEXPIRE', KEYS[2], ARGV[5])

@@ -1,0 +1,1003 @@
+//! Deltas: what one checkpoint changed from the one it builds on.
+//!
+//! A thread's checkpoints are whole snapshots (bases) and deltas. A delta names its `parent`
+//! (the checkpoint it applies to) and its chain's `base` (the whole snapshot the chain starts
+//! from), and holds only what changed: the scalars of the state (sequence, status, ...), the
+//! variables that changed, the completed nodes appended, the frontier, each loop's and
+//! parallel's frame as a delta of its own (iterations and results appended, items set, the
+//! current iteration's or items' progress as nested graph deltas), the messages appended.
+//! Restoring a delta reads its chain back to the base and applies the deltas in order
+//! ([`materialize`]).
+//!
+//! Envelope: the snapshot envelope (see [`snapshot`](super::snapshot)) with the magic bytes
+//! `RVDL` and its own schema version, [`DELTA_SCHEMA_VERSION`]: 1. Checksummed, bounded and
+//! checked for nesting like a snapshot. Every problem is a [`SnapshotError`]; one in a
+//! checkpoint the asked one builds on names that checkpoint
+//! ([`SnapshotError::InChain`], [`SnapshotError::MissingLink`]).
+
+use std::sync::Arc;
+
+use serde::{Deserialize, Serialize};
+
+pub use super::ports::DeltaLink;
+use super::ports::{CheckpointStore, StoredCheckpoint};
+pub use super::snapshot::DELTA_MAGIC;
+use super::snapshot::{
+    CompletedNode, FrameState, GraphState, ItemError, ItemState, IterationDetail, LoopState,
+    ParallelState, SavedFrame, Snapshot, SnapshotError, Vector, decode_payload, nested_frame, open,
+    seal,
+};
+use crate::model::{
+    CheckpointId, Interaction, Map, Message, NodeId, RunId, RunLabels, RunStatus, StopReason,
+    StoreError, ThreadId, Value,
+};
+
+/// The [`SnapshotDelta`] schema version this build writes and reads.
+pub const DELTA_SCHEMA_VERSION: u16 = 1;
+/// The longest chain (deltas after a base) a restore follows: writers compact long before.
+pub const MAX_CHAIN: usize = 4096;
+
+/// The fields of a snapshot that rarely change within a run, sent whole when one does.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Header {
+    /// See [`Snapshot::run_id`].
+    pub run_id: RunId,
+    /// See [`Snapshot::parent_run_id`].
+    pub parent_run_id: Option<RunId>,
+    /// See [`Snapshot::thread`].
+    pub thread: ThreadId,
+    /// See [`Snapshot::workflow_hash`].
+    pub workflow_hash: String,
+    /// See [`Snapshot::workflow`].
+    pub workflow: Option<Arc<str>>,
+    /// See [`Snapshot::inputs`].
+    pub inputs: Map,
+    /// See [`Snapshot::labels`].
+    pub labels: RunLabels,
+}
+
+/// A list that grew at its end, or was replaced.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub enum SeqDelta<T> {
+    /// These entries were appended.
+    Append(Vec<T>),
+    /// The list is now this.
+    Replace(Vec<T>),
+}
+
+/// An object's keys that changed: set to a value, or removed (`None`).
+pub type MapDelta = Vec<(String, Option<Value>)>;
+
+/// What changed in a graph's progress.
+#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
+pub struct GraphDelta {
+    /// Completed nodes appended (or the list replaced).
+    pub completed: Option<SeqDelta<CompletedNode>>,
+    /// The new frontier.
+    pub frontier: Option<Vec<NodeId>>,
+    /// The frames.
+    pub frames: Option<FramesDelta>,
+}
+
+/// What changed in a graph's saved frames.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub enum FramesDelta {
+    /// Different frames: these.
+    Replace(Vec<SavedFrame>),
+    /// The same frames (same nodes, same kinds, in order): each one's delta.
+    Each(Vec<FrameDelta>),
+}
+
+/// What changed in one frame.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub enum FrameDelta {
+    /// Nothing.
+    Same,
+    /// A loop's progress.
+    Loop(#[serde(deserialize_with = "nested_frame")] Box<LoopDelta>),
+    /// A parallel's progress.
+    Parallel(#[serde(deserialize_with = "nested_frame")] Box<ParallelDelta>),
+}
+
+/// What changed in a loop's progress.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct LoopDelta {
+    /// The current iteration.
+    pub iteration: u32,
+    /// Loop variables that changed.
+    pub vars: Option<MapDelta>,
+    /// Finished iterations' outputs appended.
+    pub history: Option<SeqDelta<Value>>,
+    /// Finished iterations' details appended.
+    pub details: Option<SeqDelta<IterationDetail>>,
+    /// The items, when they changed.
+    pub items: Option<Option<Arc<[Value]>>>,
+    /// The current iteration's progress.
+    pub body: GraphDelta,
+    /// Assignments appended.
+    pub assigned: Option<SeqDelta<(String, Value)>>,
+}
+
+/// What changed in a parallel's progress.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ParallelDelta {
+    /// The items, when they changed.
+    pub items: Option<Arc<[Value]>>,
+    /// Items whose result or state changed: `(index, done, result)`; or, when the number of
+    /// items changed, every item.
+    pub finished: Option<SeqDelta<(u32, bool, Option<Value>)>>,
+    /// Errors appended.
+    pub errors: Option<SeqDelta<ItemError>>,
+    /// The items in progress, in order.
+    pub in_progress: Option<Vec<ItemDelta>>,
+    /// Assignments appended.
+    pub assigned: Option<SeqDelta<ItemAssignments>>,
+}
+
+/// What one parallel item assigned to variables the node does not own, by item index.
+pub type ItemAssignments = (u32, Vec<(String, Value)>);
+
+/// An item in progress.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub enum ItemDelta {
+    /// In progress before too: what changed in its progress.
+    Kept {
+        /// The item's input index.
+        index: u32,
+        /// What changed.
+        #[serde(deserialize_with = "nested_frame")]
+        body: GraphDelta,
+    },
+    /// Newly in progress.
+    New(ItemState),
+}
+
+/// What one checkpoint changed from its parent.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct SnapshotDelta {
+    /// The checkpoint this applies to.
+    pub parent: CheckpointId,
+    /// The whole snapshot the chain starts from.
+    pub base: CheckpointId,
+    /// See [`Snapshot::sequence`].
+    pub sequence: u64,
+    /// See [`Snapshot::created_at_ms`].
+    pub created_at_ms: u64,
+    /// See [`Snapshot::status`].
+    pub status: RunStatus,
+    /// See [`Snapshot::stop_reason`].
+    pub stop_reason: Option<StopReason>,
+    /// See [`Snapshot::history_len`].
+    pub history_len: Option<u64>,
+    /// The rarely changing fields, when one changed.
+    pub header: Option<Box<Header>>,
+    /// The query, when it changed.
+    pub query: Option<Option<Value>>,
+    /// Variables that changed.
+    pub variables: Option<MapDelta>,
+    /// The workflow graph's progress.
+    pub graph: GraphDelta,
+    /// The interactions, when they changed.
+    pub interactions: Option<Vec<Interaction>>,
+    /// Pending messages appended (or replaced).
+    pub messages: Option<SeqDelta<Message>>,
+}
+
+impl SnapshotDelta {
+    /// What `new` changed from `old`, as a delta of the checkpoint `link.parent`.
+    pub fn between(old: &Snapshot, new: &Snapshot, link: DeltaLink) -> Self {
+        let header_same = old.run_id == new.run_id
+            && old.parent_run_id == new.parent_run_id
+            && old.thread == new.thread
+            && old.workflow_hash == new.workflow_hash
+            && opt_arc_same(&old.workflow, &new.workflow)
+            && old.inputs == new.inputs
+            && old.labels == new.labels;
+        Self {
+            parent: link.parent,
+            base: link.base,
+            sequence: new.sequence,
+            created_at_ms: new.created_at_ms,
+            status: new.status,
+            stop_reason: new.stop_reason,
+            history_len: new.history_len,
+            header: (!header_same).then(|| {
+                Box::new(Header {
+                    run_id: new.run_id,
+                    parent_run_id: new.parent_run_id,
+                    thread: new.thread.clone(),
+                    workflow_hash: new.workflow_hash.clone(),
+                    workflow: new.workflow.clone(),
+                    inputs: new.inputs.clone(),
+                    labels: new.labels.clone(),
+                })
+            }),
+            query: (old.query != new.query).then(|| new.query.clone()),
+            variables: map_delta(&old.variables, &new.variables),
+            graph: graph_delta(&old.graph, &new.graph),
+            interactions: (old.interactions != new.interactions).then(|| new.interactions.clone()),
+            messages: seq_delta(&old.pending_messages, &new.pending_messages, |a, b| a == b),
+        }
+    }
+
+    /// Applies the delta to its parent's state.
+    pub fn apply(self, to: &mut Snapshot) -> Result<(), SnapshotError> {
+        to.sequence = self.sequence;
+        to.created_at_ms = self.created_at_ms;
+        to.status = self.status;
+        to.stop_reason = self.stop_reason;
+        to.history_len = self.history_len;
+        if let Some(header) = self.header {
+            let h = *header;
+            to.run_id = h.run_id;
+            to.parent_run_id = h.parent_run_id;
+            to.thread = h.thread;
+            to.workflow_hash = h.workflow_hash;
+            to.workflow = h.workflow;
+            to.inputs = h.inputs;
+            to.labels = h.labels;
+        }
+        if let Some(query) = self.query {
+            to.query = query;
+        }
+        if let Some(vars) = self.variables {
+            apply_map(&mut to.variables, vars);
+        }
+        apply_graph(&mut to.graph, self.graph)?;
+        if let Some(interactions) = self.interactions {
+            to.interactions = interactions;
+        }
+        if let Some(messages) = self.messages {
+            apply_vector(&mut to.pending_messages, messages);
+        }
+        Ok(())
+    }
+
+    /// Encodes the delta in its envelope.
+    pub fn encode(&self) -> Result<Vec<u8>, SnapshotError> {
+        seal(&DELTA_MAGIC, DELTA_SCHEMA_VERSION, self)
+    }
+
+    /// Decodes a delta from its envelope.
+    pub fn decode(bytes: &[u8]) -> Result<Self, SnapshotError> {
+        let (_, payload) = open(bytes, &DELTA_MAGIC, DELTA_SCHEMA_VERSION)?;
+        decode_payload::<Self>(payload)
+    }
+}
+
+fn opt_arc_same(a: &Option<Arc<str>>, b: &Option<Arc<str>>) -> bool {
+    match (a, b) {
+        (Some(a), Some(b)) => Arc::ptr_eq(a, b) || a == b,
+        (None, None) => true,
+        _ => false,
+    }
+}
+
+fn completed_same(a: &CompletedNode, b: &CompletedNode) -> bool {
+    a.node == b.node && a.route == b.route && (Arc::ptr_eq(&a.output, &b.output) || a == b)
+}
+
+/// Appended entries when `old` is a prefix of `new`; the whole list otherwise; `None` when
+/// they are the same.
+fn seq_delta<'a, T: Clone + 'a, L>(
+    old: &'a L,
+    new: &'a L,
+    same: impl Fn(&T, &T) -> bool,
+) -> Option<SeqDelta<T>>
+where
+    &'a L: IntoIterator<Item = &'a T>,
+    <&'a L as IntoIterator>::IntoIter: ExactSizeIterator,
+{
+    let (old_iter, new_iter) = (old.into_iter(), new.into_iter());
+    let (old_len, new_len) = (old_iter.len(), new_iter.len());
+    let mut new_iter = new_iter;
+    if new_len >= old_len {
+        let prefix = old_iter.zip(new_iter.by_ref()).all(|(a, b)| same(a, b));
+        if prefix {
+            return (new_len > old_len).then(|| SeqDelta::Append(new_iter.cloned().collect()));
+        }
+    }
+    Some(SeqDelta::Replace(new.into_iter().cloned().collect()))
+}
+
+fn apply_vec<T: Clone>(list: &mut Vec<T>, delta: SeqDelta<T>) {
+    match delta {
+        SeqDelta::Append(more) => list.extend(more),
+        SeqDelta::Replace(all) => *list = all,
+    }
+}
+
+fn apply_vector<T: Clone>(list: &mut Vector<T>, delta: SeqDelta<T>) {
+    match delta {
+        SeqDelta::Append(more) => list.extend(more),
+        SeqDelta::Replace(all) => *list = all.into_iter().collect(),
+    }
+}
+
+fn map_delta(old: &Map, new: &Map) -> Option<MapDelta> {
+    let mut changes = Vec::new();
+    let mut olds = old.iter().peekable();
+    let mut news = new.iter().peekable();
+    loop {
+        match (olds.peek(), news.peek()) {
+            (None, None) => break,
+            (Some((k, _)), None) => {
+                changes.push(((*k).clone(), None));
+                olds.next();
+            }
+            (None, Some((k, v))) => {
+                changes.push(((*k).clone(), Some((*v).clone())));
+                news.next();
+            }
+            (Some((ko, vo)), Some((kn, vn))) => match ko.cmp(kn) {
+                std::cmp::Ordering::Less => {
+                    changes.push(((*ko).clone(), None));
+                    olds.next();
+                }
+                std::cmp::Ordering::Greater => {
+                    changes.push(((*kn).clone(), Some((*vn).clone())));
+                    news.next();
+                }
+                std::cmp::Ordering::Equal => {
+                    if vo != vn {
+                        changes.push(((*kn).clone(), Some((*vn).clone())));
+                    }
+                    olds.next();
+                    news.next();
+                }
+            },
+        }
+    }
+    (!changes.is_empty()).then_some(changes)
+}
+
+fn apply_map(map: &mut Map, delta: MapDelta) {
+    for (key, value) in delta {
+        match value {
+            Some(value) => {
+                map.insert(key, value);
+            }
+            None => {
+                map.remove(&key);
+            }
+        }
+    }
+}
+
+fn graph_delta(old: &GraphState, new: &GraphState) -> GraphDelta {
+    let same_frames = old.frames.len() == new.frames.len()
+        && old.frames.iter().zip(&new.frames).all(|(a, b)| {
+            a.node == b.node
+                && matches!(
+                    (&a.state, &b.state),
+                    (FrameState::Loop(_), FrameState::Loop(_))
+                        | (FrameState::Parallel(_), FrameState::Parallel(_))
+                )
+        });
+    let frames = if same_frames {
+        let each: Vec<FrameDelta> = old
+            .frames
+            .iter()
+            .zip(&new.frames)
+            .map(|(a, b)| frame_delta(&a.state, &b.state))
+            .collect();
+        (!each.iter().all(|d| *d == FrameDelta::Same)).then_some(FramesDelta::Each(each))
+    } else {
+        Some(FramesDelta::Replace(new.frames.clone()))
+    };
+    GraphDelta {
+        completed: seq_delta(&old.completed, &new.completed, completed_same),
+        frontier: (old.frontier != new.frontier).then(|| new.frontier.clone()),
+        frames,
+    }
+}
+
+fn graph_is_same(delta: &GraphDelta) -> bool {
+    delta.completed.is_none() && delta.frontier.is_none() && delta.frames.is_none()
+}
+
+fn frame_delta(old: &FrameState, new: &FrameState) -> FrameDelta {
+    match (old, new) {
+        (FrameState::Loop(a), FrameState::Loop(b)) => {
+            let delta = LoopDelta {
+                iteration: b.iteration,
+                vars: map_delta(&a.vars, &b.vars),
+                history: seq_delta(&a.history, &b.history, |x, y| x == y),
+                details: seq_delta(&a.details, &b.details, |x, y| x == y),
+                items: match (&a.items, &b.items) {
+                    (Some(x), Some(y)) if Arc::ptr_eq(x, y) || x == y => None,
+                    (None, None) => None,
+                    _ => Some(b.items.clone()),
+                },
+                body: graph_delta(&a.body, &b.body),
+                assigned: seq_delta(&a.assigned, &b.assigned, |x, y| x == y),
+            };
+            let same = a.iteration == b.iteration
+                && delta.vars.is_none()
+                && delta.history.is_none()
+                && delta.details.is_none()
+                && delta.items.is_none()
+                && graph_is_same(&delta.body)
+                && delta.assigned.is_none();
+            if same {
+                FrameDelta::Same
+            } else {
+                FrameDelta::Loop(Box::new(delta))
+            }
+        }
+        (FrameState::Parallel(a), FrameState::Parallel(b)) => {
+            let items =
+                (!(Arc::ptr_eq(&a.items, &b.items) || a.items == b.items)).then(|| b.items.clone());
+            let finished = if a.done.len() == b.done.len() && a.results.len() == b.results.len() {
+                let changed: Vec<(u32, bool, Option<Value>)> = a
+                    .done
+                    .iter()
+                    .zip(&b.done)
+                    .zip(a.results.iter().zip(&b.results))
+                    .enumerate()
+                    .filter(|(_, ((da, db), (ra, rb)))| da != db || ra != rb)
+                    .map(|(i, ((_, db), (_, rb)))| {
+                        (u32::try_from(i).unwrap_or(u32::MAX), *db, rb.clone())
+                    })
+                    .collect();
+                (!changed.is_empty()).then_some(SeqDelta::Append(changed))
+            } else {
+                Some(SeqDelta::Replace(
+                    b.done
+                        .iter()
+                        .zip(b.results.iter().chain(std::iter::repeat(&None)))
+                        .enumerate()
+                        .map(|(i, (d, r))| (u32::try_from(i).unwrap_or(u32::MAX), *d, r.clone()))
+                        .collect(),
+                ))
+            };
+            let in_progress = if a.in_progress == b.in_progress {
+                None
+            } else {
+                Some(
+                    b.in_progress
+                        .iter()
+                        .map(
+                            |item| match a.in_progress.iter().find(|o| o.index == item.index) {
+                                Some(old) => ItemDelta::Kept {
+                                    index: item.index,
+                                    body: graph_delta(&old.body, &item.body),
+                                },
+                                None => ItemDelta::New(item.clone()),
+                            },
+                        )
+                        .collect(),
+                )
+            };
+            let delta = ParallelDelta {
+                items,
+                finished,
+                errors: seq_delta(&a.errors, &b.errors, |x, y| x == y),
+                in_progress,
+                assigned: seq_delta(&a.assigned, &b.assigned, |x, y| x == y),
+            };
+            let same = delta.items.is_none()
+                && delta.finished.is_none()
+                && delta.errors.is_none()
+                && delta.in_progress.is_none()
+                && delta.assigned.is_none();
+            if same {
+                FrameDelta::Same
+            } else {
+                FrameDelta::Parallel(Box::new(delta))
+            }
+        }
+        // Unreachable from `graph_delta`, which replaces frames of another kind.
+        _ => FrameDelta::Same,
+    }
+}
+
+fn apply_graph(graph: &mut GraphState, delta: GraphDelta) -> Result<(), SnapshotError> {
+    if let Some(completed) = delta.completed {
+        apply_vec(&mut graph.completed, completed);
+    }
+    if let Some(frontier) = delta.frontier {
+        graph.frontier = frontier;
+    }
+    match delta.frames {
+        None => {}
+        Some(FramesDelta::Replace(frames)) => graph.frames = frames,
+        Some(FramesDelta::Each(each)) => {
+            if each.len() != graph.frames.len() {
+                return Err(SnapshotError::Mismatch(format!(
+                    "{} frame deltas for {} frames",
+                    each.len(),
+                    graph.frames.len()
+                )));
+            }
+            for (frame, delta) in graph.frames.iter_mut().zip(each) {
+                apply_frame(frame, delta)?;
+            }
+        }
+    }
+    Ok(())
+}
+
+fn apply_frame(frame: &mut SavedFrame, delta: FrameDelta) -> Result<(), SnapshotError> {
+    let node = &frame.node;
+    match (&mut frame.state, delta) {
+        (_, FrameDelta::Same) => Ok(()),
+        (FrameState::Loop(state), FrameDelta::Loop(delta)) => apply_loop(state, *delta),
+        (FrameState::Parallel(state), FrameDelta::Parallel(delta)) => apply_parallel(state, *delta),
+        _ => Err(SnapshotError::Mismatch(format!(
+            "the delta of node `{node}`'s frame is of another kind"
+        ))),
+    }
+}
+
+fn apply_loop(state: &mut LoopState, delta: LoopDelta) -> Result<(), SnapshotError> {
+    state.iteration = delta.iteration;
+    if let Some(vars) = delta.vars {
+        apply_map(&mut state.vars, vars);
+    }
+    if let Some(history) = delta.history {
+        apply_vector(&mut state.history, history);
+    }
+    if let Some(details) = delta.details {
+        apply_vector(&mut state.details, details);
+    }
+    if let Some(items) = delta.items {
+        state.items = items;
+    }
+    apply_graph(&mut state.body, delta.body)?;
+    if let Some(assigned) = delta.assigned {
+        apply_vec(&mut state.assigned, assigned);
+    }
+    Ok(())
+}
+
+fn apply_parallel(state: &mut ParallelState, delta: ParallelDelta) -> Result<(), SnapshotError> {
+    if let Some(items) = delta.items {
+        state.items = items;
+    }
+    match delta.finished {
+        None => {}
+        Some(SeqDelta::Append(changed)) => {
+            for (index, done, result) in changed {
+                let i = index as usize;
+                if i >= state.done.len() || i >= state.results.len() {
+                    return Err(SnapshotError::Mismatch(format!(
+                        "item {index} of a parallel of {} items",
+                        state.done.len()
+                    )));
+                }
+                state.done.set(i, done);
+                state.results.set(i, result);
+            }
+        }
+        Some(SeqDelta::Replace(all)) => {
+            state.done = all.iter().map(|(_, d, _)| *d).collect();
+            state.results = all.into_iter().map(|(_, _, r)| r).collect();
+        }
+    }
+    if let Some(errors) = delta.errors {
+        apply_vector(&mut state.errors, errors);
+    }
+    if let Some(items) = delta.in_progress {
+        let mut old = std::mem::take(&mut state.in_progress);
+        for item in items {
+            match item {
+                ItemDelta::New(item) => state.in_progress.push(item),
+                ItemDelta::Kept { index, body } => {
+                    let at = old.iter().position(|o| o.index == index).ok_or_else(|| {
+                        SnapshotError::Mismatch(format!("item {index} was not in progress"))
+                    })?;
+                    let mut item = old.swap_remove(at);
+                    apply_graph(&mut item.body, body)?;
+                    state.in_progress.push(item);
+                }
+            }
+        }
+    }
+    if let Some(assigned) = delta.assigned {
+        apply_vector(&mut state.assigned, assigned);
+    }
+    Ok(())
+}
+
+/// A stored checkpoint read back whole: a base as it is, a delta on top of the checkpoints it
+/// builds on (read from `store`, back to its base). Errors name the checkpoint at fault: a
+/// missing one ([`SnapshotError::MissingLink`]) or one that does not decode
+/// ([`SnapshotError::InChain`] when it is not `stored` itself).
+pub async fn materialize(
+    store: &dyn CheckpointStore,
+    thread: &ThreadId,
+    stored: &StoredCheckpoint,
+) -> Result<Snapshot, MaterializeError> {
+    let Some(link) = stored.link else {
+        return Snapshot::decode(&stored.bytes).map_err(MaterializeError::Snapshot);
+    };
+    let mut deltas = vec![(
+        stored.id,
+        decode_delta(stored.id, &stored.bytes, stored.id)?,
+    )];
+    let mut next = link.parent;
+    let base = loop {
+        if deltas.len() > MAX_CHAIN {
+            return Err(MaterializeError::Snapshot(SnapshotError::Mismatch(
+                format!("a chain of more than {MAX_CHAIN} deltas"),
+            )));
+        }
+        let parent = store
+            .get(thread, next)
+            .await
+            .map_err(MaterializeError::Store)?
+            .ok_or(MaterializeError::Snapshot(SnapshotError::MissingLink {
+                checkpoint: next,
+            }))?;
+        match parent.link {
+            None => break parent,
+            Some(link) => {
+                deltas.push((
+                    parent.id,
+                    decode_delta(parent.id, &parent.bytes, stored.id)?,
+                ));
+                next = link.parent;
+            }
+        }
+    };
+    if base.id != link.base {
+        return Err(MaterializeError::Snapshot(SnapshotError::Mismatch(
+            format!(
+                "the chain ends at checkpoint {}, not at its base {}",
+                base.id, link.base
+            ),
+        )));
+    }
+    let mut snapshot = Snapshot::decode(&base.bytes).map_err(|error| {
+        MaterializeError::Snapshot(SnapshotError::InChain {
+            checkpoint: base.id,
+            error: Box::new(error),
+        })
+    })?;
+    let mut at = base.id;
+    for (id, delta) in deltas.into_iter().rev() {
+        if delta.parent != at {
+            return Err(in_chain(
+                id,
+                stored.id,
+                SnapshotError::Mismatch(format!(
+                    "it builds on checkpoint {}, not {at}",
+                    delta.parent
+                )),
+            ));
+        }
+        delta
+            .apply(&mut snapshot)
+            .map_err(|e| in_chain(id, stored.id, e))?;
+        at = id;
+    }
+    Ok(snapshot)
+}
+
+fn in_chain(id: CheckpointId, asked: CheckpointId, error: SnapshotError) -> MaterializeError {
+    MaterializeError::Snapshot(if id == asked {
+        error
+    } else {
+        SnapshotError::InChain {
+            checkpoint: id,
+            error: Box::new(error),
+        }
+    })
+}
+
+fn decode_delta(
+    id: CheckpointId,
+    bytes: &[u8],
+    asked: CheckpointId,
+) -> Result<SnapshotDelta, MaterializeError> {
+    SnapshotDelta::decode(bytes).map_err(|e| in_chain(id, asked, e))
+}
+
+/// Why a stored checkpoint could not be read back whole.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum MaterializeError {
+    /// The store failed reading a checkpoint the delta builds on.
+    #[error(transparent)]
+    Store(StoreError),
+    /// A checkpoint of the chain is missing or does not decode.
+    #[error(transparent)]
+    Snapshot(SnapshotError),
+}
+
+#[cfg(test)]
+mod tests {
+    use proptest::prelude::*;
+
+    use super::*;
+    use crate::model::Route;
+
+    fn node(i: u8) -> NodeId {
+        NodeId::new(format!("n{i}")).expect("id")
+    }
+
+    fn start() -> Snapshot {
+        Snapshot {
+            run_id: RunId::new(),
+            parent_run_id: None,
+            thread: ThreadId::new("t").expect("id"),
+            sequence: 1,
+            created_at_ms: 1,
+            status: RunStatus::Running,
+            stop_reason: None,
+            workflow_hash: "00".into(),
+            workflow: None,
+            inputs: Map::new(),
+            query: None,
+            variables: Map::new(),
+            graph: GraphState::default(),
+            interactions: Vec::new(),
+            pending_messages: Vector::new(),
+            labels: RunLabels::default(),
+            history_len: Some(0),
+        }
+    }
+
+    /// One change a run makes between two checkpoints.
+    #[derive(Debug, Clone)]
+    enum Op {
+        Complete(u8, i64),
+        Var(u8, Option<i64>),
+        Frontier(Vec<u8>),
+        Message(String),
+        Status(bool),
+        Truncate(usize),
+        LoopFrame(u8),
+        Iterate(i64),
+        LoopBody(u8, i64),
+        NestedLoop(u8, i64),
+        ParallelFrame(u8),
+        Finish(u8, i64),
+        ItemStep(u8, u8, i64),
+        DropFrames,
+        Header(u8),
+    }
+
+    fn op() -> impl Strategy<Value = Op> {
+        prop_oneof![
+            4 => (0u8..20, any::<i64>()).prop_map(|(n, v)| Op::Complete(n, v)),
+            2 => (0u8..5, proptest::option::of(0i64..3)).prop_map(|(k, v)| Op::Var(k, v)),
+            1 => proptest::collection::vec(0u8..20, 0..3).prop_map(Op::Frontier),
+            1 => "[a-z]{0,5}".prop_map(Op::Message),
+            1 => any::<bool>().prop_map(Op::Status),
+            1 => (0usize..4).prop_map(Op::Truncate),
+            1 => (0u8..3).prop_map(Op::LoopFrame),
+            3 => (0i64..3).prop_map(Op::Iterate),
+            3 => (0u8..20, 0i64..3).prop_map(|(n, v)| Op::LoopBody(n, v)),
+            2 => (0u8..20, 0i64..3).prop_map(|(n, v)| Op::NestedLoop(n, v)),
+            1 => (1u8..6).prop_map(Op::ParallelFrame),
+            3 => (0u8..6, 0i64..3).prop_map(|(i, v)| Op::Finish(i, v)),
+            3 => (0u8..6, 0u8..20, 0i64..3).prop_map(|(i, n, v)| Op::ItemStep(i, n, v)),
+            1 => Just(Op::DropFrames),
+            1 => (0u8..3).prop_map(Op::Header),
+        ]
+    }
+
+    fn loop_state() -> LoopState {
+        LoopState {
+            iteration: 0,
+            vars: Map::new(),
+            history: Vector::new(),
+            details: Vector::new(),
+            items: None,
+            body: GraphState::default(),
+            assigned: Vec::new(),
+        }
+    }
+
+    fn completed(n: u8, v: i64) -> CompletedNode {
+        CompletedNode {
+            node: node(n),
+            route: Route::All,
+            output: Arc::new(Value::Int(v)),
+        }
+    }
+
+    fn apply_op(s: &mut Snapshot, op: &Op) {
+        s.sequence += 1;
+        s.created_at_ms += 1;
+        match op.clone() {
+            Op::Complete(n, v) => s.graph.completed.push(completed(n, v)),
+            Op::Var(k, v) => {
+                let key = format!("v{k}");
+                match v {
+                    Some(v) => {
+                        s.variables.insert(key, Value::Int(v));
+                    }
+                    None => {
+                        s.variables.remove(&key);
+                    }
+                }
+            }
+            Op::Frontier(nodes) => s.graph.frontier = nodes.into_iter().map(node).collect(),
+            Op::Message(text) => s.pending_messages.push_back(Message::assistant(text)),
+            Op::Status(running) => {
+                s.status = if running {
+                    RunStatus::Running
+                } else {
+                    RunStatus::Stopped
+                }
+            }
+            Op::Truncate(n) => {
+                let keep = s.graph.completed.len().saturating_sub(n);
+                s.graph.completed.truncate(keep);
+            }
+            Op::LoopFrame(n) => s.graph.frames.push(SavedFrame {
+                node: node(100 + n),
+                state: FrameState::Loop(loop_state()),
+            }),
+            Op::Iterate(v) => {
+                if let Some(FrameState::Loop(l)) = s.graph.frames.last_mut().map(|f| &mut f.state) {
+                    l.history.push_back(Value::Int(v));
+                    l.details.push_back(IterationDetail {
+                        index: l.iteration,
+                        nodes: l.body.completed.iter().map(|c| c.node.clone()).collect(),
+                    });
+                    l.iteration += 1;
+                    l.body = GraphState::default();
+                    l.vars
+                        .insert("i".into(), Value::Int(i64::from(l.iteration)));
+                }
+            }
+            Op::LoopBody(n, v) => {
+                if let Some(FrameState::Loop(l)) = s.graph.frames.last_mut().map(|f| &mut f.state) {
+                    l.body.completed.push(completed(n, v));
+                    l.assigned.push(("x".into(), Value::Int(v)));
+                }
+            }
+            Op::NestedLoop(n, v) => {
+                if let Some(FrameState::Loop(l)) = s.graph.frames.last_mut().map(|f| &mut f.state) {
+                    match l.body.frames.first_mut().map(|f| &mut f.state) {
+                        Some(FrameState::Loop(inner)) => {
+                            inner.history.push_back(Value::Int(v));
+                            inner.body.completed.push(completed(n, v));
+                        }
+                        _ => l.body.frames.push(SavedFrame {
+                            node: node(n),
+                            state: FrameState::Loop(loop_state()),
+                        }),
+                    }
+                }
+            }
+            Op::ParallelFrame(n) => {
+                let items: Arc<[Value]> = (0..n).map(|i| Value::Int(i64::from(i))).collect();
+                s.graph.frames.push(SavedFrame {
+                    node: node(120 + n),
+                    state: FrameState::Parallel(ParallelState {
+                        items,
+                        results: (0..n).map(|_| None).collect(),
+                        done: (0..n).map(|_| false).collect(),
+                        errors: Vector::new(),
+                        in_progress: Vec::new(),
+                        assigned: Vector::new(),
+                    }),
+                });
+            }
+            Op::Finish(i, v) => {
+                if let Some(FrameState::Parallel(p)) =
+                    s.graph.frames.last_mut().map(|f| &mut f.state)
+                {
+                    let i = usize::from(i) % p.done.len();
+                    p.done.set(i, true);
+                    p.results.set(i, Some(Value::Int(v)));
+                    p.in_progress.retain(|item| item.index as usize != i);
+                    if v == 0 {
+                        p.errors.push_back(ItemError {
+                            index: i as u32,
+                            error: "failed".into(),
+                        });
+                    }
+                    p.assigned
+                        .push_back((i as u32, vec![("y".into(), Value::Int(v))]));
+                }
+            }
+            Op::ItemStep(i, n, v) => {
+                if let Some(FrameState::Parallel(p)) =
+                    s.graph.frames.last_mut().map(|f| &mut f.state)
+                {
+                    let index = u32::from(i) % p.done.len() as u32;
+                    match p.in_progress.iter_mut().find(|item| item.index == index) {
+                        Some(item) => item.body.completed.push(completed(n, v)),
+                        None => {
+                            p.in_progress.push(ItemState {
+                                index,
+                                body: GraphState::default(),
+                            });
+                            p.in_progress.sort_by_key(|item| item.index);
+                        }
+                    }
+                }
+            }
+            Op::DropFrames => s.graph.frames.clear(),
+            Op::Header(k) => match k {
+                0 => s.workflow = Some(Arc::from(format!("{{\"v\":{}}}", s.sequence))),
+                1 => {
+                    s.inputs.insert("in".into(), Value::Int(s.sequence as i64));
+                }
+                _ => s.query = Some(Value::from("q")),
+            },
+        }
+    }
+
+    proptest! {
+        /// A base plus the deltas up to any checkpoint restores exactly that checkpoint's
+        /// state, through the envelope.
+        #[test]
+        fn base_and_deltas_restore_every_checkpoint(ops in proptest::collection::vec(op(), 1..60)) {
+            let base = start();
+            let (base_id, mut parent) = (CheckpointId::new(), CheckpointId::new());
+            let mut restored = Snapshot::decode(&base.encode().expect("encodes")).expect("decodes");
+            let mut state = base;
+            for op in &ops {
+                let mut next = state.clone();
+                apply_op(&mut next, op);
+                let link = DeltaLink { base: base_id, parent };
+                let bytes = SnapshotDelta::between(&state, &next, link).encode().expect("encodes");
+                let delta = SnapshotDelta::decode(&bytes).expect("decodes");
+                prop_assert_eq!(delta.parent, parent);
+                delta.apply(&mut restored).expect("applies");
+                prop_assert_eq!(&restored, &next);
+                parent = CheckpointId::new();
+                state = next;
+            }
+        }
+    }
+
+    #[test]
+    fn a_delta_is_not_a_whole_snapshot_and_damage_is_an_error() {
+        let old = start();
+        let mut new = old.clone();
+        apply_op(&mut new, &Op::Complete(1, 7));
+        let link = DeltaLink {
+            base: CheckpointId::new(),
+            parent: CheckpointId::new(),
+        };
+        let bytes = SnapshotDelta::between(&old, &new, link)
+            .encode()
+            .expect("encodes");
+        assert_eq!(Snapshot::decode(&bytes), Err(SnapshotError::NotWhole));
+        for i in 0..bytes.len() * 8 {
+            let mut flipped = bytes.clone();
+            flipped[i / 8] ^= 1 << (i % 8);
+            assert!(
+                SnapshotDelta::decode(&flipped).is_err(),
+                "bit {i} went unnoticed"
+            );
+        }
+    }
+
+    #[test]
+    fn a_long_chain_writes_little_per_step() {
+        let mut state = start();
+        let mut sizes = Vec::new();
+        for i in 0..1000u32 {
+            let mut next = state.clone();
+            apply_op(&mut next, &Op::Complete((i % 200) as u8, i64::from(i)));
+            let link = DeltaLink {
+                base: CheckpointId::new(),
+                parent: CheckpointId::new(),
+            };
+            sizes.push(
+                SnapshotDelta::between(&state, &next, link)
+                    .encode()
+                    .expect("encodes")
+                    .len(),
+            );
+            state = next;
+        }
+        // The 1000th delta is no larger than the 100th (but for a few bytes of longer varints
+        // and node names): bytes per step do not grow with the run.
+        assert!(
+            sizes[999] <= sizes[99] + 8,
+            "{} then {}",
+            sizes[99],
+            sizes[999]
+        );
+    }
+}

@@ -1,0 +1,92 @@
+//! A private `redis-server` for the benches that need one: no persistence, a free loopback
+//! port (never 6379), killed and reaped when dropped. `redis-server` must be on the PATH.
+
+use std::io::{Read, Write};
+use std::net::{Ipv4Addr, SocketAddrV4, TcpListener, TcpStream};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use ::redis::aio::MultiplexedConnection;
+
+/// A `redis-server` owned by the bench: killed (and reaped) on drop.
+pub(crate) struct PrivateRedis {
+    child: Child,
+    port: u16,
+    _dir: tempfile::TempDir,
+}
+
+impl PrivateRedis {
+    pub(crate) fn start() -> Self {
+        let dir = tempfile::tempdir().expect("temporary directory");
+        let port = loop {
+            let probe = TcpListener::bind(SocketAddrV4::new(Ipv4Addr::LOCALHOST, 0))
+                .expect("bind a probe socket");
+            let port = probe.local_addr().expect("probe address").port();
+            if port != 6379 {
+                break port;
+            }
+        };
+        let child = Command::new("redis-server")
+            .args(["--port", &port.to_string(), "--bind", "127.0.0.1"])
+            .args(["--save", "", "--appendonly", "no", "--daemonize", "no"])
+            .arg("--dir")
+            .arg(dir.path())
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("redis-server on the PATH");
+        let server = Self {
+            child,
+            port,
+            _dir: dir,
+        };
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while !server.answers() {
+            assert!(Instant::now() < deadline, "redis-server did not start");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        server
+    }
+
+    pub(crate) fn url(&self) -> String {
+        format!("redis://127.0.0.1:{}/", self.port)
+    }
+
+    fn answers(&self) -> bool {
+        let addr = SocketAddrV4::new(Ipv4Addr::LOCALHOST, self.port);
+        let Ok(mut stream) = TcpStream::connect_timeout(&addr.into(), Duration::from_millis(200))
+        else {
+            return false;
+        };
+        let _ = stream.set_read_timeout(Some(Duration::from_millis(200)));
+        let mut reply = [0u8; 7];
+        stream.write_all(b"PING\r\n").is_ok()
+            && stream.read_exact(&mut reply).is_ok()
+            && &reply == b"+PONG\r\n"
+    }
+}
+
+impl Drop for PrivateRedis {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// A plain multiplexed connection to `url`, for raw commands.
+pub(crate) async fn raw(url: &str) -> MultiplexedConnection {
+    ::redis::Client::open(url)
+        .expect("url")
+        .get_multiplexed_async_connection()
+        .await
+        .expect("raw connection")
+}
+
+/// Empties the database.
+pub(crate) async fn flush(con: &mut MultiplexedConnection) {
+    let _: () = ::redis::cmd("FLUSHDB")
+        .query_async(con)
+        .await
+        .expect("FLUSHDB");
+}

@@ -1,0 +1,220 @@
+//! Durable cost against run length: chains of 100, 1,000 and 10,000 trivial nodes on a private
+//! Redis under `sync` and `async` durability (and on the in-memory stores, the baseline), with
+//! the PING round trip measured in the same run.
+//!
+//! Before the criterion groups, a summary is printed to stderr for each mode: the PING round
+//! trip (mean of 2,000 on a multiplexed connection), then per chain length the best of a few
+//! runs in µs per node, the bytes sent to Redis per node (`total_net_input_bytes`) and the
+//! bytes Redis holds after the run (`used_memory` growth), and the marginal cost per node from
+//! 100 to 1,000 and from 1,000 to 10,000 nodes, each as a ratio to the PING round trip, and
+//! their ratio to one another (flat cost: close to 1).
+//!
+//! `DURABLE_SIZES` (comma-separated, default `100,1000,10000`) picks the chain lengths;
+//! `DURABLE_MODES` (default `sync,async`) the durability modes. The criterion groups
+//! `durable_chain_<len>/<store>_<mode>` time whole runs (start -> wait), 10 samples each.
+//!
+//! Run with `cargo bench --bench durable`.
+
+mod common;
+
+use std::time::{Duration, Instant};
+
+use ::redis::aio::MultiplexedConnection;
+use criterion::{Criterion, Throughput, criterion_group, criterion_main};
+use runvisor::redis::{RedisConfig, RedisStores};
+use runvisor::{Durability, Runtime, ThreadId};
+use tokio::runtime::Runtime as Tokio;
+
+use common::redis_server::{PrivateRedis, flush, raw};
+use common::{ECHO, Echo, chain, run_chain, tokio, with_durability as config};
+
+fn sizes() -> Vec<usize> {
+    std::env::var("DURABLE_SIZES")
+        .ok()
+        .map(|s| s.split(',').filter_map(|n| n.trim().parse().ok()).collect())
+        .unwrap_or_else(|| vec![100, 1000, 10_000])
+}
+
+fn modes() -> Vec<(&'static str, Durability)> {
+    let wanted = std::env::var("DURABLE_MODES").unwrap_or_else(|_| "sync,async".into());
+    [("sync", Durability::Sync), ("async", Durability::Async)]
+        .into_iter()
+        .filter(|(name, _)| wanted.split(',').any(|w| w.trim() == *name))
+        .collect()
+}
+
+/// A number from `INFO <section>`.
+async fn info(con: &mut MultiplexedConnection, section: &str, field: &str) -> u64 {
+    let text: String = ::redis::cmd("INFO")
+        .arg(section)
+        .query_async(con)
+        .await
+        .expect("INFO");
+    text.lines()
+        .find_map(|l| l.strip_prefix(&format!("{field}:")))
+        .and_then(|v| v.trim().parse().ok())
+        .unwrap_or(0)
+}
+
+/// The mean PING round trip over `n` pings.
+async fn ping_rtt(con: &mut MultiplexedConnection, n: u32) -> Duration {
+    for _ in 0..100 {
+        let _: String = ::redis::cmd("PING").query_async(con).await.expect("PONG");
+    }
+    let started = Instant::now();
+    for _ in 0..n {
+        let _: String = ::redis::cmd("PING").query_async(con).await.expect("PONG");
+    }
+    started.elapsed() / n
+}
+
+/// What one chain length cost on Redis: best time per node, bytes sent and held per node.
+struct Measured {
+    len: usize,
+    per_node: f64,
+    sent_per_node: f64,
+    held_per_node: f64,
+}
+
+fn summary(rt: &Tokio, stores: &RedisStores, con: &MultiplexedConnection) {
+    let thread = ThreadId::new("durable").expect("id");
+    for (name, durability) in modes() {
+        let runtime = stores
+            .install(
+                Runtime::builder()
+                    .handler(ECHO, Echo)
+                    .config(config(durability)),
+            )
+            .build();
+        let mut con = con.clone();
+        let rtt = rt.block_on(ping_rtt(&mut con, 2000));
+        let rtt_us = rtt.as_secs_f64() * 1e6;
+        eprintln!("durable {name}: PING round trip {rtt_us:.1} µs");
+        let mut measured = Vec::new();
+        for len in sizes() {
+            let workflow = chain(&runtime, len);
+            let tries = if len >= 10_000 { 2 } else { 3 };
+            let mut best = f64::MAX;
+            let (mut sent, mut held) = (0u64, 0u64);
+            for _ in 0..tries {
+                rt.block_on(async {
+                    flush(&mut con).await;
+                    let mem_before = info(&mut con, "memory", "used_memory").await;
+                    let in_before = info(&mut con, "stats", "total_net_input_bytes").await;
+                    let started = Instant::now();
+                    run_chain(&runtime, &workflow, &thread, len).await;
+                    let took = started.elapsed().as_secs_f64() * 1e6 / len as f64;
+                    let in_after = info(&mut con, "stats", "total_net_input_bytes").await;
+                    let mem_after = info(&mut con, "memory", "used_memory").await;
+                    if took < best {
+                        best = took;
+                    }
+                    sent = in_after.saturating_sub(in_before);
+                    held = mem_after.saturating_sub(mem_before);
+                });
+            }
+            eprintln!(
+                "durable {name} chain {len}: {best:.1} µs/node ({:.2}x PING), {:.0} bytes sent \
+                 to Redis per node, {:.0} bytes held per node",
+                best / rtt_us,
+                sent as f64 / len as f64,
+                held as f64 / len as f64,
+            );
+            measured.push(Measured {
+                len,
+                per_node: best,
+                sent_per_node: sent as f64 / len as f64,
+                held_per_node: held as f64 / len as f64,
+            });
+        }
+        let mut marginals = Vec::new();
+        for pair in measured.windows(2) {
+            let (a, b) = (&pair[0], &pair[1]);
+            let total = |m: &Measured| m.per_node * m.len as f64;
+            let marginal = (total(b) - total(a)) / (b.len - a.len) as f64;
+            eprintln!(
+                "durable {name} marginal {}->{}: {marginal:.1} µs/node ({:.2}x PING); bytes \
+                 sent per node {:.0} -> {:.0}, held {:.0} -> {:.0}",
+                a.len,
+                b.len,
+                marginal / rtt_us,
+                a.sent_per_node,
+                b.sent_per_node,
+                a.held_per_node,
+                b.held_per_node,
+            );
+            marginals.push(marginal);
+        }
+        if let [first, second, ..] = marginals[..] {
+            eprintln!(
+                "durable {name}: marginal ratio (second / first) {:.2}",
+                second / first
+            );
+        }
+        rt.block_on(flush(&mut con));
+    }
+}
+
+fn durable(c: &mut Criterion) {
+    let server = PrivateRedis::start();
+    let url = server.url();
+    let rt = tokio();
+    let stores = rt
+        .block_on(RedisStores::connect(RedisConfig::new(url.clone())))
+        .expect("connect to the private redis-server");
+    let con = rt.block_on(raw(&url));
+    summary(&rt, &stores, &con);
+
+    let thread = ThreadId::new("durable").expect("id");
+    for len in sizes() {
+        let mut group = c.benchmark_group(format!("durable_chain_{len}"));
+        group
+            .sample_size(10)
+            .warm_up_time(Duration::from_millis(500))
+            .measurement_time(Duration::from_secs(if len >= 10_000 { 20 } else { 5 }))
+            .throughput(Throughput::Elements(len as u64));
+        for (name, durability) in modes() {
+            let redis = stores
+                .install(
+                    Runtime::builder()
+                        .handler(ECHO, Echo)
+                        .config(config(durability)),
+                )
+                .build();
+            let memory = Runtime::builder()
+                .handler(ECHO, Echo)
+                .config(config(durability))
+                .build();
+            for (store, runtime) in [("redis", redis), ("memory", memory)] {
+                let workflow = chain(&runtime, len);
+                let con = con.clone();
+                group.bench_function(format!("{store}_{name}"), |b| {
+                    b.to_async(&rt).iter_custom(|iters| {
+                        let runtime = runtime.clone();
+                        let workflow = workflow.clone();
+                        let thread = thread.clone();
+                        let mut con = con.clone();
+                        async move {
+                            let mut spent = Duration::ZERO;
+                            for _ in 0..iters {
+                                // Untimed: Redis emptied, in-memory checkpoints dropped.
+                                flush(&mut con).await;
+                                let _ = runtime.checkpoint_store().prune(&thread, 0).await;
+                                let started = Instant::now();
+                                run_chain(&runtime, &workflow, &thread, len).await;
+                                spent += started.elapsed();
+                            }
+                            spent
+                        }
+                    });
+                });
+            }
+        }
+        group.finish();
+    }
+    drop(stores);
+    drop(server);
+}
+
+criterion_group!(benches, durable);
+criterion_main!(benches);

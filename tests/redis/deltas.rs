@@ -1,0 +1,413 @@
+//! Incremental checkpoints on a real `redis-server` (and a 3-master cluster), with the
+//! in-memory store answering the same calls: a delta is written only while what it builds on
+//! is stored; retention never removes a base or delta that a kept checkpoint builds on; a
+//! stale writer's delta is fenced; a damaged delta in a chain is a typed error naming its
+//! checkpoint; and a `sync` run writes deltas whose size does not grow with the run, from any
+//! of which it resumes.
+
+use std::sync::Arc;
+
+use runvisor::delta::{MaterializeError, SnapshotDelta, materialize};
+use runvisor::redis::{KeepCheckpoints, RedisConfig, RedisStores};
+use runvisor::snapshot::{CompletedNode, GraphState, Snapshot, SnapshotError};
+use runvisor::store::memory::MemoryCheckpointStore;
+use runvisor::store::{CheckpointStore, DeltaLink, RunStatus, StoredCheckpoint};
+use runvisor::{
+    CheckpointId, Durability, LeaseHolder, Map, NodeId, ResumeFrom, ResumeInput, Route, RunId,
+    RunLabels, Runtime, RuntimeConfig, StoreError, ThreadId, Value, WorkerId,
+};
+
+/// Outputs `{"value": <its "x" param>}`.
+#[derive(Debug)]
+struct Step;
+
+#[runvisor::async_trait]
+impl runvisor::NodeHandler for Step {
+    async fn run(
+        &self,
+        input: Value,
+        _ctx: runvisor::NodeContext,
+    ) -> Result<runvisor::NodeOutput, runvisor::NodeError> {
+        let mut out = Map::new();
+        out.insert(
+            "value".to_owned(),
+            input.get("x").cloned().unwrap_or_default(),
+        );
+        Ok(runvisor::NodeOutput::new(Value::Object(out)))
+    }
+}
+
+use super::cluster_support::{RedisCluster, cluster_config};
+use super::support::{RedisServer, cmd, config, raw, stores, thread, within};
+
+fn snapshot(run: RunId, t: &ThreadId, nodes: usize) -> Snapshot {
+    Snapshot {
+        run_id: run,
+        parent_run_id: None,
+        thread: t.clone(),
+        sequence: nodes as u64 + 1,
+        created_at_ms: 1,
+        status: RunStatus::Running,
+        stop_reason: None,
+        workflow_hash: "00".into(),
+        workflow: None,
+        inputs: Map::new(),
+        query: None,
+        variables: Map::new(),
+        graph: GraphState {
+            completed: (0..nodes)
+                .map(|i| CompletedNode {
+                    node: NodeId::new(format!("n{i}")).expect("id"),
+                    route: Route::All,
+                    output: Arc::new(Value::Int(i as i64)),
+                })
+                .collect(),
+            frontier: Vec::new(),
+            frames: Vec::new(),
+        },
+        interactions: Vec::new(),
+        pending_messages: Default::default(),
+        labels: RunLabels::default(),
+        history_len: Some(0),
+    }
+}
+
+/// A chain of one run: a base (state with 0 nodes), then `deltas` deltas (1, 2, ... nodes).
+fn chain(run: RunId, t: &ThreadId, deltas: usize) -> Vec<StoredCheckpoint> {
+    let base = CheckpointId::new();
+    let mut out = vec![StoredCheckpoint {
+        id: base,
+        run,
+        sequence: 1,
+        bytes: snapshot(run, t, 0).encode().expect("encodes"),
+        link: None,
+    }];
+    for n in 1..=deltas {
+        let link = DeltaLink {
+            base,
+            parent: out[n - 1].id,
+        };
+        let bytes = SnapshotDelta::between(&snapshot(run, t, n - 1), &snapshot(run, t, n), link)
+            .encode()
+            .expect("encodes");
+        out.push(StoredCheckpoint {
+            id: CheckpointId::new(),
+            run,
+            sequence: n as u64 + 1,
+            bytes,
+            link: Some(link),
+        });
+    }
+    out
+}
+
+async fn keeping(server: &RedisServer, keep: usize) -> RedisStores {
+    within(
+        "connect",
+        RedisStores::connect(RedisConfig {
+            keep_checkpoints: KeepCheckpoints::Newest(keep),
+            ..config(server)
+        }),
+    )
+    .await
+    .expect("connect")
+}
+
+/// Writes two chains (a base and 5 deltas, then a base and 3 deltas) keeping 3, and checks
+/// what stays after each write: the newest 3, and what the oldest of them builds on.
+async fn retention_keeps_what_kept_checkpoints_build_on(store: &dyn CheckpointStore) {
+    let t = thread("chains");
+    let run = RunId::new();
+    let first = chain(run, &t, 5);
+    for c in &first {
+        store.put(&t, c.clone(), None).await.expect("put");
+    }
+    let ids = |cs: &[StoredCheckpoint]| cs.iter().map(|c| c.id).collect::<Vec<_>>();
+    // The newest 3 are deltas of the first base: the whole chain stays.
+    assert_eq!(store.list(&t).await, Ok(ids(&first)));
+    let latest = store.latest(&t).await.expect("latest").expect("one");
+    assert_eq!(
+        materialize(store, &t, &latest).await,
+        Ok(snapshot(run, &t, 5))
+    );
+    // A second chain (a later run): once its checkpoints are the newest 3, the first goes.
+    let second = chain(RunId::new(), &t, 3);
+    for c in &second {
+        store.put(&t, c.clone(), None).await.expect("put");
+    }
+    assert_eq!(store.list(&t).await, Ok(ids(&second)));
+    // `prune` keeps what the kept one builds on too.
+    assert_eq!(store.prune(&t, 1).await, Ok(0));
+    assert_eq!(store.list(&t).await, Ok(ids(&second)));
+    assert_eq!(store.prune(&t, 0).await, Ok(4));
+}
+
+#[tokio::test]
+async fn retention_never_removes_a_base_or_delta_a_kept_checkpoint_builds_on() {
+    let server = RedisServer::start();
+    let redis = keeping(&server, 3).await;
+    retention_keeps_what_kept_checkpoints_build_on(&*redis.checkpoints).await;
+    retention_keeps_what_kept_checkpoints_build_on(&MemoryCheckpointStore::keeping(Some(3))).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn retention_keeps_chains_on_a_cluster() {
+    let cluster = RedisCluster::start();
+    let stores = within(
+        "connect to the cluster",
+        RedisStores::connect(RedisConfig {
+            keep_checkpoints: KeepCheckpoints::Newest(3),
+            ..cluster_config(&cluster)
+        }),
+    )
+    .await
+    .expect("connect");
+    retention_keeps_what_kept_checkpoints_build_on(&*stores.checkpoints).await;
+}
+
+#[tokio::test]
+async fn a_delta_whose_base_or_parent_is_gone_is_refused_and_writes_nothing() {
+    let server = RedisServer::start();
+    let redis = stores(&server).await;
+    let memory = MemoryCheckpointStore::new();
+    let t = thread("orphan-delta");
+    for store in [&*redis.checkpoints, &memory as &dyn CheckpointStore] {
+        let run = RunId::new();
+        let cs = chain(run, &t, 2);
+        store.put(&t, cs[0].clone(), None).await.expect("base");
+        // Its parent (cs[1]) was never stored.
+        assert_eq!(
+            store.put(&t, cs[2].clone(), None).await,
+            Err(StoreError::MissingParent {
+                checkpoint: cs[1].id
+            })
+        );
+        assert_eq!(store.list(&t).await, Ok(vec![cs[0].id]));
+        let _ = store.prune(&t, 0).await;
+    }
+}
+
+#[tokio::test]
+async fn a_stale_writers_delta_is_fenced() {
+    let server = RedisServer::start();
+    let stores = stores(&server).await;
+    let t = thread("fenced-delta");
+    let ttl = std::time::Duration::from_secs(30);
+    let holder = |name: &str| LeaseHolder {
+        worker: WorkerId::new(name).expect("id"),
+        run: RunId::new(),
+    };
+    let stale = stores
+        .leases
+        .acquire(&t, &holder("old"), ttl)
+        .await
+        .expect("free")
+        .lease
+        .fence;
+    let cs = chain(RunId::new(), &t, 1);
+    stores
+        .checkpoints
+        .put(&t, cs[0].clone(), Some(stale))
+        .await
+        .expect("the holder writes its base");
+    // Another run takes the thread (the old holder never heartbeat).
+    let current = stores
+        .leases
+        .acquire(&t, &holder("new"), ttl)
+        .await
+        .expect("take over")
+        .lease
+        .fence;
+    assert!(matches!(
+        stores.checkpoints.put(&t, cs[1].clone(), Some(stale)).await,
+        Err(StoreError::Fenced { .. })
+    ));
+    assert_eq!(stores.checkpoints.list(&t).await, Ok(vec![cs[0].id]));
+    stores
+        .checkpoints
+        .put(&t, cs[1].clone(), Some(current))
+        .await
+        .expect("the new holder's token writes");
+}
+
+#[tokio::test]
+async fn a_damaged_delta_in_a_chain_is_an_error_naming_its_checkpoint() {
+    let server = RedisServer::start();
+    let stores = stores(&server).await;
+    let mut con = raw(&server).await;
+    let t = thread("damaged");
+    let cs = chain(RunId::new(), &t, 3);
+    for c in &cs {
+        stores
+            .checkpoints
+            .put(&t, c.clone(), None)
+            .await
+            .expect("put");
+    }
+    let mut damaged = cs[2].bytes.clone();
+    let last = damaged.len() - 1;
+    damaged[last] ^= 0x01;
+    let key = format!("runvisor:cp:{{damaged}}:{}", cs[2].id);
+    let _: i64 = ::redis::cmd("HSET")
+        .arg(&key)
+        .arg("bytes")
+        .arg(damaged)
+        .query_async(&mut con)
+        .await
+        .expect("HSET");
+    let latest = stores
+        .checkpoints
+        .latest(&t)
+        .await
+        .expect("latest")
+        .expect("one");
+    assert_eq!(latest.id, cs[3].id);
+    match materialize(&*stores.checkpoints, &t, &latest).await {
+        Err(MaterializeError::Snapshot(SnapshotError::InChain { checkpoint, error })) => {
+            assert_eq!(checkpoint, cs[2].id);
+            assert!(
+                matches!(*error, SnapshotError::Checksum { .. }),
+                "{error:?}"
+            );
+        }
+        other => panic!("expected an error naming the damaged delta: {other:?}"),
+    }
+    // The damaged delta itself: its own error.
+    let own = stores
+        .checkpoints
+        .get(&t, cs[2].id)
+        .await
+        .expect("get")
+        .expect("one");
+    assert!(matches!(
+        materialize(&*stores.checkpoints, &t, &own).await,
+        Err(MaterializeError::Snapshot(SnapshotError::Checksum { .. }))
+    ));
+    // A missing link (the damaged delta mended first).
+    let _: i64 = ::redis::cmd("HSET")
+        .arg(&key)
+        .arg("bytes")
+        .arg(cs[2].bytes.clone())
+        .query_async(&mut con)
+        .await
+        .expect("HSET");
+    assert_eq!(
+        materialize(&*stores.checkpoints, &t, &latest).await,
+        Ok(snapshot(cs[3].run, &t, 3))
+    );
+    let _: i64 = cmd(
+        &mut con,
+        &["DEL", &format!("runvisor:cp:{{damaged}}:{}", cs[1].id)],
+    )
+    .await;
+    assert_eq!(
+        materialize(&*stores.checkpoints, &t, &latest).await,
+        Err(MaterializeError::Snapshot(SnapshotError::MissingLink {
+            checkpoint: cs[1].id
+        }))
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_sync_run_writes_deltas_of_flat_size_and_resumes_from_any_of_them() {
+    let server = RedisServer::start();
+    let stores = within(
+        "connect",
+        RedisStores::connect(RedisConfig {
+            keep_checkpoints: KeepCheckpoints::All,
+            ..config(&server)
+        }),
+    )
+    .await
+    .expect("connect");
+    let runtime = stores
+        .install(
+            Runtime::builder()
+                .handler("step", Step)
+                .config(RuntimeConfig {
+                    durability: Durability::Sync,
+                    checkpoint_compact_every: 16,
+                    ..RuntimeConfig::default()
+                }),
+        )
+        .build();
+    let mut def =
+        runvisor::WorkflowDef::new("chain").node(runvisor::NodeDef::new("begin", "begin"));
+    let mut prev = "begin".to_owned();
+    for i in 1..=60 {
+        let id = format!("n{i}");
+        def = def
+            .node(runvisor::NodeDef::new(&id, "step").param("x", i))
+            .edge(&prev, &id);
+        prev = id;
+    }
+    let workflow = runtime.validate(def).expect("valid");
+    let t = thread("sync-chain");
+    let run = runtime
+        .start(&workflow, Map::new(), t.clone())
+        .await
+        .expect("start");
+    let outcome = within("the run", run.wait()).await;
+    assert_eq!(
+        outcome.status(),
+        runvisor::RunStatus::Succeeded,
+        "{outcome:?}"
+    );
+    let ids = stores.checkpoints.list(&t).await.expect("list");
+    let mut deltas = Vec::new();
+    let mut bases = 0;
+    for id in &ids {
+        let stored = stores
+            .checkpoints
+            .get(&t, *id)
+            .await
+            .expect("get")
+            .expect("listed");
+        match stored.link {
+            Some(_) => deltas.push(stored.bytes.len()),
+            None => bases += 1,
+        }
+        // Every checkpoint reads back whole.
+        let whole = materialize(&*stores.checkpoints, &t, &stored)
+            .await
+            .expect("materializes");
+        assert_eq!(whole.thread, t);
+    }
+    assert!(
+        deltas.len() >= 40,
+        "{} deltas of {} checkpoints",
+        deltas.len(),
+        ids.len()
+    );
+    // A base every 17 checkpoints or so, and the final one whole.
+    assert!(bases >= 3, "{bases} bases");
+    // The deltas do not grow with the run.
+    let (first, last) = (deltas[0], deltas[deltas.len() - 1]);
+    assert!(last <= first + 8, "delta sizes grow: {first} then {last}");
+    // A fork from a delta in the middle restores its state.
+    let middle = ids
+        .iter()
+        .copied()
+        .find(|id| ids.iter().position(|x| x == id) == Some(ids.len() / 2))
+        .expect("a middle checkpoint");
+    let forked = thread("sync-chain-fork");
+    let resumed = within(
+        "fork",
+        runtime.resume(
+            ResumeFrom::Fork {
+                thread: t.clone(),
+                checkpoint: middle,
+                into: Some(forked.clone()),
+            },
+            ResumeInput::Continue,
+        ),
+    )
+    .await
+    .expect("fork from a delta");
+    let outcome = within("the fork", resumed.wait()).await;
+    assert_eq!(
+        outcome.status(),
+        runvisor::RunStatus::Succeeded,
+        "{outcome:?}"
+    );
+}
