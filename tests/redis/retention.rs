@@ -1,6 +1,6 @@
 //! Bounded storage on a real `redis-server`: 200 stop+resume cycles of one thread leave its
-//! newest 20 checkpoints and at most 20 sequence keys (and the in-memory stores keep the same
-//! bound); ended runs' records get the shorter TTL while running ones are kept alive by their
+//! newest 20 checkpoints (and the base and deltas the oldest of them builds on) and at most 20
+//! sequence keys (and the in-memory stores keep the same bound); ended runs' records get the shorter TTL while running ones are kept alive by their
 //! lease; run indexes drop entries whose record expired; the user label files threads per user;
 //! checkpoint stats and cleanup on the native layout go through the indexes (no `SCAN` is
 //! issued) and on the `checkpoint:<user>:<timestamp>:<id>` layout by `SCAN` with escaped
@@ -15,7 +15,7 @@ use std::time::Duration;
 use ::redis::aio::MultiplexedConnection;
 use runvisor::redis::retention::{Layout, RetentionError, Scope, Stats};
 use runvisor::redis::{RedisConfig, RedisStores};
-use runvisor::store::{RunRecord, RunStatus, StoredCheckpoint};
+use runvisor::store::{CheckpointStore, RunRecord, RunStatus, StoredCheckpoint};
 use runvisor::{
     CheckpointId, Lease, LeaseHolder, Map, NodeContext, NodeError, NodeHandler, NodeOutput,
     ResumeInput, ResumeOptions, RunId, RunLabels, Runtime, StopMode, StopReply, ThreadId, Value,
@@ -119,8 +119,13 @@ async fn two_hundred_stop_and_resume_cycles_keep_twenty_checkpoints_and_sequence
     let index: Vec<String> = cmd(&mut con, &["ZRANGE", "runvisor:cpidx:{cycles}", "0", "-1"]).await;
     let payloads = keys(&mut con, "runvisor:cp:{cycles}:*").await;
     let sequences = keys(&mut con, "runvisor:cpseq:{cycles}:*").await;
-    assert_eq!(index.len(), 20, "the index holds the newest 20");
-    assert_eq!(payloads.len(), 20, "{payloads:?}");
+    let ids: Vec<CheckpointId> = index.iter().map(|id| id.parse().expect("an id")).collect();
+    assert_eq!(
+        kept_from(&*stores.checkpoints, &t, &ids, 20).await,
+        0,
+        "the index holds the newest 20 and what they build on: {index:?}"
+    );
+    assert_eq!(payloads.len(), index.len(), "{payloads:?}");
     assert!(
         sequences.len() <= 20,
         "{} sequence keys: {sequences:?}",
@@ -142,7 +147,7 @@ async fn two_hundred_stop_and_resume_cycles_keep_twenty_checkpoints_and_sequence
         .expect("latest")
         .expect("a checkpoint");
     assert_eq!(index.last(), Some(&latest.id.to_string()));
-    assert_eq!(stores.checkpoints.list(&t).await.map(|l| l.len()), Ok(20));
+    assert_eq!(stores.checkpoints.list(&t).await, Ok(ids));
     // 201 runs, all recorded (the records outlive the checkpoints).
     assert_eq!(stores.runs.list_thread(&t).await.map(|r| r.len()), Ok(201));
 
@@ -150,10 +155,38 @@ async fn two_hundred_stop_and_resume_cycles_keep_twenty_checkpoints_and_sequence
     let kinds = Kinds::default();
     let memory = Runtime::builder().handler("step", kinds.clone()).build();
     stop_and_resume(&memory, &kinds, &t, 200).await;
+    let ids = memory.checkpoint_store().list(&t).await.expect("list");
     assert_eq!(
-        memory.checkpoint_store().list(&t).await.map(|l| l.len()),
-        Ok(20)
+        kept_from(&**memory.checkpoint_store(), &t, &ids, 20).await,
+        0
     );
+}
+
+/// Where, in a thread's checkpoint ids (oldest first), what its newest `keep` need begins:
+/// the base of the oldest of them when it is a delta, else that oldest one. A store within its
+/// retention holds nothing before it (0).
+async fn kept_from(
+    store: &dyn CheckpointStore,
+    t: &ThreadId,
+    ids: &[CheckpointId],
+    keep: usize,
+) -> usize {
+    let first = ids
+        .len()
+        .checked_sub(keep)
+        .expect("at least `keep` checkpoints");
+    let oldest = store
+        .get(t, ids[first])
+        .await
+        .expect("get")
+        .expect("listed");
+    match oldest.link {
+        Some(link) => ids
+            .iter()
+            .position(|id| *id == link.base)
+            .expect("the base of a kept delta is kept"),
+        None => first,
+    }
 }
 
 fn checkpoint(run: RunId, sequence: u64) -> StoredCheckpoint {

@@ -93,6 +93,9 @@ pub(crate) struct GraphExec {
     pub(crate) env: Map,
     schedule: Schedule,
     outputs: Vec<Option<Arc<Value>>>,
+    /// The completed nodes as snapshots hold them, extended as nodes complete (at the next
+    /// snapshot): a snapshot shares it instead of building the list again.
+    completed: std::sync::Mutex<Vector<CompletedNode>>,
     children: HashMap<ActorId, Child>,
     /// Saved progress of loop and parallel nodes, handed to them when they start again.
     restore_frames: HashMap<NodeIndex, FrameState>,
@@ -165,6 +168,7 @@ impl GraphExec {
         Self {
             schedule: Schedule::new(graph.shape.clone()),
             outputs: vec![None; n],
+            completed: std::sync::Mutex::default(),
             graph,
             prefix,
             outer,
@@ -844,7 +848,13 @@ impl GraphExec {
     /// Saves this execution's progress.
     pub(crate) fn state(&self) -> GraphState {
         let mut frames = self.saved_frames.clone();
-        for (&node, state) in &self.running_frames {
+        // In node order, so successive snapshots list the same frames the same way (their
+        // deltas then hold only what changed in each).
+        let mut running: Vec<_> = self.running_frames.iter().collect();
+        running.sort_by_key(|(node, _)| **node);
+        let mut restoring: Vec<_> = self.restore_frames.iter().collect();
+        restoring.sort_by_key(|(node, _)| **node);
+        for (&node, state) in running {
             // Progress of a loop or parallel still running: a resume continues after what it
             // has finished.
             frames.push(SavedFrame {
@@ -852,7 +862,7 @@ impl GraphExec {
                 state: state.clone(),
             });
         }
-        for (&node, state) in &self.restore_frames {
+        for (&node, state) in restoring {
             // Restored progress of a node that did not start again before the stop.
             frames.push(SavedFrame {
                 node: self.node_id(node).clone(),
@@ -860,19 +870,31 @@ impl GraphExec {
             });
         }
         GraphState {
-            completed: self
-                .schedule
-                .completions()
-                .iter()
-                .map(|(n, route)| CompletedNode {
-                    node: self.node_id(*n).clone(),
-                    route: route.clone(),
-                    output: self.outputs[*n].clone().unwrap_or_default(),
-                })
-                .collect(),
+            completed: self.completed_nodes(),
             frontier: self.frontier(),
             frames,
         }
+    }
+
+    /// The completed nodes, in completion order: the kept list, extended by the nodes that
+    /// completed since the last call (completions are only ever appended).
+    fn completed_nodes(&self) -> Vector<CompletedNode> {
+        let mut kept = self
+            .completed
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let done = self.schedule.completions();
+        if done.len() < kept.len() {
+            *kept = Vector::new();
+        }
+        for (n, route) in &done[kept.len()..] {
+            kept.push_back(CompletedNode {
+                node: self.node_id(*n).clone(),
+                route: route.clone(),
+                output: self.outputs[*n].clone().unwrap_or_default(),
+            });
+        }
+        kept.clone()
     }
 }
 

@@ -364,6 +364,40 @@ fn apply_map(map: &mut Map, delta: MapDelta) {
     }
 }
 
+/// Appended entries when `new` extends `old`, checked at the seam only: the lists given here
+/// only ever grow within one execution of a graph (a run's, one loop iteration's, one
+/// parallel item's), and a delta is always between two snapshots of the same run, with the
+/// body of a loop whose iteration changed sent whole. Checking one entry keeps a step's cost
+/// independent of the run's length.
+fn grown<T: Clone>(
+    old: &Vector<T>,
+    new: &Vector<T>,
+    same: impl Fn(&T, &T) -> bool,
+) -> Option<SeqDelta<T>> {
+    let (n, m) = (old.len(), new.len());
+    let extends = m >= n
+        && match n.checked_sub(1) {
+            None => true,
+            Some(last) => match (old.get(last), new.get(last)) {
+                (Some(a), Some(b)) => same(a, b),
+                _ => false,
+            },
+        };
+    if !extends {
+        return Some(SeqDelta::Replace(new.iter().cloned().collect()));
+    }
+    (m > n).then(|| SeqDelta::Append(new.skip(n).into_iter().collect()))
+}
+
+/// A graph's progress sent whole.
+fn whole_graph(new: &GraphState) -> GraphDelta {
+    GraphDelta {
+        completed: Some(SeqDelta::Replace(new.completed.iter().cloned().collect())),
+        frontier: Some(new.frontier.clone()),
+        frames: Some(FramesDelta::Replace(new.frames.clone())),
+    }
+}
+
 fn graph_delta(old: &GraphState, new: &GraphState) -> GraphDelta {
     let same_frames = old.frames.len() == new.frames.len()
         && old.frames.iter().zip(&new.frames).all(|(a, b)| {
@@ -386,7 +420,7 @@ fn graph_delta(old: &GraphState, new: &GraphState) -> GraphDelta {
         Some(FramesDelta::Replace(new.frames.clone()))
     };
     GraphDelta {
-        completed: seq_delta(&old.completed, &new.completed, completed_same),
+        completed: grown(&old.completed, &new.completed, completed_same),
         frontier: (old.frontier != new.frontier).then(|| new.frontier.clone()),
         frames,
     }
@@ -402,14 +436,18 @@ fn frame_delta(old: &FrameState, new: &FrameState) -> FrameDelta {
             let delta = LoopDelta {
                 iteration: b.iteration,
                 vars: map_delta(&a.vars, &b.vars),
-                history: seq_delta(&a.history, &b.history, |x, y| x == y),
-                details: seq_delta(&a.details, &b.details, |x, y| x == y),
+                history: grown(&a.history, &b.history, |x, y| x == y),
+                details: grown(&a.details, &b.details, |x, y| x == y),
                 items: match (&a.items, &b.items) {
                     (Some(x), Some(y)) if Arc::ptr_eq(x, y) || x == y => None,
                     (None, None) => None,
                     _ => Some(b.items.clone()),
                 },
-                body: graph_delta(&a.body, &b.body),
+                body: if a.iteration == b.iteration {
+                    graph_delta(&a.body, &b.body)
+                } else {
+                    whole_graph(&b.body)
+                },
                 assigned: seq_delta(&a.assigned, &b.assigned, |x, y| x == y),
             };
             let same = a.iteration == b.iteration
@@ -494,7 +532,7 @@ fn frame_delta(old: &FrameState, new: &FrameState) -> FrameDelta {
 
 fn apply_graph(graph: &mut GraphState, delta: GraphDelta) -> Result<(), SnapshotError> {
     if let Some(completed) = delta.completed {
-        apply_vec(&mut graph.completed, completed);
+        apply_vector(&mut graph.completed, completed);
     }
     if let Some(frontier) = delta.frontier {
         graph.frontier = frontier;
@@ -803,7 +841,7 @@ mod tests {
         s.sequence += 1;
         s.created_at_ms += 1;
         match op.clone() {
-            Op::Complete(n, v) => s.graph.completed.push(completed(n, v)),
+            Op::Complete(n, v) => s.graph.completed.push_back(completed(n, v)),
             Op::Var(k, v) => {
                 let key = format!("v{k}");
                 match v {
@@ -847,7 +885,7 @@ mod tests {
             }
             Op::LoopBody(n, v) => {
                 if let Some(FrameState::Loop(l)) = s.graph.frames.last_mut().map(|f| &mut f.state) {
-                    l.body.completed.push(completed(n, v));
+                    l.body.completed.push_back(completed(n, v));
                     l.assigned.push(("x".into(), Value::Int(v)));
                 }
             }
@@ -856,7 +894,7 @@ mod tests {
                     match l.body.frames.first_mut().map(|f| &mut f.state) {
                         Some(FrameState::Loop(inner)) => {
                             inner.history.push_back(Value::Int(v));
-                            inner.body.completed.push(completed(n, v));
+                            inner.body.completed.push_back(completed(n, v));
                         }
                         _ => l.body.frames.push(SavedFrame {
                             node: node(n),
@@ -903,7 +941,7 @@ mod tests {
                 {
                     let index = u32::from(i) % p.done.len() as u32;
                     match p.in_progress.iter_mut().find(|item| item.index == index) {
-                        Some(item) => item.body.completed.push(completed(n, v)),
+                        Some(item) => item.body.completed.push_back(completed(n, v)),
                         None => {
                             p.in_progress.push(ItemState {
                                 index,

@@ -20,6 +20,14 @@
 //! naming what is wrong. What a decoded snapshot says (nodes, indices, counts) is checked against
 //! its workflow before a run restores it (`check.rs`).
 //!
+//! The same envelope carries checkpoint deltas (see [`delta`](crate::delta)): magic `RVDL`,
+//! format 1, the delta schema version
+//! ([`DELTA_SCHEMA_VERSION`](crate::delta::DELTA_SCHEMA_VERSION): 1), the same codec, length
+//! limit, checksum and nesting checks. [`Snapshot::decode`] of a delta is
+//! [`SnapshotError::NotWhole`]: a delta restores only with its chain
+//! ([`materialize`](crate::delta::materialize)). Whole snapshots written before deltas existed
+//! are bases, and restore as they are.
+//!
 //! Schema versions: 2 added [`Snapshot::history_len`], where the thread's history stood at the
 //! checkpoint (what a fork copies). A version-1 snapshot decodes with `history_len: None`.
 //! 3 added the user to the run's [`labels`](Snapshot::labels); older snapshots decode without
@@ -77,8 +85,9 @@ pub struct CompletedNode {
 /// parallel item's.
 #[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
 pub struct GraphState {
-    /// Completed nodes, in completion order.
-    pub completed: Vec<CompletedNode>,
+    /// Completed nodes, in completion order (a persistent vector: the run keeps it as nodes
+    /// complete, so taking a snapshot copies nothing).
+    pub completed: Vector<CompletedNode>,
     /// The nodes a resume starts: interrupted ones and ready ones not yet started.
     pub frontier: Vec<NodeId>,
     /// The saved progress of loop and parallel nodes of the frontier that were cut short.
@@ -569,7 +578,8 @@ mod tests {
                     node: node("a"),
                     route: Route::branches(["x"]),
                     output: std::sync::Arc::new(Value::from(vec![Value::Int(0), Value::Null])),
-                }],
+                }]
+                .into(),
                 frontier: vec![node("b")],
                 frames: vec![SavedFrame {
                     node: node("b"),

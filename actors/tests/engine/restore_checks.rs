@@ -170,7 +170,7 @@ async fn loop_progress_that_does_not_add_up_is_refused() {
         (
             "completed node `zzz` in iteration 0 of `l` is not a node of its graph",
             Box::new(|s| {
-                loop_of(s).body.completed.push(CompletedNode {
+                loop_of(s).body.completed.push_back(CompletedNode {
                     node: node("zzz"),
                     route: Route::All,
                     output: Default::default(),
@@ -182,7 +182,7 @@ async fn loop_progress_that_does_not_add_up_is_refused() {
             Box::new(|s| {
                 let l = loop_of(s);
                 let again = l.body.completed[0].clone();
-                l.body.completed.push(again);
+                l.body.completed.push_back(again);
             }),
         ),
         (
@@ -292,7 +292,7 @@ async fn parallel_progress_with_indices_out_of_range_is_refused() {
                 parallel_of(s).in_progress[0]
                     .body
                     .completed
-                    .push(CompletedNode {
+                    .push_back(CompletedNode {
                         node: node("zzz"),
                         route: Route::All,
                         output: Default::default(),

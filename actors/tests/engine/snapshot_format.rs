@@ -158,7 +158,8 @@ fn stopped() -> Snapshot {
                     Route::All,
                     Value::Array(vec![Value::Int(0), Value::Null, Value::from("")]),
                 ),
-            ],
+            ]
+            .into(),
             frontier: vec![node("answer")],
             frames: Vec::new(),
         },
@@ -195,7 +196,8 @@ fn awaiting_loop() -> Snapshot {
                 "write",
                 Route::All,
                 Value::Object(map([("text", Value::from("draft 1"))])),
-            )],
+            )]
+            .into(),
             frontier: vec![node("ask")],
             frames: Vec::new(),
         },
@@ -218,7 +220,7 @@ fn awaiting_loop() -> Snapshot {
         .into(),
         items: None,
         body: GraphState {
-            completed: vec![done("plan", Route::All, Value::from("step 3"))],
+            completed: vec![done("plan", Route::All, Value::from("step 3"))].into(),
             frontier: vec![node("inner")],
             frames: vec![SavedFrame {
                 node: node("inner"),
@@ -293,7 +295,7 @@ fn awaiting_loop() -> Snapshot {
         query: Some(Value::from("plan my trip")),
         variables: map([("total", Value::Int(40))]),
         graph: GraphState {
-            completed: vec![done("start", Route::All, Value::Null)],
+            completed: vec![done("start", Route::All, Value::Null)].into(),
             frontier: vec![node("outer"), node("pick")],
             frames: vec![SavedFrame {
                 node: node("outer"),
@@ -334,7 +336,7 @@ fn parallel() -> Snapshot {
             ItemState {
                 index: 1,
                 body: GraphState {
-                    completed: vec![done("fetch", Route::All, Value::from("beta!"))],
+                    completed: vec![done("fetch", Route::All, Value::from("beta!"))].into(),
                     frontier: vec![node("summarize")],
                     frames: Vec::new(),
                 },
@@ -342,7 +344,7 @@ fn parallel() -> Snapshot {
             ItemState {
                 index: 2,
                 body: GraphState {
-                    completed: Vec::new(),
+                    completed: Default::default(),
                     frontier: vec![node("fetch")],
                     frames: Vec::new(),
                 },
@@ -355,7 +357,7 @@ fn parallel() -> Snapshot {
         created_at_ms: T0 + 3_600_000,
         stop_reason: Some(StopReason::Shutdown),
         graph: GraphState {
-            completed: vec![done("start", Route::All, Value::Object(Map::new()))],
+            completed: vec![done("start", Route::All, Value::Object(Map::new()))].into(),
             frontier: vec![node("fan")],
             frames: vec![SavedFrame {
                 node: node("fan"),
