@@ -418,6 +418,9 @@ impl CheckpointerState {
                     self.pending.insert(p.write.run, p);
                 }
                 Some((Err(e), _)) if !e.is_transient() => {
+                    if !matches!(e, StoreError::StaleSequence { .. }) {
+                        self.chains.broken(&p.write.run);
+                    }
                     // Superseded (a newer snapshot is stored) or refused for good.
                     self.backlog.bytes.fetch_sub(held, Ordering::Relaxed);
                     self.due.insert(p.write.run, done);
@@ -497,7 +500,13 @@ async fn write_until(
             }
             // Refused for good: newer state is stored, the run lost its thread, or the store
             // refuses the write whatever happens.
-            Err(e) if !e.is_transient() => break CheckpointError::Refused(e),
+            Err(e) if !e.is_transient() => {
+                if !matches!(e, StoreError::StaleSequence { .. }) {
+                    // The run writes nothing more (or fails): its chain ends here.
+                    chains.broken(&write.run);
+                }
+                break CheckpointError::Refused(e);
+            }
             Err(e) => {
                 if !backoff.wait().await {
                     break CheckpointError::StoreFailed {
