@@ -359,9 +359,20 @@ fn is_broken_pipe(e: &anyhow::Error) -> bool {
 
 fn dispatch(cli: Cli) -> anyhow::Result<ExitCode> {
     let mut config = Config::load_or_default(cli.config.as_deref())?;
-    if let Err(problem) = runvisor::telemetry::init(config.log.as_deref().unwrap_or("warn")) {
-        eprintln!("warning: {problem}");
+    let tokio = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .context("cannot start the async runtime")?;
+    // Declared after the async runtime, so dropped before it: the last spans are flushed while
+    // a gRPC exporter can still send them.
+    let installed = {
+        let _enter = tokio.enter();
+        runvisor::telemetry::init(config.log.as_deref().unwrap_or("warn"))
+    };
+    for warning in &installed.warnings {
+        eprintln!("warning: {warning}");
     }
+    let _telemetry = installed.telemetry;
     if let Some(url) = cli.redis {
         let mut redis = config.redis.take().unwrap_or_else(|| RedisConfig::new(""));
         redis.url = url;
@@ -392,7 +403,7 @@ fn dispatch(cli: Cli) -> anyhow::Result<ExitCode> {
         config.runtime.adopt_orphans = true;
     }
     if let Command::Checkpoints(args) = cli.command {
-        return checkpoints(config.redis, args);
+        return checkpoints(&tokio, config.redis, args);
     }
     if let Command::Validate { file } = &cli.command {
         // Validation starts nothing, and adopts no orphans either (a config that makes every
@@ -403,95 +414,88 @@ fn dispatch(cli: Cli) -> anyhow::Result<ExitCode> {
                 .try_build()?;
         return validate(&runtime, file);
     }
-    tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()
-        .context("cannot start the async runtime")?
-        .block_on(async move {
-            // A worker (`run`, `resume`, `worker` and `serve` are workers) first writes what earlier
-            // runs could not store when they ended.
-            let replay = matches!(
-                cli.command,
-                Command::Run(_) | Command::Resume(_) | Command::Worker(_) | Command::Serve(_)
-            );
-            let serve_config = config.serve.clone();
-            let (runtime, redis) = build_runtime(config, replay).await?;
-            let durable = redis.is_some();
-            // Other processes may ask what this one runs (`ps`, `tree`).
-            let _control = match (&cli.command, &redis) {
-                (Command::Run(_) | Command::Resume(_), Some(stores)) => {
-                    Some(stores.serve_control(&runtime).await?)
-                }
-                _ => None,
-            };
-            match cli.command {
-                Command::Run(args) => run(&runtime, args).await,
-                Command::Resume(args) if durable => resume(&runtime, args).await,
-                Command::Ps(args) => {
-                    ops_cli::ps(&runtime, redis.as_ref(), args)
-                        .await
-                        .map_err(|e| Exit::error(EXIT_STORAGE, format!("{e:#}")))?;
+    tokio.block_on(async move {
+        // A worker (`run`, `resume`, `worker` and `serve` are workers) first writes what earlier
+        // runs could not store when they ended.
+        let replay = matches!(
+            cli.command,
+            Command::Run(_) | Command::Resume(_) | Command::Worker(_) | Command::Serve(_)
+        );
+        let serve_config = config.serve.clone();
+        let (runtime, redis) = build_runtime(config, replay).await?;
+        let durable = redis.is_some();
+        // Other processes may ask what this one runs (`ps`, `tree`).
+        let _control = match (&cli.command, &redis) {
+            (Command::Run(_) | Command::Resume(_), Some(stores)) => {
+                Some(stores.serve_control(&runtime).await?)
+            }
+            _ => None,
+        };
+        match cli.command {
+            Command::Run(args) => run(&runtime, args).await,
+            Command::Resume(args) if durable => resume(&runtime, args).await,
+            Command::Ps(args) => {
+                ops_cli::ps(&runtime, redis.as_ref(), args)
+                    .await
+                    .map_err(|e| Exit::error(EXIT_STORAGE, format!("{e:#}")))?;
+                Ok(ExitCode::SUCCESS)
+            }
+            Command::Tree(args) => tree(&runtime, redis.as_ref(), args).await,
+            Command::Worker(args) => match &redis {
+                Some(stores) => {
+                    ops_cli::worker(&runtime, stores, args).await?;
                     Ok(ExitCode::SUCCESS)
                 }
-                Command::Tree(args) => tree(&runtime, redis.as_ref(), args).await,
-                Command::Worker(args) => match &redis {
-                    Some(stores) => {
-                        ops_cli::worker(&runtime, stores, args).await?;
-                        Ok(ExitCode::SUCCESS)
-                    }
-                    None => bail!(
-                        "a worker shares runs with other processes: pass --redis URL (or set \
+                None => bail!(
+                    "a worker shares runs with other processes: pass --redis URL (or set \
                          `redis` in the config file)"
-                    ),
-                },
-                Command::Recover(args) => match &redis {
-                    Some(stores) => Ok(ExitCode::from(
-                        recover_cli::recover(&runtime, stores, args).await?,
-                    )),
-                    None => bail!(
-                        "recover writes spilled runs into Redis: pass --redis URL (or set \
-                         `redis` in the config file)"
-                    ),
-                },
-                Command::Serve(args) => {
-                    serve_cli::serve(&runtime, redis.as_ref(), serve_config, args).await?;
-                    Ok(ExitCode::SUCCESS)
-                }
-                Command::Submit(args) => match &redis {
-                    Some(stores) => submit(&runtime, stores, args).await,
-                    None => bail!(
-                        "jobs are queued for workers in Redis: pass --redis URL (or set `redis` \
-                         in the config file)"
-                    ),
-                },
-                Command::Stop { app, chat } if durable => report_request(
-                    runtime.request_stop(&app, &chat).await,
-                    &format!("app {app} chat {chat}"),
                 ),
-                Command::Cancel { task } if durable => {
-                    report_request(runtime.request_cancel(&task).await, &format!("task {task}"))
-                }
-                Command::Resume(_) | Command::Stop { .. } | Command::Cancel { .. } => bail!(
-                    "this command acts on runs of other processes: pass --redis URL (or set \
+            },
+            Command::Recover(args) => match &redis {
+                Some(stores) => Ok(ExitCode::from(
+                    recover_cli::recover(&runtime, stores, args).await?,
+                )),
+                None => bail!(
+                    "recover writes spilled runs into Redis: pass --redis URL (or set \
+                         `redis` in the config file)"
+                ),
+            },
+            Command::Serve(args) => {
+                serve_cli::serve(&runtime, redis.as_ref(), serve_config, args).await?;
+                Ok(ExitCode::SUCCESS)
+            }
+            Command::Submit(args) => match &redis {
+                Some(stores) => submit(&runtime, stores, args).await,
+                None => bail!(
+                    "jobs are queued for workers in Redis: pass --redis URL (or set `redis` \
+                         in the config file)"
+                ),
+            },
+            Command::Stop { app, chat } if durable => report_request(
+                runtime.request_stop(&app, &chat).await,
+                &format!("app {app} chat {chat}"),
+            ),
+            Command::Cancel { task } if durable => {
+                report_request(runtime.request_cancel(&task).await, &format!("task {task}"))
+            }
+            Command::Resume(_) | Command::Stop { .. } | Command::Cancel { .. } => bail!(
+                "this command acts on runs of other processes: pass --redis URL (or set \
                      `redis` in the config file); the embedded in-memory stores end with the \
                      process that used them"
-                ),
-                Command::Validate { .. } | Command::Checkpoints(_) => Ok(ExitCode::SUCCESS),
-            }
-        })
+            ),
+            Command::Validate { .. } | Command::Checkpoints(_) => Ok(ExitCode::SUCCESS),
+        }
+    })
 }
 
 /// `checkpoints stats|cleanup`: straight on Redis, no runtime.
 fn checkpoints(
+    tokio: &tokio::runtime::Runtime,
     redis: Option<RedisConfig>,
     args: checkpoints_cli::CheckpointsArgs,
 ) -> anyhow::Result<ExitCode> {
     use checkpoints_cli::Failure;
-    let done = tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()
-        .context("cannot start the async runtime")?
-        .block_on(checkpoints_cli::run(redis, args));
+    let done = tokio.block_on(checkpoints_cli::run(redis, args));
     match done {
         Ok(()) => Ok(ExitCode::SUCCESS),
         Err(Failure::BadInput(message)) => Err(Exit::error(EXIT_BAD_INPUT, message)),
@@ -510,7 +514,9 @@ async fn build_runtime(
 ) -> anyhow::Result<(Runtime, Option<RedisStores>)> {
     let builder = || {
         register_standard_kinds_with(
-            Runtime::builder().config(config.runtime.clone()),
+            Runtime::builder()
+                .config(config.runtime.clone())
+                .trace_context(runvisor::telemetry::trace_context()),
             &config.http,
         )
     };

@@ -604,6 +604,7 @@ mod tests {
             not_resumable: None,
             worker: None,
             fence: Some(3),
+            traceparent: None,
         };
         let lease = Lease {
             holder: LeaseHolder {

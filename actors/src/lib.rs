@@ -39,7 +39,7 @@ pub use persist::{Durability, SignalConfig, escape_label, render_key};
 pub use runtime::{
     Adoption, BuildError, EventStream, QueryError, ReplayError, Replayed, ResumeError, ResumeFrom,
     ResumeInput, ResumeOptions, RunHandle, RunQuery, RunView, Runtime, RuntimeBuilder, StartError,
-    StopRequest, is_orphaned,
+    StopRequest, TraceContext, is_orphaned,
 };
 pub use service::{RunRegistry, RunSummary};
 pub use workflow::{

@@ -35,6 +35,7 @@ mod services;
 mod signals;
 mod start;
 mod stop;
+mod trace;
 
 pub use adopt::Adoption;
 pub use builder::{BuildError, RuntimeBuilder};
@@ -45,3 +46,4 @@ pub use ops::{RunQuery, RunView, is_orphaned};
 pub use replay::{ReplayError, Replayed};
 pub use resume::{ResumeError, ResumeFrom, ResumeInput, ResumeOptions};
 pub use signals::StopRequest;
+pub use trace::TraceContext;

@@ -132,6 +132,7 @@ fn fields(record: &RunRecord) -> (Vec<(&'static str, String)>, Vec<&'static str>
         ("not_resumable", record.not_resumable.clone()),
         ("worker", record.worker.as_ref().map(ToString::to_string)),
         ("fence", record.fence.map(|f| f.to_string())),
+        ("traceparent", record.traceparent.clone()),
     ];
     for (name, value) in optional {
         match value {
@@ -173,6 +174,7 @@ fn record(run_id: RunId, fields: &Fields<'_>, key: &str) -> Result<Option<RunRec
         not_resumable: fields.optional_text("not_resumable")?.map(str::to_owned),
         worker: fields.optional_parsed("worker")?,
         fence: fields.optional_parsed("fence")?,
+        traceparent: fields.optional_text("traceparent")?.map(str::to_owned),
     }))
 }
 

@@ -1,7 +1,7 @@
 //! The routes, and what wraps them: the bearer token check, the body limit, JSON answers for
 //! unknown routes and methods, and the health checks.
 
-use axum::extract::{DefaultBodyLimit, Request, State};
+use axum::extract::{DefaultBodyLimit, MatchedPath, Request, State};
 use axum::http::{StatusCode, header};
 use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
@@ -10,6 +10,9 @@ use axum::{Json, Router};
 use serde_json::json;
 use subtle::ConstantTimeEq;
 use tower_http::limit::RequestBodyLimitLayer;
+use tracing::Instrument;
+
+use crate::telemetry;
 
 use super::error::ApiError;
 use super::{Service, checkpoint_ops, compat, events, metrics, openapi, page, runs, threads};
@@ -29,7 +32,8 @@ pub(super) fn router(service: Service) -> Router {
             "/v1/threads/{thread}/checkpoints",
             get(threads::checkpoints),
         )
-        .route("/v1/workflows/validate", post(runs::validate));
+        .route("/v1/workflows/validate", post(runs::validate))
+        .route_layer(middleware::from_fn(traced));
     Router::new()
         .route("/", get(page::index))
         .route("/page.css", get(page::css))
@@ -60,6 +64,32 @@ pub(super) fn router(service: Service) -> Router {
         .layer(middleware::map_response(move |r| {
             json_limit_error(r, limit)
         }))
+}
+
+/// A span per `/v1` request (an OpenTelemetry server span when spans are exported), joining
+/// the trace its `traceparent` header names: a run it starts or resumes is its child.
+async fn traced(request: Request, next: Next) -> Response {
+    let route = request.extensions().get::<MatchedPath>().map_or_else(
+        || request.uri().path().to_owned(),
+        |p| p.as_str().to_owned(),
+    );
+    let method = request.method().clone();
+    let span = tracing::info_span!(
+        "request",
+        otel.name = format!("{method} {route}"),
+        otel.kind = "server",
+        http.request.method = %method,
+        http.route = %route,
+        http.response.status_code = tracing::field::Empty,
+    );
+    let headers = request.headers();
+    if let Some(traceparent) = headers.get("traceparent").and_then(|v| v.to_str().ok()) {
+        let tracestate = headers.get("tracestate").and_then(|v| v.to_str().ok());
+        telemetry::join_traceparent(&span, traceparent, tracestate);
+    }
+    let response = next.run(request).instrument(span.clone()).await;
+    span.record("http.response.status_code", response.status().as_u16());
+    response
 }
 
 /// The paths anyone may ask, token or not: the health checks, and the operator page (which

@@ -27,6 +27,7 @@ fn full(run: RunId, thread: &ThreadId) -> RunRecord {
         unpersisted: Some("2 messages: redis: connection refused".to_owned()),
         workflow_id: String::new(),
         started_at_ms: 0,
+        traceparent: Some("00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01".to_owned()),
         ..bare(run, thread)
     }
 }

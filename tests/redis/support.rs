@@ -287,6 +287,7 @@ pub(crate) fn run_record(run: RunId, thread: &ThreadId) -> RunRecord {
         not_resumable: None,
         worker: None,
         fence: None,
+        traceparent: None,
     }
 }
 

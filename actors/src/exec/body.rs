@@ -81,6 +81,8 @@ pub(crate) struct BodyArgs {
     pub(crate) restore: Option<FrameState>,
     /// The body hosting this one; `None` when the run's supervisor does.
     pub(crate) parent: Option<ActorRef<BodyMsg>>,
+    /// The loop's or parallel's node span.
+    pub(crate) span: tracing::Span,
 }
 
 /// A loop: its machine (once begun) and the current iteration's graph.
@@ -171,11 +173,7 @@ impl Actor for BodyActor {
             })),
             _ => return Err("a body actor runs only loop and parallel nodes".into()),
         };
-        let kind = match work {
-            Work::Loop(_) => "loop",
-            Work::Parallel(_) => "parallel",
-        };
-        let span = tracing::info_span!("body", node = %args.path, kind);
+        let span = args.span;
         Ok(BodyState {
             node: args.node,
             id: args.id,
@@ -335,6 +333,7 @@ impl Actor for BodyActor {
             messages.extend(std::mem::take(&mut exec.produced));
             add_usage(&mut usage, &exec.usage);
         }
+        super::node::record_end(&state.span, &end, &usage);
         let report = NodeReport {
             node: state.node,
             end,
@@ -503,14 +502,24 @@ impl BodyState {
                     return Vec::new();
                 };
                 let saved = l.saved_body.take();
+                let path = self.path.child(Frame::Iteration(index));
+                let span = tracing::info_span!(
+                    parent: &self.span,
+                    "iteration",
+                    otel.name = format!("iteration {}", self.id),
+                    runvisor.node.id = %self.id,
+                    runvisor.node.path = %path,
+                    runvisor.iteration.index = index,
+                );
                 let exec = GraphExec::new(
                     l.spec.body.clone(),
-                    self.path.child(Frame::Iteration(index)),
+                    path,
                     self.outer.clone(),
                     Some((self.id.clone(), Value::Object(frame))),
                     self.env.clone(),
                     self.history.clone(),
-                );
+                )
+                .within(span);
                 let restored = saved.is_some();
                 let exec = match saved {
                     Some(body) => match exec.restore(body) {
@@ -527,7 +536,7 @@ impl BodyState {
                     None => exec,
                 };
                 l.exec = Some(exec);
-                self.launch_iteration(cell, index, restored).await
+                self.launch_iteration(cell, restored).await
             }
             LoopStep::Finish(output) => {
                 self.end = Some(NodeEnd::checked(output));
@@ -544,18 +553,17 @@ impl BodyState {
     async fn launch_iteration(
         &mut self,
         cell: &ActorCell,
-        index: u32,
         restored: bool,
     ) -> Vec<(Option<u32>, ExecEvent)> {
         let run = self.run.clone();
         let host = Host { cell, run: &run };
-        let span = tracing::info_span!(parent: &self.span, "iteration", index);
         let Work::Loop(l) = &mut self.work else {
             return Vec::new();
         };
         let Some(exec) = l.exec.as_mut() else {
             return Vec::new();
         };
+        let span = exec.span().clone();
         let ready = exec.first_ready(restored);
         exec.launch(&host, ready)
             .instrument(span)
@@ -620,7 +628,11 @@ impl BodyState {
                     self.requested_stop = Some((mode, reason));
                 }
                 if let Some(supervisor) = self.run.supervisor.get() {
-                    let _ = supervisor.send_message(RunMsg::Stop { mode, reason });
+                    let _ = supervisor.send_message(RunMsg::Stop {
+                        mode,
+                        reason,
+                        by: "probe",
+                    });
                 }
                 self.stop(myself, mode == StopMode::Force);
             }

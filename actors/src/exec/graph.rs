@@ -122,6 +122,9 @@ pub(crate) struct GraphExec {
     /// Hand ready nodes to the host instead of launching them (the run saves its progress
     /// between a node's completion and its dependents' start).
     pub(crate) defer_launch: bool,
+    /// The span this execution's nodes are children of: the run's, an iteration's or an
+    /// item's.
+    span: tracing::Span,
 }
 
 impl Scope for GraphExec {
@@ -187,7 +190,52 @@ impl GraphExec {
             halted: false,
             forced: false,
             defer_launch: false,
+            span: tracing::Span::none(),
         }
+    }
+
+    /// Makes the nodes of this execution children of `span` (the run's, an iteration's or an
+    /// item's).
+    pub(crate) fn within(mut self, span: tracing::Span) -> Self {
+        self.span = span;
+        self
+    }
+
+    /// The span this execution's nodes are children of.
+    pub(crate) fn span(&self) -> &tracing::Span {
+        &self.span
+    }
+
+    /// A node's span, a child of this execution's: its kind, id and path, and, for the kinds
+    /// the GenAI conventions name, their operation. The outcome is recorded when it ends.
+    fn node_span(&self, host: &Host<'_>, node: NodeIndex, path: &NodePath) -> tracing::Span {
+        let planned = &self.graph.nodes[node];
+        let (id, kind) = (planned.id.as_ref(), &*planned.kind);
+        let operation = operation_of(kind);
+        let name = match operation {
+            Some(operation) => format!("{operation} {id}"),
+            None => format!("node {id}"),
+        };
+        tracing::info_span!(
+            parent: &self.span,
+            "node",
+            otel.name = name,
+            gen_ai.operation.name = operation,
+            gen_ai.tool.name = (operation == Some("execute_tool")).then_some(id),
+            gen_ai.agent.name = (operation == Some("invoke_agent")).then_some(id),
+            runvisor.node.id = id,
+            runvisor.node.kind = kind,
+            runvisor.node.path = %path,
+            runvisor.run.id = %host.run.run_id,
+            runvisor.thread.id = %host.run.thread,
+            runvisor.lease.fence = host.run.lease.fence.0,
+            runvisor.node.outcome = tracing::field::Empty,
+            error.type = tracing::field::Empty,
+            otel.status_code = tracing::field::Empty,
+            otel.status_description = tracing::field::Empty,
+            gen_ai.usage.input_tokens = tracing::field::Empty,
+            gen_ai.usage.output_tokens = tracing::field::Empty,
+        )
     }
 
     /// Continues a saved execution: completed nodes keep their outputs and never run again;
@@ -405,6 +453,8 @@ impl GraphExec {
                         }
                     };
                     self.halted = true;
+                    let span = self.node_span(host, node, &path);
+                    span.record("runvisor.node.outcome", "paused");
                     host.run.emit(RunEvent::Paused { path: path.clone() });
                     events.push(ExecEvent::Paused(Interaction {
                         id: InteractionId::new(),
@@ -484,6 +534,7 @@ impl GraphExec {
                     // The workflow's graph runs in the run's supervisor; a body's in its actor.
                     parent: (!self.prefix.frames().is_empty())
                         .then(|| ActorRef::<BodyMsg>::from(host.cell.clone())),
+                    span: self.node_span(host, node, path),
                 };
                 Actor::spawn_linked(None, BodyActor, args, host.cell.clone())
                     .await
@@ -497,14 +548,7 @@ impl GraphExec {
                     stop.clone(),
                     history,
                 );
-                let span = tracing::info_span!(
-                    "node",
-                    node = %path,
-                    kind = %kind,
-                    run_id = %host.run.run_id,
-                    thread = %host.run.thread,
-                    fence = host.run.lease.fence.0,
-                );
+                let span = self.node_span(host, node, path);
                 let args = NodeArgs {
                     node,
                     handler,
@@ -900,4 +944,14 @@ impl GraphExec {
 
 fn probe(run: &RunInfo, ask: impl FnOnce(&dyn crate::kinds::Probe) -> ProbeStop) -> ProbeStop {
     run.scope.probe.as_deref().and_then(ask)
+}
+
+/// The operation the OpenTelemetry GenAI conventions name for a node kind, when one fits: an
+/// agent or model call is `invoke_agent`, a tool or a call out is `execute_tool`.
+fn operation_of(kind: &str) -> Option<&'static str> {
+    match kind {
+        "agent" | "llm" | "chat" | "ai_chat" => Some("invoke_agent"),
+        "tool" | "http" | "code" | "mcp" => Some("execute_tool"),
+        _ => None,
+    }
 }

@@ -328,6 +328,7 @@ impl Actor for NodeActor {
             NodeEnd::Completed(output) => output.usage.clone(),
             _ => Usage::new(),
         };
+        record_end(&state.span, &end, &usage);
         let report = NodeReport {
             node: state.node,
             end,
@@ -342,6 +343,45 @@ impl Actor for NodeActor {
             let _ = tx.send(report);
         }
         Ok(())
+    }
+}
+
+/// Records how a node ended on its span: the outcome, the error (with the span's status),
+/// and the tokens it reports, under the GenAI conventions' names.
+pub(crate) fn record_end(span: &tracing::Span, end: &NodeEnd, usage: &Usage) {
+    let outcome = match end {
+        NodeEnd::Completed(_) => "completed",
+        NodeEnd::Failed { .. } => "failed",
+        NodeEnd::Interrupted { forced: true, .. } => "aborted",
+        NodeEnd::Interrupted { .. } => "stopped",
+    };
+    span.record("runvisor.node.outcome", outcome);
+    if let NodeEnd::Failed { error, .. } = end {
+        let kind = match error {
+            NodeError::Failed(_) => "failed",
+            NodeError::InvalidInput { .. } => "invalid_input",
+            NodeError::Resolve(_) => "resolve",
+            NodeError::Stopped => "stopped",
+            NodeError::Panicked(_) => "panicked",
+            NodeError::TooDeep { .. } => "too_deep",
+        };
+        span.record("error.type", kind);
+        span.record("otel.status_code", "ERROR");
+        span.record("otel.status_description", error.to_string());
+    }
+    for (names, field) in [
+        (
+            ["input_tokens", "prompt_tokens"],
+            "gen_ai.usage.input_tokens",
+        ),
+        (
+            ["output_tokens", "completion_tokens"],
+            "gen_ai.usage.output_tokens",
+        ),
+    ] {
+        if let Some(amount) = names.iter().find_map(|n| usage.get(*n)) {
+            span.record(field, *amount as u64);
+        }
     }
 }
 

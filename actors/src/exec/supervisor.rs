@@ -51,6 +51,9 @@ pub(crate) enum RunMsg {
         mode: StopMode,
         /// Why.
         reason: StopReason,
+        /// Who asked: `api` (this process's runtime), `signal` (a stop or cancel flag),
+        /// `node` (a node of the run), `run_timeout`, `lease_keeper`.
+        by: &'static str,
     },
     /// An interactive node inside a body has no answer: pause the run.
     Pause(Interaction),
@@ -96,6 +99,8 @@ pub(crate) struct RunArgs {
     /// (otherwise every snapshot carries the definition).
     pub(crate) workflow_hash: String,
     pub(crate) workflow_stored: bool,
+    /// The run's span (a child of the span current where the run was started).
+    pub(crate) span: tracing::Span,
 }
 
 pub(crate) struct RunState {
@@ -131,6 +136,8 @@ pub(crate) struct RunState {
     workflow_hash: String,
     workflow_stored: bool,
     span: tracing::Span,
+    /// The span of the stop in progress, and when it was asked.
+    stop_span: Option<(tracing::Span, tokio::time::Instant)>,
 }
 
 impl Actor for RunSupervisor {
@@ -148,7 +155,11 @@ impl Actor for RunSupervisor {
         let _ = run.supervisor.set(myself.clone());
         let me = myself.clone();
         let _ = run.scope.stop.set(Box::new(move |mode, reason| {
-            let _ = me.send_message(RunMsg::Stop { mode, reason });
+            let _ = me.send_message(RunMsg::Stop {
+                mode,
+                reason,
+                by: "node",
+            });
         }));
         let (variables, query, restore) = match args.restore {
             Some(r) => (r.variables, r.query, Some(r.graph)),
@@ -165,12 +176,7 @@ impl Actor for RunSupervisor {
         sys.insert("run_id".into(), Value::String(run.run_id.to_string()));
         sys.insert("thread_id".into(), Value::String(run.thread.to_string()));
         sys.insert("workflow_id".into(), Value::String(plan.def.id.clone()));
-        let span = tracing::info_span!(
-            "run",
-            run_id = %run.run_id,
-            thread = %run.thread,
-            workflow = %plan.def.id,
-        );
+        let span = args.span;
         let history_before = u64::try_from(args.history.len()).unwrap_or(u64::MAX);
         let mut history = args.history;
         history.extend(args.produced.iter().cloned());
@@ -184,7 +190,8 @@ impl Actor for RunSupervisor {
             None,
             variables,
             history.into_iter().collect(),
-        );
+        )
+        .within(span.clone());
         let restored = restore.is_some();
         let mut exec = exec;
         // Between a node's completion and its dependents' start, the run saves its progress.
@@ -242,6 +249,7 @@ impl Actor for RunSupervisor {
             workflow_hash: args.workflow_hash,
             workflow_stored: args.workflow_stored,
             span,
+            stop_span: None,
         })
     }
 
@@ -261,6 +269,7 @@ impl Actor for RunSupervisor {
                 let _ = me.send_message(RunMsg::Stop {
                     mode,
                     reason: StopReason::Timeout,
+                    by: "run_timeout",
                 });
             }));
         }
@@ -283,12 +292,12 @@ impl Actor for RunSupervisor {
     ) -> Result<(), ActorProcessingErr> {
         match message {
             RunMsg::Tree(reply) => state.answer_tree(&myself, reply),
-            RunMsg::Stop { mode, reason } => {
+            RunMsg::Stop { mode, reason, by } => {
                 if reason == StopReason::LeaseLost && state.lease_lost.is_none() {
                     tracing::warn!(parent: &state.span, "the run lost its thread's lease: it stops and writes nothing more");
                     state.lease_lost = Some(None);
                 }
-                state.begin_stop(&myself, Ending::Stop(reason), mode);
+                state.begin_stop(&myself, Ending::Stop(reason), mode, by);
             }
             RunMsg::Pause(interaction) => state.pause(&myself, interaction),
             RunMsg::Escalate => state.escalate(&myself),
@@ -368,7 +377,12 @@ impl Actor for RunSupervisor {
         // Stopped from outside (runtime teardown) before the run ended: nodes still running
         // are aborted and hand over what they hold, and the run records its end.
         if !state.lifecycle.is_ended() {
-            state.begin_stop(&myself, Ending::Stop(StopReason::Shutdown), StopMode::Force);
+            state.begin_stop(
+                &myself,
+                Ending::Stop(StopReason::Shutdown),
+                StopMode::Force,
+                "runtime",
+            );
             let cell = myself.get_cell();
             let run = state.run.clone();
             let host = Host {
@@ -438,11 +452,11 @@ impl RunState {
                 ExecEvent::Failed { path, error } => {
                     tracing::info!(parent: &self.span, node = %path, %error, "node failed");
                     let cause = Ending::Failure(RunError::Node { path, error });
-                    self.begin_stop(myself, cause, StopMode::Force);
+                    self.begin_stop(myself, cause, StopMode::Force, "failure");
                 }
                 ExecEvent::Paused(interaction) => self.pause(myself, interaction),
                 ExecEvent::Stop(mode, reason) => {
-                    self.begin_stop(myself, Ending::Stop(reason), mode);
+                    self.begin_stop(myself, Ending::Stop(reason), mode, "probe");
                 }
             }
         }
@@ -539,12 +553,17 @@ impl RunState {
                 // Another run holds the thread now: this one stops without writing more.
                 tracing::warn!(parent: &self.span, error = %e, "progress refused: the run lost its thread's lease");
                 self.lease_lost = Some(Some(e));
-                self.begin_stop(myself, Ending::Stop(StopReason::LeaseLost), StopMode::Force);
+                self.begin_stop(
+                    myself,
+                    Ending::Stop(StopReason::LeaseLost),
+                    StopMode::Force,
+                    "store",
+                );
             }
             Err(error) if !error.is_transient() => {
                 tracing::error!(parent: &self.span, %error, "the run's progress is refused for good: the run fails");
                 let cause = Ending::Failure(RunError::Storage(error));
-                self.begin_stop(myself, cause, StopMode::Force);
+                self.begin_stop(myself, cause, StopMode::Force, "store");
             }
             Err(error) => {
                 if step.wait_begins {
@@ -609,12 +628,18 @@ impl RunState {
         let mode = StopMode::Graceful {
             timeout: self.run.config().stop_timeout,
         };
-        self.begin_stop(myself, Ending::Pause, mode);
+        self.begin_stop(myself, Ending::Pause, mode, "interaction");
     }
 
     /// Puts the run into stopping (or escalates a graceful stop in progress to force), as the
     /// lifecycle decides.
-    fn begin_stop(&mut self, myself: &ActorRef<RunMsg>, cause: Ending, mode: StopMode) {
+    fn begin_stop(
+        &mut self,
+        myself: &ActorRef<RunMsg>,
+        cause: Ending,
+        mode: StopMode,
+        by: &'static str,
+    ) {
         let reason = match &cause {
             Ending::Stop(reason) => Some(*reason),
             _ => None,
@@ -629,6 +654,24 @@ impl RunState {
                 if let Some(reason) = reason {
                     tracing::info!(parent: &self.span, %reason, ?mode, "stopping");
                     self.run.emit(RunEvent::Stopping { reason });
+                    let mode_name = match mode {
+                        StopMode::Graceful { .. } => "graceful",
+                        StopMode::Force => "force",
+                    };
+                    let span = tracing::info_span!(
+                        parent: &self.span,
+                        "stop",
+                        otel.name = "stop",
+                        runvisor.stop.mode = mode_name,
+                        runvisor.stop.reason = reason.as_str(),
+                        runvisor.stop.requested_by = by,
+                        runvisor.stop.latency_ms = tracing::field::Empty,
+                        runvisor.stop.interrupted_nodes = tracing::field::Empty,
+                        runvisor.stop.flushed.messages = tracing::field::Empty,
+                        runvisor.stop.flushed.checkpoint = tracing::field::Empty,
+                        runvisor.stop.flushed.history = tracing::field::Empty,
+                    );
+                    self.stop_span = Some((span, tokio::time::Instant::now()));
                 }
                 self.exec.halt(false);
                 if force {

@@ -43,4 +43,8 @@ pub struct RunRecord {
     /// The fencing token of its thread's lease it ran with.
     #[serde(default)]
     pub fence: Option<u64>,
+    /// The run's place in its trace (a W3C `traceparent`), when the host's tracing backend
+    /// named it: a resumed run links back to it.
+    #[serde(default)]
+    pub traceparent: Option<String>,
 }

@@ -5,6 +5,7 @@ use std::sync::Arc;
 use super::adopt::spawn_adopter;
 use super::facade::Runtime;
 use super::services::{Services, Stores};
+use super::trace::TraceContext;
 use crate::exec::RuntimeConfig;
 use crate::kinds::{KindError, Kinds, NodeHandler, Probe};
 use crate::model::{InvalidId, WorkerId, WorkerInfo};
@@ -27,6 +28,7 @@ pub struct RuntimeBuilder {
     leases: Option<Arc<dyn LeaseStore>>,
     spill: Option<Arc<dyn SpillStore>>,
     probe: Option<Arc<dyn Probe>>,
+    trace: Option<Arc<dyn TraceContext>>,
     config: RuntimeConfig,
 }
 
@@ -137,6 +139,14 @@ impl RuntimeBuilder {
         self
     }
 
+    /// Tells the runtime how the host's tracing backend names spans: run records then keep
+    /// their run's place in its trace, and a resume's span links back to the run it
+    /// continues. Without it, spans are made all the same and records keep nothing.
+    pub fn trace_context(mut self, trace: Arc<dyn TraceContext>) -> Self {
+        self.trace = Some(trace);
+        self
+    }
+
     /// Uses this config.
     pub fn config(mut self, config: RuntimeConfig) -> Self {
         self.config = config;
@@ -217,7 +227,8 @@ impl RuntimeBuilder {
             leases,
             spill: self.spill,
         };
-        let services = Services::new(stores, self.config, WorkerInfo::this_process(worker));
+        let mut services = Services::new(stores, self.config, WorkerInfo::this_process(worker));
+        services.trace = self.trace;
         let runtime = Runtime {
             kinds: Arc::new(self.kinds),
             services: Arc::new(services),
@@ -266,6 +277,7 @@ impl Runtime {
             leases: None,
             spill: None,
             probe: None,
+            trace: None,
             config: RuntimeConfig::default(),
         }
     }

@@ -16,6 +16,8 @@
 
 use std::collections::HashMap;
 
+use tracing::Instrument;
+
 use super::errors::StartError;
 use super::facade::Runtime;
 use super::handle::RunHandle;
@@ -507,6 +509,34 @@ impl Runtime {
             query = Some(Value::String(text));
         }
         self.registry().forget_waiting(&thread);
+        // The resume's span, parent of the new run's, links to the run it continues (whose
+        // record keeps its place in its trace, even from another process).
+        let span = tracing::info_span!(
+            "resume",
+            otel.name = "resume",
+            runvisor.checkpoint.id = %checkpoint,
+            runvisor.resumed_run.id = %snapshot.run_id,
+            runvisor.run.id = %run_id,
+            runvisor.thread.id = %thread,
+            runvisor.worker.id = %self.services.worker.id,
+            runvisor.resume.fork = fork,
+        );
+        if let Some(trace) = &self.services.trace
+            && !span.is_disabled()
+        {
+            match self.services.runs.get(snapshot.run_id).await {
+                Ok(Some(record)) => {
+                    if let Some(traceparent) = &record.traceparent {
+                        trace.link(&span, traceparent);
+                    }
+                }
+                Ok(None) => {}
+                Err(e) => {
+                    tracing::debug!(run = %snapshot.run_id, error = %e, "no trace to link the resume to")
+                }
+            }
+        }
+        let launching = span.clone();
         let handle = self
             .launch(Launch {
                 run_id,
@@ -534,6 +564,7 @@ impl Runtime {
                 retry_failed: options.retry_failed,
                 lease: hold.lease().clone(),
             })
+            .instrument(launching)
             .await?;
         Ok(handle)
         }

@@ -9,6 +9,7 @@ use std::time::Duration;
 use async_trait::async_trait;
 use ractor::{Actor, ActorRef};
 
+use super::trace::TraceContext;
 use crate::exec::{LiveRun, RunMsg, RunServices, RuntimeConfig};
 use crate::model::{
     CheckpointError, CheckpointId, Lease, RunId, RunOutcome, StopMode, StoreError, ThreadId,
@@ -46,6 +47,8 @@ pub(crate) struct Services {
     keeper: tokio::sync::OnceCell<ActorRef<KeeperMsg>>,
     /// The task adopting orphans, when the runtime does.
     pub(crate) adopter: std::sync::OnceLock<tokio::task::AbortHandle>,
+    /// How the host's tracing backend names spans, if it said.
+    pub(crate) trace: Option<Arc<dyn TraceContext>>,
 }
 
 /// The stores a runtime is built with.
@@ -85,6 +88,7 @@ impl Services {
             watcher: tokio::sync::OnceCell::new(),
             signal_errors: Arc::default(),
             alive: Arc::new(()),
+            trace: None,
         }
     }
 

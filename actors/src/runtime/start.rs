@@ -11,6 +11,7 @@ use super::errors::StartError;
 use super::facade::Runtime;
 use super::handle::RunHandle;
 use super::hold::HoldError;
+use super::trace::MAX_TRACEPARENT;
 use crate::exec::{LiveState, Restore, RunArgs, RunInfo, RunSupervisor};
 use crate::kinds::Kinds;
 use crate::kinds::RunScope;
@@ -141,6 +142,28 @@ impl Runtime {
             return Err(StartError::UnknownKind(kind));
         }
         let workflow_id = plan.def.id.clone();
+        // The run's span: a child of the span current here (a request's, a resume's), so a
+        // run started within a trace joins it.
+        let span = tracing::info_span!(
+            "run",
+            otel.name = format!("invoke_workflow {workflow_id}"),
+            gen_ai.operation.name = "invoke_workflow",
+            gen_ai.conversation.id = %thread,
+            runvisor.run.id = %run_id,
+            runvisor.thread.id = %thread,
+            runvisor.workflow.id = %workflow_id,
+            runvisor.worker.id = %self.services.worker.id,
+            runvisor.run.resumed_from = restore.as_ref().map(|r| r.parent_run_id.to_string()),
+            runvisor.run.status = tracing::field::Empty,
+            otel.status_code = tracing::field::Empty,
+            otel.status_description = tracing::field::Empty,
+        );
+        let traceparent = self
+            .services
+            .trace
+            .as_ref()
+            .and_then(|trace| trace.traceparent(&span))
+            .filter(|t| t.len() <= MAX_TRACEPARENT);
         let record = RunRecord {
             run_id,
             thread: thread.clone(),
@@ -157,6 +180,7 @@ impl Runtime {
             not_resumable: None,
             worker: Some(self.services.worker.id.clone()),
             fence: Some(lease.fence.0),
+            traceparent,
         };
         self.services
             .runs
@@ -233,6 +257,7 @@ impl Runtime {
             restore,
             workflow_hash,
             workflow_stored,
+            span,
         };
         Actor::spawn(None, RunSupervisor, args)
             .await

@@ -61,7 +61,11 @@ pub(crate) async fn stop_run(
         // A send fails only when the run is ending: its outcome is published regardless.
         // A run waiting for input has no supervisor: its outcome is there already.
         if let Some(supervisor) = &live.supervisor {
-            let _ = supervisor.send_message(RunMsg::Stop { mode, reason });
+            let _ = supervisor.send_message(RunMsg::Stop {
+                mode,
+                reason,
+                by: "api",
+            });
         }
         let mut rx = live.outcome.clone();
         let outcome = rx

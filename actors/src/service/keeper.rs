@@ -223,6 +223,7 @@ impl KeeperState {
                         let _ = held.supervisor.send_message(RunMsg::Stop {
                             mode: StopMode::Force,
                             reason: StopReason::LeaseLost,
+                            by: "lease_keeper",
                         });
                     }
                 }
@@ -232,6 +233,7 @@ impl KeeperState {
                         let _ = held.supervisor.send_message(RunMsg::Stop {
                             mode: StopMode::Force,
                             reason: StopReason::LeaseLost,
+                            by: "lease_keeper",
                         });
                     }
                 }

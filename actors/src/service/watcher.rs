@@ -251,9 +251,11 @@ impl WatcherState {
             };
             tracing::info!(%run, key, ?signal, "flag set: stopping the run");
             // A run that is ending refuses the message; its end is on its way regardless.
-            let _ = watched
-                .supervisor
-                .send_message(RunMsg::Stop { mode, reason });
+            let _ = watched.supervisor.send_message(RunMsg::Stop {
+                mode,
+                reason,
+                by: "signal",
+            });
         }
     }
 

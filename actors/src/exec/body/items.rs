@@ -31,14 +31,24 @@ impl BodyState {
                     env.insert(name.clone(), value.clone());
                 }
             }
+            let path = self.path.child(Frame::Item(index));
+            let span = tracing::info_span!(
+                parent: &self.span,
+                "item",
+                otel.name = format!("item {}", self.id),
+                runvisor.node.id = %self.id,
+                runvisor.node.path = %path,
+                runvisor.item.index = index,
+            );
             let exec = GraphExec::new(
                 p.spec.body.clone(),
-                self.path.child(Frame::Item(index)),
+                path,
                 self.outer.clone(),
                 Some((self.id.clone(), Value::Object(frame))),
                 env,
                 self.history.clone(),
-            );
+            )
+            .within(span);
             let saved = p.saved.remove(&index);
             let restored = saved.is_some();
             let mut exec = match saved {
@@ -57,7 +67,7 @@ impl BodyState {
             let run = self.run.clone();
             let host = Host { cell, run: &run };
             let ready = exec.first_ready(restored);
-            let span = tracing::info_span!(parent: &self.span, "item", index);
+            let span = exec.span().clone();
             let launched = exec.launch(&host, ready).instrument(span).await;
             if let Work::Parallel(p) = &mut self.work {
                 p.in_flight.insert(index, exec);

@@ -20,6 +20,15 @@ impl RunState {
             timer.abort();
         }
         let (status, stop_reason) = (end.status(), end.stop_reason());
+        // A stop's latency runs from its request to the run quiesced (no node running): now.
+        if let Some((span, asked)) = &self.stop_span {
+            let latency = u64::try_from(asked.elapsed().as_millis()).unwrap_or(u64::MAX);
+            span.record("runvisor.stop.latency_ms", latency);
+            span.record(
+                "runvisor.stop.interrupted_nodes",
+                u64::try_from(self.exec.interrupted.len()).unwrap_or(u64::MAX),
+            );
+        }
         // History, checkpoint and record share one deadline: a store that fails transiently
         // is retried until then, one that refuses is not retried.
         let deadline = tokio::time::Instant::now() + self.run.config().store_deadline;
@@ -55,7 +64,15 @@ impl RunState {
                 }
             }
         };
+        let flushed_messages = u64::try_from(messages.len()).unwrap_or(u64::MAX);
         let history = self.persist_history(messages, deadline).await;
+        if let Some((span, _)) = self.stop_span.take() {
+            span.record("runvisor.stop.flushed.messages", flushed_messages);
+            span.record("runvisor.stop.flushed.history", history.error.is_none());
+            if let Some(id) = &checkpoint_id {
+                span.record("runvisor.stop.flushed.checkpoint", id.to_string());
+            }
+        }
         let outputs = self.exec.shared_outputs();
         let run_id = self.run.run_id;
         let usage = self.exec.usage.clone();
@@ -190,6 +207,12 @@ impl RunState {
             live.running.clear();
         }
         tracing::info!(parent: &self.span, %status, "run ended");
+        self.span.record("runvisor.run.status", status.as_str());
+        if let Some(error) = outcome.error() {
+            self.span.record("otel.status_code", "ERROR");
+            self.span
+                .record("otel.status_description", error.to_string());
+        }
         // A waiting run holds no actors; the registry keeps showing it until it resumes. The
         // outcome is kept there first, so a stop that misses the live run still gets it.
         let persisted = outcome.is_persisted();

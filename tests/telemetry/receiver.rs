@@ -1,0 +1,224 @@
+//! An OTLP receiver for tests: HTTP/protobuf (`POST /v1/traces`, `POST /v1/metrics`) on a free
+//! loopback port, decoding what it gets with the published OTLP protobuf definitions. It runs
+//! on a thread of its own (with its own async runtime), so a test blocked on a flush does not
+//! block it.
+
+#![allow(dead_code)]
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use axum::Router;
+use axum::body::Bytes;
+use axum::extract::State;
+use axum::http::{StatusCode, header};
+use axum::response::IntoResponse;
+use axum::routing::post;
+use opentelemetry_proto::tonic::collector::metrics::v1::{
+    ExportMetricsServiceRequest, ExportMetricsServiceResponse,
+};
+use opentelemetry_proto::tonic::collector::trace::v1::{
+    ExportTraceServiceRequest, ExportTraceServiceResponse,
+};
+use opentelemetry_proto::tonic::common::v1::any_value::Value as Any;
+use opentelemetry_proto::tonic::common::v1::{AnyValue, KeyValue};
+use prost::Message;
+
+/// What the receiver got.
+#[derive(Default)]
+struct Received {
+    traces: Vec<ExportTraceServiceRequest>,
+    metrics: Vec<ExportMetricsServiceRequest>,
+}
+
+/// A running receiver; it stops with the test process.
+pub(crate) struct Receiver {
+    pub(crate) base: String,
+    received: Arc<Mutex<Received>>,
+}
+
+/// A span as received, flattened: ids in hex, attributes as text.
+#[derive(Debug, Clone)]
+pub(crate) struct Span {
+    pub(crate) name: String,
+    pub(crate) trace_id: String,
+    pub(crate) span_id: String,
+    pub(crate) parent_span_id: String,
+    pub(crate) attributes: HashMap<String, String>,
+    /// Linked spans: (trace id, span id).
+    pub(crate) links: Vec<(String, String)>,
+    pub(crate) status_code: i32,
+    pub(crate) service: String,
+}
+
+impl Span {
+    pub(crate) fn attr(&self, key: &str) -> Option<&str> {
+        self.attributes.get(key).map(String::as_str)
+    }
+}
+
+fn text(value: Option<&AnyValue>) -> String {
+    match value.and_then(|v| v.value.as_ref()) {
+        Some(Any::StringValue(s)) => s.clone(),
+        Some(Any::BoolValue(b)) => b.to_string(),
+        Some(Any::IntValue(i)) => i.to_string(),
+        Some(Any::DoubleValue(d)) => d.to_string(),
+        Some(other) => format!("{other:?}"),
+        None => String::new(),
+    }
+}
+
+fn attributes(list: &[KeyValue]) -> HashMap<String, String> {
+    list.iter()
+        .map(|kv| (kv.key.clone(), text(kv.value.as_ref())))
+        .collect()
+}
+
+async fn traces(State(received): State<Arc<Mutex<Received>>>, body: Bytes) -> impl IntoResponse {
+    match ExportTraceServiceRequest::decode(body) {
+        Ok(request) => {
+            received.lock().expect("received").traces.push(request);
+            (
+                StatusCode::OK,
+                [(header::CONTENT_TYPE, "application/x-protobuf")],
+                ExportTraceServiceResponse::default().encode_to_vec(),
+            )
+        }
+        Err(_) => (
+            StatusCode::BAD_REQUEST,
+            [(header::CONTENT_TYPE, "text/plain")],
+            b"not an OTLP trace export".to_vec(),
+        ),
+    }
+}
+
+async fn metrics(State(received): State<Arc<Mutex<Received>>>, body: Bytes) -> impl IntoResponse {
+    match ExportMetricsServiceRequest::decode(body) {
+        Ok(request) => {
+            received.lock().expect("received").metrics.push(request);
+            (
+                StatusCode::OK,
+                [(header::CONTENT_TYPE, "application/x-protobuf")],
+                ExportMetricsServiceResponse::default().encode_to_vec(),
+            )
+        }
+        Err(_) => (
+            StatusCode::BAD_REQUEST,
+            [(header::CONTENT_TYPE, "text/plain")],
+            b"not an OTLP metrics export".to_vec(),
+        ),
+    }
+}
+
+impl Receiver {
+    pub(crate) fn start() -> Self {
+        let received = Arc::new(Mutex::new(Received::default()));
+        let (tx, rx) = std::sync::mpsc::channel();
+        let state = received.clone();
+        std::thread::spawn(move || {
+            let runtime = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .expect("a runtime");
+            runtime.block_on(async move {
+                let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+                    .await
+                    .expect("a free port");
+                let address = listener.local_addr().expect("an address");
+                let app = Router::new()
+                    .route("/v1/traces", post(traces))
+                    .route("/v1/metrics", post(metrics))
+                    .with_state(state);
+                tx.send(address).expect("told");
+                axum::serve(listener, app).await.expect("served");
+            });
+        });
+        let address = rx.recv().expect("the receiver listens");
+        Self {
+            base: format!("http://{address}"),
+            received,
+        }
+    }
+
+    /// Every span received so far.
+    pub(crate) fn spans(&self) -> Vec<Span> {
+        let received = self.received.lock().expect("received");
+        let mut spans = Vec::new();
+        for request in &received.traces {
+            for resource in &request.resource_spans {
+                let service = resource
+                    .resource
+                    .as_ref()
+                    .and_then(|r| {
+                        r.attributes
+                            .iter()
+                            .find(|kv| kv.key == "service.name")
+                            .map(|kv| text(kv.value.as_ref()))
+                    })
+                    .unwrap_or_default();
+                for scope in &resource.scope_spans {
+                    for span in &scope.spans {
+                        spans.push(Span {
+                            name: span.name.clone(),
+                            trace_id: hex(&span.trace_id),
+                            span_id: hex(&span.span_id),
+                            parent_span_id: hex(&span.parent_span_id),
+                            attributes: attributes(&span.attributes),
+                            links: span
+                                .links
+                                .iter()
+                                .map(|l| (hex(&l.trace_id), hex(&l.span_id)))
+                                .collect(),
+                            status_code: span.status.as_ref().map_or(0, |s| s.code),
+                            service: service.clone(),
+                        });
+                    }
+                }
+            }
+        }
+        spans
+    }
+
+    /// Every metric name received so far, with its data points' attributes and values as
+    /// text.
+    pub(crate) fn metric_names(&self) -> Vec<String> {
+        let received = self.received.lock().expect("received");
+        let mut names = Vec::new();
+        for request in &received.metrics {
+            for resource in &request.resource_metrics {
+                for scope in &resource.scope_metrics {
+                    names.extend(scope.metrics.iter().map(|m| m.name.clone()));
+                }
+            }
+        }
+        names
+    }
+
+    /// How many export requests arrived.
+    pub(crate) fn requests(&self) -> usize {
+        let received = self.received.lock().expect("received");
+        received.traces.len() + received.metrics.len()
+    }
+
+    /// Waits until `check` holds for the spans received, or `patience` passes (a bound
+    /// against hanging, not a timing assertion); returns the spans.
+    pub(crate) fn wait_for(
+        &self,
+        patience: Duration,
+        check: impl Fn(&[Span]) -> bool,
+    ) -> Vec<Span> {
+        let start = std::time::Instant::now();
+        loop {
+            let spans = self.spans();
+            if check(&spans) || start.elapsed() > patience {
+                return spans;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+}
+
+fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
