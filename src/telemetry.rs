@@ -37,6 +37,10 @@ use tracing_subscriber::layer::SubscriberExt;
 use tracing_subscriber::util::SubscriberInitExt;
 use tracing_subscriber::{EnvFilter, Layer, Registry};
 
+mod stats;
+
+pub(crate) use stats::engine_stats;
+
 /// `RUST_LOG` could not be used.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error("ignoring RUST_LOG={value:?} ({reason}); using {used:?}")]
@@ -483,7 +487,8 @@ pub struct Installed {
 }
 
 /// Installs the global subscriber: formatted events on stderr, filtered by `RUST_LOG` when it is
-/// set, else by `default_filter` (`EnvFilter` syntax: `"warn"`, `"info,runvisor=debug"`), and,
+/// set, else by `default_filter` (`EnvFilter` syntax: `"warn"`, `"info,runvisor=debug"`), the
+/// timing of the engine's checkpoint writes and stop watcher reads (for `/metrics`), and,
 /// when the environment names an OTLP endpoint ([`TelemetryConfig::from_env`]), the
 /// OpenTelemetry layer exporting spans. Call it inside the tokio runtime the process runs on
 /// (a gRPC exporter sends from it), and keep the returned [`Telemetry`] until the end: dropping
@@ -511,6 +516,7 @@ pub fn init(default_filter: &str) -> Installed {
         .with_filter(filter);
     let _already_set = Registry::default()
         .with(fmt)
+        .with(stats::layer())
         .with(telemetry.layer())
         .try_init();
     Installed {

@@ -14,6 +14,16 @@
 //! - `runvisor_store_errors_total{source, kind}` (counter): store failures, `transient` or
 //!   `rejected`: while a scrape read the runs (`scrape`), and when a run of this service found
 //!   the checkpoint store failing and waited for it (`checkpoint`).
+//! - `runvisor_checkpoint_bytes{mode}` and `runvisor_checkpoint_write_seconds{mode}`
+//!   (histograms): size and write time (retries included) of the checkpoints this process
+//!   wrote, `sync`, `async` or `final`.
+//! - `runvisor_watcher_tick_seconds` (histogram): the stop watcher's read of every watched
+//!   flag, per tick.
+//! - `runvisor_spans_dropped_total` (counter): spans not exported (queue full, or the
+//!   collector did not take them).
+//!
+//! The engine's timings come from its spans, timed by a layer of the process's subscriber
+//! (see [`telemetry`](crate::telemetry)).
 //!
 //! What the engine does is read from the runs' event streams ([`Metrics::observe`]): the
 //! engine knows nothing of metrics.
@@ -165,6 +175,7 @@ impl Metrics {
             "From a stop request to the run's supervisor acknowledging it, runs of this process",
             stop_ack.clone(),
         );
+        crate::telemetry::engine_stats().register(&mut registry);
         let store_errors = Family::<ErrorLabel, Counter>::default();
         registry.register(
             "runvisor_store_errors",
@@ -320,6 +331,7 @@ impl Metrics {
                     .inc();
             }
         }
+        crate::telemetry::engine_stats().sync_dropped();
         let live = runtime.registry().len();
         self.inner
             .leases

@@ -38,6 +38,10 @@ async fn metrics_need_the_token_and_move_after_runs() {
         "# TYPE runvisor_stop_latency_seconds histogram",
         "# TYPE runvisor_stop_ack_seconds histogram",
         "# TYPE runvisor_store_errors counter",
+        "# TYPE runvisor_checkpoint_bytes histogram",
+        "# TYPE runvisor_checkpoint_write_seconds histogram",
+        "# TYPE runvisor_watcher_tick_seconds histogram",
+        "# TYPE runvisor_spans_dropped counter",
     ] {
         assert!(before.contains(name), "{name} missing in:\n{before}");
     }
@@ -101,6 +105,27 @@ async fn metrics_need_the_token_and_move_after_runs() {
     assert_eq!(
         sample(&after, "runvisor_runs_started_total"),
         2.0,
+        "{after}"
+    );
+    // Each run wrote its final checkpoint (and progress ones on the way): sizes and times.
+    assert!(
+        sample(&after, "runvisor_checkpoint_bytes_count{mode=\"final\"}") >= 2.0,
+        "{after}"
+    );
+    assert!(
+        sample(&after, "runvisor_checkpoint_bytes_sum{mode=\"final\"}") > 0.0,
+        "{after}"
+    );
+    assert!(
+        sample(
+            &after,
+            "runvisor_checkpoint_write_seconds_count{mode=\"final\"}"
+        ) >= 2.0,
+        "{after}"
+    );
+    assert_eq!(
+        sample(&after, "runvisor_spans_dropped_total"),
+        0.0,
         "{after}"
     );
     assert_eq!(

@@ -45,6 +45,12 @@ impl Answer {
 impl Server {
     /// Starts `runvisor [global...] serve --listen 127.0.0.1:0 [extra...]`.
     pub(crate) fn start(global: &[&str], extra: &[&str]) -> Self {
+        Self::start_with_env(global, extra, &[])
+    }
+
+    /// Starts `runvisor [global...] serve --listen 127.0.0.1:0 [extra...]` with these
+    /// environment variables set.
+    pub(crate) fn start_with_env(global: &[&str], extra: &[&str], env: &[(&str, &str)]) -> Self {
         let mut child = Command::new(BIN)
             .args(global)
             .args(["serve", "--listen", "127.0.0.1:0"])
@@ -52,6 +58,7 @@ impl Server {
             .env_remove("RUST_LOG")
             .env_remove("RUNVISOR_REDIS_URL")
             .env_remove("RUNVISOR_TOKEN")
+            .envs(env.iter().copied())
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(Stdio::piped())
@@ -141,6 +148,20 @@ impl Server {
 
     pub(crate) async fn get(&self, path: &str) -> Answer {
         self.send(self.client.get(self.url(path))).await
+    }
+
+    /// POSTs `body` as JSON with these headers.
+    pub(crate) async fn post_with(
+        &self,
+        path: &str,
+        headers: &[(&str, &str)],
+        body: Value,
+    ) -> Answer {
+        let mut request = self.client.post(self.url(path)).json(&body);
+        for (name, value) in headers {
+            request = request.header(*name, *value);
+        }
+        self.send(request).await
     }
 
     /// POSTs `body` as JSON.

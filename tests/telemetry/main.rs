@@ -3,6 +3,8 @@
 //! read back from what it received.
 
 mod receiver;
+#[path = "../serve/server.rs"]
+mod server;
 
 use std::time::Duration;
 
@@ -12,6 +14,7 @@ use runvisor::{
     Map, ResumeFrom, ResumeInput, RunEvent, RunOutcome, Runtime, StopMode, ThreadId, Value,
     register_standard_kinds,
 };
+use server::Server;
 use tracing_subscriber::layer::SubscriberExt;
 
 /// A bound against hanging, never a timing assertion.
@@ -254,4 +257,69 @@ async fn without_an_endpoint_nothing_is_exported() {
     telemetry.flush();
     drop(telemetry);
     assert_eq!(receiver.requests(), 0);
+}
+
+/// `runvisor serve` with `OTEL_EXPORTER_OTLP_ENDPOINT` set: a run started with a
+/// `traceparent` header joins that trace under the request's span, and the spans are flushed
+/// when the service shuts down.
+#[tokio::test]
+async fn a_run_started_over_http_joins_the_callers_trace() {
+    let receiver = Receiver::start();
+    let server = Server::start_with_env(
+        &[],
+        &[],
+        &[
+            ("OTEL_EXPORTER_OTLP_ENDPOINT", receiver.base.as_str()),
+            ("OTEL_EXPORTER_OTLP_PROTOCOL", "http/protobuf"),
+            ("OTEL_SERVICE_NAME", "runvisor-serve-test"),
+        ],
+    );
+    let trace = "4bf92f3577b34da6a3ce929d0e0e4736";
+    let caller = "00f067aa0ba902b7";
+    let workflow = serde_json::json!({"id": "hello", "nodes": [
+        {"id": "start", "kind": "begin"},
+        {"id": "say", "kind": "stream_text", "params": {"text": "hi", "interval": "1ms"}}
+    ], "edges": [{"from": "start", "to": "say"}]});
+    let done = server
+        .post_with(
+            "/v1/runs",
+            &[("traceparent", &format!("00-{trace}-{caller}-01"))],
+            serde_json::json!({"workflow": workflow, "wait": true}),
+        )
+        .await;
+    assert_eq!(done.body["status"], "succeeded", "{done:?}");
+    let run_id = done.body["run_id"].as_str().expect("a run id").to_owned();
+    let (status, log) = server.terminate();
+    assert!(status.success(), "{log}");
+
+    let spans = receiver.spans();
+    assert!(spans.iter().all(|s| s.service == "runvisor-serve-test"));
+    let request = one(&spans, "request", |s| s.name == "POST /v1/runs");
+    assert_eq!(request.trace_id, trace);
+    assert_eq!(request.parent_span_id, caller);
+    assert_eq!(request.attr("http.route"), Some("/v1/runs"));
+    assert_eq!(request.attr("http.response.status_code"), Some("200"));
+    let run = one(&spans, "run", |s| {
+        s.attr("runvisor.run.id") == Some(&run_id) && s.name == "invoke_workflow hello"
+    });
+    assert_eq!(run.trace_id, trace);
+    assert_eq!(run.parent_span_id, request.span_id);
+    assert_eq!(run.attr("runvisor.run.status"), Some("succeeded"));
+    let say = node(&spans, run, "say");
+    assert_eq!(say.parent_span_id, run.span_id);
+    let checkpoint = one(&spans, "final checkpoint", |s| {
+        s.name == "checkpoint write" && s.attr("runvisor.checkpoint.mode") == Some("final")
+    });
+    assert_eq!(checkpoint.parent_span_id, run.span_id);
+    assert_eq!(
+        checkpoint.attr("runvisor.checkpoint.outcome"),
+        Some("stored")
+    );
+    assert_eq!(checkpoint.attr("runvisor.checkpoint.retries"), Some("0"));
+    assert!(
+        checkpoint
+            .attr("runvisor.checkpoint.bytes")
+            .and_then(|b| b.parse::<u64>().ok())
+            .is_some_and(|b| b > 0)
+    );
 }

@@ -500,7 +500,8 @@ impl RunState {
 
     /// Hands the run's progress to the checkpointer, to write in the background.
     async fn save_in_background(&mut self) {
-        let write = self.progress_snapshot();
+        let mut write = self.progress_snapshot();
+        write.mode = "async";
         self.run.services.save_background(write).await;
     }
 
@@ -598,6 +599,8 @@ impl RunState {
             run: self.run.run_id,
             sequence: self.sequence,
             fence: self.run.fence(),
+            mode: "sync",
+            parent: self.span.clone(),
             snapshot: Box::new(Snapshot {
                 run_id: self.run.run_id,
                 parent_run_id: self.record.parent_run_id,

@@ -340,6 +340,11 @@ pub(crate) struct SnapshotWrite {
     /// The writing run's fencing token: the store refuses the write once it is stale.
     pub(crate) fence: Option<crate::model::Fence>,
     pub(crate) snapshot: Box<Snapshot>,
+    /// How it is written: `sync` (awaited progress), `async` (in the background) or `final`
+    /// (the run's end): named on the write's span.
+    pub(crate) mode: &'static str,
+    /// The span the write's span is a child of (the run's).
+    pub(crate) parent: tracing::Span,
 }
 
 /// An awaited snapshot that was not stored: why, and the checkpoint as it was to be stored

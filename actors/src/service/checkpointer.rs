@@ -363,9 +363,12 @@ impl CheckpointerState {
                     bytes,
                     link,
                 };
+                let span = write_span(&p.write, &stored);
                 let result = store
                     .put(&p.write.thread, stored.clone(), p.write.fence)
                     .await;
+                let error = result.as_ref().err().map(ToString::to_string);
+                span_end(&span, started, 1, error.as_deref());
                 if let Err(StoreError::MissingParent { .. }) = &result {
                     // Written again, whole, on the next flush.
                     chains.broken(&p.write.run);
@@ -471,12 +474,14 @@ async fn write_until(
         link,
     };
     let started = Instant::now();
+    let span = write_span(&write, &stored);
     let mut backoff = Backoff::until(deadline);
     let mut attempts = 0u64;
     let error = loop {
         attempts += 1;
         match store.put(&write.thread, stored.clone(), write.fence).await {
             Ok(()) => {
+                span_end(&span, started, attempts, None);
                 let id = stored.id;
                 chains.stored(write, id, stored.bytes.len(), stored.link);
                 return Ok(id);
@@ -487,6 +492,7 @@ async fn write_until(
             Err(StoreError::StaleSequence { stored: at, .. })
                 if attempts > 1 && at == write.sequence =>
             {
+                span_end(&span, started, attempts, None);
                 let id = stored.id;
                 chains.stored(write, id, stored.bytes.len(), stored.link);
                 return Ok(id);
@@ -521,6 +527,7 @@ async fn write_until(
             }
         }
     };
+    span_end(&span, started, attempts, Some(&error.to_string()));
     if write.snapshot.status != RunStatus::Running {
         // The run's last write: its chain ends with it, stored or not.
         chains.broken(&write.run);
@@ -529,4 +536,38 @@ async fn write_until(
         error,
         unwritten: Some(stored),
     })
+}
+
+/// A checkpoint write's span, a child of its run's: mode, id, sequence and size.
+fn write_span(write: &SnapshotWrite, stored: &StoredCheckpoint) -> tracing::Span {
+    tracing::info_span!(
+        parent: &write.parent,
+        "checkpoint",
+        otel.name = "checkpoint write",
+        runvisor.checkpoint.mode = write.mode,
+        runvisor.checkpoint.id = %stored.id,
+        runvisor.checkpoint.sequence = write.sequence,
+        runvisor.checkpoint.bytes = stored.bytes.len(),
+        runvisor.checkpoint.retries = tracing::field::Empty,
+        runvisor.checkpoint.duration_ms = tracing::field::Empty,
+        runvisor.checkpoint.outcome = tracing::field::Empty,
+        otel.status_code = tracing::field::Empty,
+        otel.status_description = tracing::field::Empty,
+    )
+}
+
+/// Records how a checkpoint write ended on its span: how long its attempts took, how many
+/// were retries, and the error when it was not stored.
+fn span_end(span: &tracing::Span, started: Instant, attempts: u64, error: Option<&str>) {
+    let took = u64::try_from(started.elapsed().as_micros()).unwrap_or(u64::MAX);
+    span.record("runvisor.checkpoint.duration_ms", took as f64 / 1000.0);
+    span.record("runvisor.checkpoint.retries", attempts.saturating_sub(1));
+    match error {
+        None => span.record("runvisor.checkpoint.outcome", "stored"),
+        Some(error) => {
+            span.record("otel.status_code", "ERROR");
+            span.record("otel.status_description", error);
+            span.record("runvisor.checkpoint.outcome", "not_stored")
+        }
+    };
 }

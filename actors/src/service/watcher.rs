@@ -21,6 +21,7 @@ use crate::model::{RunId, StopMode, StopReason};
 use crate::persist::{Notice, Signal, SignalSource, WatchedKeys};
 use futures::StreamExt;
 use ractor::{Actor, ActorProcessingErr, ActorRef};
+use tracing::Instrument;
 /// Messages the watcher handles.
 #[derive(Debug)]
 pub(crate) enum WatchMsg {
@@ -219,14 +220,27 @@ impl WatcherState {
         let source = self.source.clone();
         let deadline = self.tick.max(Duration::from_millis(50)) * 5;
         let me = myself.clone();
-        tokio::spawn(async move {
-            let flags = match tokio::time::timeout(deadline, source.read(&keys)).await {
-                Ok(Ok(flags)) => Ok(flags),
-                Ok(Err(e)) => Err(e.to_string()),
-                Err(_) => Err(format!("signal read timed out after {deadline:?}")),
-            };
-            let _ = me.send_message(WatchMsg::Read(keys, flags, full));
-        });
+        // A full read is a tick's work: its span times it (a host may turn that into a metric).
+        let span = if full {
+            tracing::debug_span!(
+                parent: None,
+                "watcher_tick",
+                runvisor.watcher.flags = keys.len()
+            )
+        } else {
+            tracing::Span::none()
+        };
+        tokio::spawn(
+            async move {
+                let flags = match tokio::time::timeout(deadline, source.read(&keys)).await {
+                    Ok(Ok(flags)) => Ok(flags),
+                    Ok(Err(e)) => Err(e.to_string()),
+                    Err(_) => Err(format!("signal read timed out after {deadline:?}")),
+                };
+                let _ = me.send_message(WatchMsg::Read(keys, flags, full));
+            }
+            .instrument(span),
+        );
     }
 
     /// Stops the runs whose flags are set (each signal fires once per run).

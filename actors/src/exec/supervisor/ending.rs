@@ -398,7 +398,8 @@ impl RunState {
         deadline: tokio::time::Instant,
     ) -> Result<CheckpointId, SaveFailed> {
         let pending = messages.iter().cloned().collect();
-        let write = self.snapshot(status, stop_reason, pending, self.history_before);
+        let mut write = self.snapshot(status, stop_reason, pending, self.history_before);
+        write.mode = "final";
         self.run.services.save_awaited(write, deadline).await
     }
 }

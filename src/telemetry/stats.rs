@@ -1,0 +1,194 @@
+//! Engine timings as Prometheus metrics, read from the engine's own spans: the engine knows
+//! nothing of metrics; it makes a span per checkpoint write (`checkpoint`, with its mode and
+//! size) and per full read of the stop flags (`watcher_tick`), and this layer times them as
+//! they close. One store, kept with prometheus-client, which `/metrics` renders.
+
+use std::sync::OnceLock;
+use std::time::Instant;
+
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
+use prometheus_client::registry::Registry;
+use tracing::field::{Field, Visit};
+use tracing::span::{Attributes, Id};
+use tracing::{Metadata, Subscriber};
+use tracing_subscriber::Layer;
+use tracing_subscriber::filter::{FilterFn, Filtered};
+use tracing_subscriber::layer::Context;
+use tracing_subscriber::registry::LookupSpan;
+
+/// The checkpoint write span's name.
+const CHECKPOINT: &str = "checkpoint";
+/// The stop watcher's full read span's name.
+const WATCHER_TICK: &str = "watcher_tick";
+
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ModeLabel {
+    mode: &'static str,
+}
+
+type ByMode = Family<ModeLabel, Histogram, fn() -> Histogram>;
+
+/// The engine's timings of this process.
+#[derive(Debug, Clone)]
+pub(crate) struct EngineStats {
+    checkpoint_bytes: ByMode,
+    checkpoint_seconds: ByMode,
+    watcher_tick: Histogram,
+    spans_dropped: Counter,
+}
+
+fn seconds() -> Histogram {
+    // 100 µs to about 6.5 s.
+    Histogram::new(exponential_buckets(0.0001, 2.0, 17))
+}
+
+fn bytes() -> Histogram {
+    // 256 B to 64 MiB.
+    Histogram::new(exponential_buckets(256.0, 4.0, 10))
+}
+
+/// The modes checkpoints are written in.
+const MODES: [&str; 3] = ["sync", "async", "final"];
+
+/// This process's engine timings (one set, however many layers record into it).
+pub(crate) fn engine_stats() -> &'static EngineStats {
+    static STATS: OnceLock<EngineStats> = OnceLock::new();
+    STATS.get_or_init(|| {
+        let stats = EngineStats {
+            checkpoint_bytes: Family::new_with_constructor(bytes),
+            checkpoint_seconds: Family::new_with_constructor(seconds),
+            watcher_tick: seconds(),
+            spans_dropped: Counter::default(),
+        };
+        for mode in MODES {
+            let _created = stats.checkpoint_bytes.get_or_create(&ModeLabel { mode });
+            let _created = stats.checkpoint_seconds.get_or_create(&ModeLabel { mode });
+        }
+        stats
+    })
+}
+
+impl EngineStats {
+    /// Adds the engine's metrics to `registry`.
+    pub(crate) fn register(&self, registry: &mut Registry) {
+        registry.register(
+            "runvisor_checkpoint_bytes",
+            "Size of the checkpoints written, by mode (sync, async, final)",
+            self.checkpoint_bytes.clone(),
+        );
+        registry.register(
+            "runvisor_checkpoint_write_seconds",
+            "Time to write a checkpoint (its retries included), by mode",
+            self.checkpoint_seconds.clone(),
+        );
+        registry.register(
+            "runvisor_watcher_tick_seconds",
+            "Time of the stop watcher's read of every watched flag, per tick",
+            self.watcher_tick.clone(),
+        );
+        registry.register(
+            "runvisor_spans_dropped",
+            "Spans not exported: queue full, or the collector did not take them",
+            self.spans_dropped.clone(),
+        );
+    }
+
+    /// Brings the dropped spans counter up to date (read when scraped).
+    pub(crate) fn sync_dropped(&self) {
+        let now = super::dropped_spans_total();
+        let shown = self.spans_dropped.get();
+        if now > shown {
+            self.spans_dropped.inc_by(now - shown);
+        }
+    }
+}
+
+/// What a timed span carries until it closes.
+struct Timed {
+    started: Instant,
+    mode: Option<&'static str>,
+    bytes: Option<u64>,
+}
+
+impl Visit for Timed {
+    fn record_u64(&mut self, field: &Field, value: u64) {
+        if field.name() == "runvisor.checkpoint.bytes" {
+            self.bytes = Some(value);
+        }
+    }
+
+    fn record_str(&mut self, field: &Field, value: &str) {
+        if field.name() == "runvisor.checkpoint.mode" {
+            self.mode = MODES.into_iter().find(|m| *m == value);
+        }
+    }
+
+    fn record_debug(&mut self, _field: &Field, _value: &dyn std::fmt::Debug) {}
+}
+
+/// Times the engine's checkpoint and watcher spans into [`engine_stats`].
+#[derive(Debug, Clone, Copy, Default)]
+pub(crate) struct StatsLayer;
+
+fn timed(meta: &Metadata<'_>) -> bool {
+    meta.is_span()
+        && meta.target().starts_with("runvisor_actors")
+        && matches!(meta.name(), CHECKPOINT | WATCHER_TICK)
+}
+
+/// The layer, seeing only the spans it times (whatever `RUST_LOG` says).
+pub(crate) fn layer<S>() -> Filtered<StatsLayer, FilterFn, S>
+where
+    S: Subscriber + for<'a> LookupSpan<'a>,
+{
+    StatsLayer.with_filter(FilterFn::new(timed as fn(&Metadata<'_>) -> bool))
+}
+
+impl<S> Layer<S> for StatsLayer
+where
+    S: Subscriber + for<'a> LookupSpan<'a>,
+{
+    fn on_new_span(&self, attrs: &Attributes<'_>, id: &Id, ctx: Context<'_, S>) {
+        let Some(span) = ctx.span(id) else {
+            return;
+        };
+        let mut timed = Timed {
+            started: Instant::now(),
+            mode: None,
+            bytes: None,
+        };
+        attrs.record(&mut timed);
+        span.extensions_mut().insert(timed);
+    }
+
+    fn on_close(&self, id: Id, ctx: Context<'_, S>) {
+        let Some(span) = ctx.span(&id) else {
+            return;
+        };
+        let Some(timed) = span.extensions_mut().remove::<Timed>() else {
+            return;
+        };
+        let took = timed.started.elapsed().as_secs_f64();
+        let stats = engine_stats();
+        match span.name() {
+            CHECKPOINT => {
+                let mode = ModeLabel {
+                    mode: timed.mode.unwrap_or("sync"),
+                };
+                stats.checkpoint_seconds.get_or_create(&mode).observe(took);
+                if let Some(bytes) = timed.bytes {
+                    #[allow(clippy::cast_precision_loss)]
+                    stats
+                        .checkpoint_bytes
+                        .get_or_create(&mode)
+                        .observe(bytes as f64);
+                }
+            }
+            WATCHER_TICK => stats.watcher_tick.observe(took),
+            _ => {}
+        }
+    }
+}
