@@ -28,7 +28,7 @@ use runvisor::{
 use serde_json::json;
 use tokio::runtime::Runtime as Tokio;
 
-use common::{ECHO, Echo, chain, chain_def};
+use common::{ECHO, Echo, chain, chain_def, run_once};
 
 fn runtime() -> Runtime {
     Runtime::builder().handler(ECHO, Echo).build()
@@ -134,26 +134,6 @@ fn form(runtime: &Runtime) -> Workflow {
         .edge("begin", "ask")
         .edge("ask", "after");
     runtime.validate(def).expect("form workflow is valid")
-}
-
-/// One whole run; panics unless it completed and `check` holds for its outcome, so a broken
-/// engine cannot report fast numbers.
-async fn run_once(
-    runtime: &Runtime,
-    workflow: &Workflow,
-    thread: &ThreadId,
-    check: impl Fn(&RunOutcome) -> bool,
-) {
-    let handle = runtime
-        .start(workflow, Map::new(), thread.clone())
-        .await
-        .expect("run starts");
-    let outcome = handle.wait().await;
-    match &outcome {
-        RunOutcome::Completed { .. } if check(&outcome) => {}
-        other => panic!("run did not complete as expected: {other:?}"),
-    }
-    black_box(outcome);
 }
 
 /// Starts a run that pauses at a form, resumes it with the answer and waits for the end;

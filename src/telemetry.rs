@@ -510,19 +510,34 @@ pub fn init(default_filter: &str) -> Installed {
             Telemetry::disabled()
         }
     };
-    let fmt = tracing_subscriber::fmt::layer()
-        .with_writer(std::io::stderr)
-        .with_ansi(std::io::stderr().is_terminal())
-        .with_filter(filter);
-    let _already_set = Registry::default()
-        .with(fmt)
-        .with(stats::layer())
-        .with(telemetry.layer())
-        .try_init();
+    let _already_set = stack(filter, &telemetry).try_init();
     Installed {
         telemetry,
         warnings,
     }
+}
+
+/// The subscriber [`init`] installs, built without installing it (for a scope of its own,
+/// with [`tracing::subscriber::set_default`]): events on stderr filtered by `filter`
+/// (`EnvFilter` syntax; an unusable one falls back to `warn`), the engine's timings for
+/// `/metrics`, and `telemetry`'s OpenTelemetry layer when it exports spans.
+pub fn subscriber(filter: &str, telemetry: &Telemetry) -> impl tracing::Subscriber + Send + Sync {
+    let filter = EnvFilter::try_new(filter).unwrap_or_else(|_| EnvFilter::new("warn"));
+    stack(filter, telemetry)
+}
+
+fn stack(
+    filter: EnvFilter,
+    telemetry: &Telemetry,
+) -> impl tracing::Subscriber + Send + Sync + for<'a> tracing_subscriber::registry::LookupSpan<'a> {
+    let fmt = tracing_subscriber::fmt::layer()
+        .with_writer(std::io::stderr)
+        .with_ansi(std::io::stderr().is_terminal())
+        .with_filter(filter);
+    Registry::default()
+        .with(fmt)
+        .with(stats::layer())
+        .with(telemetry.layer())
 }
 
 /// The filter to use, and why `RUST_LOG` was not it when it was set but unusable.

@@ -7,8 +7,8 @@
 pub(crate) mod redis_server;
 
 use runvisor::{
-    Map, NodeContext, NodeDef, NodeError, NodeHandler, NodeOutput, Runtime, Value, Workflow,
-    WorkflowDef, async_trait,
+    Map, NodeContext, NodeDef, NodeError, NodeHandler, NodeOutput, RunOutcome, Runtime, ThreadId,
+    Value, Workflow, WorkflowDef, async_trait,
 };
 use serde_json::json;
 use tokio::sync::mpsc;
@@ -111,6 +111,25 @@ pub(crate) async fn run_chain(
         runvisor::RunOutcome::Completed { .. }
             if outcome.output(&last).and_then(|o| o.get("value")) == Some(&Value::Int(1)) => {}
         other => panic!("the chain did not complete: {other:?}"),
+    }
+}
+
+/// One whole run; panics unless it completed and `check` holds for its outcome, so a broken
+/// engine cannot report fast numbers.
+pub(crate) async fn run_once(
+    runtime: &Runtime,
+    workflow: &Workflow,
+    thread: &ThreadId,
+    check: impl Fn(&RunOutcome) -> bool,
+) {
+    let handle = runtime
+        .start(workflow, Map::new(), thread.clone())
+        .await
+        .expect("run starts");
+    let outcome = handle.wait().await;
+    match &outcome {
+        RunOutcome::Completed { .. } if check(&outcome) => {}
+        other => panic!("run did not complete as expected: {other:?}"),
     }
     std::hint::black_box(outcome);
 }
