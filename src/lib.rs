@@ -4,8 +4,8 @@
 //! actor trees on [ractor](https://docs.rs/ractor), so a stop never loses work. This crate is the
 //! product surface: it re-exports the engine ([`runvisor_actors`]) and adds what a process
 //! around it needs: the [standard kinds](standard) (the [`http`](http_node) kind among them,
-//! for node logic served by hosts in any language), the [config file](config), [logging
-//! setup](telemetry) and the `runvisor` command line.
+//! for node logic served by hosts in any language), the [config file](config), [logging and
+//! trace export](telemetry) and the `runvisor` command line.
 //!
 //! ```
 //! # #[tokio::main]

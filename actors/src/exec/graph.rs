@@ -212,14 +212,12 @@ impl GraphExec {
         let planned = &self.graph.nodes[node];
         let (id, kind) = (planned.id.as_ref(), &*planned.kind);
         let operation = operation_of(kind);
-        let name = match operation {
-            Some(operation) => format!("{operation} {id}"),
-            None => format!("node {id}"),
-        };
+        // Field values are computed only when the span is enabled: nothing is formatted for a
+        // span no subscriber wants.
         tracing::info_span!(
             parent: &self.span,
             "node",
-            otel.name = name,
+            otel.name = format!("{} {id}", operation.unwrap_or("node")),
             gen_ai.operation.name = operation,
             gen_ai.tool.name = (operation == Some("execute_tool")).then_some(id),
             gen_ai.agent.name = (operation == Some("invoke_agent")).then_some(id),
