@@ -323,3 +323,34 @@ async fn a_run_started_over_http_joins_the_callers_trace() {
             .is_some_and(|b| b > 0)
     );
 }
+
+/// A collector that is not there: the run goes on as ever, and every span it made is counted
+/// as dropped (the queue was full, or the export was refused).
+#[tokio::test(flavor = "current_thread")]
+async fn a_dead_collector_blocks_no_run_and_drops_are_counted() {
+    let port = {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("a free port");
+        listener.local_addr().expect("an address").port()
+    };
+    let mut telemetry = Telemetry::new(&TelemetryConfig {
+        traces: Some(Endpoint {
+            url: format!("http://127.0.0.1:{port}/v1/traces"),
+            protocol: Protocol::HttpProtobuf,
+        }),
+        max_queue_size: 4,
+        ..TelemetryConfig::default()
+    })
+    .expect("built");
+    let _default =
+        tracing::subscriber::set_default(tracing_subscriber::registry().with(telemetry.layer()));
+    let runtime = runtime();
+    let workflow = runtime.load_json(WORKFLOW).expect("valid");
+    let run = runtime
+        .start(&workflow, Map::new(), ThreadId::new("dead-1").expect("id"))
+        .await
+        .expect("started");
+    assert!(matches!(run.wait().await, RunOutcome::AwaitingInput { .. }));
+    telemetry.shutdown();
+    assert!(telemetry.dropped_spans() > 0);
+    assert!(telemetry::dropped_spans_total() >= telemetry.dropped_spans());
+}
