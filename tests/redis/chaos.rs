@@ -167,14 +167,16 @@ fn executions(incarnations: &[Incarnation]) -> Vec<Execution> {
                 );
             };
             let field = |name: &str| (*fields.get(name).unwrap_or(&"")).to_owned();
-            let key = (field("run_id"), field("node"));
+            let key = (field("runvisor.run.id"), field("runvisor.node.path"));
             if event == "started" {
                 open.insert(key, all.len());
                 all.push(Execution {
-                    thread: field("thread"),
-                    run: field("run_id"),
-                    node: field("node"),
-                    fence: field("fence").parse().expect("fence is a number"),
+                    thread: field("runvisor.thread.id"),
+                    run: field("runvisor.run.id"),
+                    node: field("runvisor.node.path"),
+                    fence: field("runvisor.lease.fence")
+                        .parse()
+                        .expect("fence is a number"),
                     started: at,
                     ended: None,
                     log: incarnation.log.clone(),
