@@ -453,11 +453,16 @@ impl NodeHandler for HttpNode {
 
 /// The W3C `traceparent` header an `http` node sends, when the run has a trace context.
 ///
-/// This is the one place the header is computed. Without telemetry, runvisor keeps no trace
-/// context of its own; a run whose inputs carry a valid `traceparent` (a host that started it
-/// within a trace of its own passes it as an input) has that one passed along. A
-/// `traceparent` given in the node's `headers` takes precedence over this.
+/// This is the one place the header is computed. When spans are exported (see
+/// [`telemetry`](crate::telemetry)), it names the node's span (the handler runs within it), so
+/// the host's own spans join the run's trace under the node. Otherwise, a run whose inputs
+/// carry a valid `traceparent` (a host that started it within a trace of its own passes it as
+/// an input) has that one passed along. A `traceparent` given in the node's `headers` takes
+/// precedence over this.
 pub fn traceparent(ctx: &NodeContext) -> Option<String> {
+    if let Some(own) = crate::telemetry::traceparent_of(&tracing::Span::current()) {
+        return Some(own);
+    }
     match ctx.inputs().get("traceparent") {
         Some(Value::String(s)) if is_traceparent(s) => Some(s.to_string()),
         _ => None,
