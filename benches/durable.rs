@@ -10,7 +10,10 @@
 //! their ratio to one another (flat cost: close to 1).
 //!
 //! `DURABLE_SIZES` (comma-separated, default `100,1000,10000`) picks the chain lengths;
-//! `DURABLE_MODES` (default `sync,async`) the durability modes. The criterion groups
+//! `DURABLE_MODES` (default `sync,async`) the durability modes; `DURABLE_COMPACT`
+//! (`<every>,<percent>`, default the runtime's) the compaction of checkpoint chains
+//! (`checkpoint_compact_every`, `checkpoint_compact_percent`), to compare policies: `64,100`
+//! compacts every 64 deltas. The criterion groups
 //! `durable_chain_<len>/<store>_<mode>` time whole runs (start -> wait), 10 samples each.
 //!
 //! Run with `cargo bench --bench durable`.
@@ -26,13 +29,29 @@ use runvisor::{Durability, Runtime, ThreadId};
 use tokio::runtime::Runtime as Tokio;
 
 use common::redis_server::{PrivateRedis, flush, raw};
-use common::{ECHO, Echo, chain, run_chain, tokio, with_durability as config};
+use common::{ECHO, Echo, chain, run_chain, tokio, with_durability};
 
 fn sizes() -> Vec<usize> {
     std::env::var("DURABLE_SIZES")
         .ok()
         .map(|s| s.split(',').filter_map(|n| n.trim().parse().ok()).collect())
         .unwrap_or_else(|| vec![100, 1000, 10_000])
+}
+
+/// The runtime config of a mode, with `DURABLE_COMPACT`'s compaction when set.
+fn config(durability: Durability) -> runvisor::RuntimeConfig {
+    let mut config = with_durability(durability);
+    if let Ok(compact) = std::env::var("DURABLE_COMPACT") {
+        let mut parts = compact.split(',').map(|n| n.trim().parse::<u32>());
+        match (parts.next(), parts.next()) {
+            (Some(Ok(every)), Some(Ok(percent))) => {
+                config.checkpoint_compact_every = every;
+                config.checkpoint_compact_percent = percent;
+            }
+            _ => panic!("DURABLE_COMPACT is `<every>,<percent>`, not {compact:?}"),
+        }
+    }
+    config
 }
 
 fn modes() -> Vec<(&'static str, Durability)> {
@@ -89,7 +108,12 @@ fn summary(rt: &Tokio, stores: &RedisStores, con: &MultiplexedConnection) {
         let mut con = con.clone();
         let rtt = rt.block_on(ping_rtt(&mut con, 2000));
         let rtt_us = rtt.as_secs_f64() * 1e6;
-        eprintln!("durable {name}: PING round trip {rtt_us:.1} µs");
+        let compact = config(durability);
+        eprintln!(
+            "durable {name}: PING round trip {rtt_us:.1} µs; chains compacted after {} deltas \
+             or {}% of their base",
+            compact.checkpoint_compact_every, compact.checkpoint_compact_percent
+        );
         let mut measured = Vec::new();
         for len in sizes() {
             let workflow = chain(&runtime, len);

@@ -12,7 +12,9 @@
 //! oldest kept checkpoint builds on, and a chain's TTL is renewed with its newest delta.
 //! `prune` trims in batches, each batch one script. Reads follow the index and drop the entries
 //! whose payload expired (checked again inside a script): `list` every one it sees, `latest`
-//! those newer than the checkpoint it returns, `get` the one asked for. The scripts are in
+//! those newer than the checkpoint it returns, `get` the one asked for. `range` reads a delta's
+//! chain (the index entries from its base to its parent, with their payloads) in one script,
+//! so restoring a checkpoint is one round trip whatever its chain's length. The scripts are in
 //! [`lua`].
 
 mod lua;
@@ -73,6 +75,7 @@ pub(crate) struct ThreadScripts {
     pub(crate) count: Lua,
     list: Lua,
     drop: Lua,
+    range: Lua,
 }
 
 impl ThreadScripts {
@@ -83,6 +86,7 @@ impl ThreadScripts {
             count: with_helpers(COUNT),
             list: with_helpers(lua::LIST),
             drop: with_helpers(lua::DROP),
+            range: Lua::new(lua::RANGE.to_owned()),
         }
     }
 }
@@ -175,26 +179,37 @@ impl RedisCheckpointStore {
         let mut cmd = ::redis::cmd("HGETALL");
         cmd.arg(key);
         let reply = self.conn.query(key, &cmd).await?;
-        let fields = Fields::read(&reply, key)?;
-        if fields.is_empty() {
-            return Ok(None);
-        }
-        let link = match fields.optional_parsed::<CheckpointId>("base")? {
-            Some(base) => Some(DeltaLink {
-                base,
-                parent: fields.required_parsed("parent")?,
-            }),
-            None => None,
-        };
-        Ok(Some(StoredCheckpoint {
-            id,
-            run: fields.required_parsed("run")?,
-            sequence: fields.required_parsed::<u64>("sequence")?,
-            bytes: fields.required("bytes")?.to_vec(),
-            link,
-        }))
+        stored_from(&reply, key, id)
     }
+}
 
+/// A checkpoint read back from its hash (`HGETALL`'s reply); `None` when it has no fields.
+fn stored_from(
+    reply: &Value,
+    key: &str,
+    id: CheckpointId,
+) -> Result<Option<StoredCheckpoint>, StoreError> {
+    let fields = Fields::read(reply, key)?;
+    if fields.is_empty() {
+        return Ok(None);
+    }
+    let link = match fields.optional_parsed::<CheckpointId>("base")? {
+        Some(base) => Some(DeltaLink {
+            base,
+            parent: fields.required_parsed("parent")?,
+        }),
+        None => None,
+    };
+    Ok(Some(StoredCheckpoint {
+        id,
+        run: fields.required_parsed("run")?,
+        sequence: fields.required_parsed::<u64>("sequence")?,
+        bytes: fields.required("bytes")?.to_vec(),
+        link,
+    }))
+}
+
+impl RedisCheckpointStore {
     /// Index members from `start` to `stop` (ZRANGE indices), in the given direction.
     async fn members(
         &self,
@@ -353,6 +368,47 @@ impl CheckpointStore for RedisCheckpointStore {
             self.drop_missing(thread, &[id]).await;
         }
         Ok(found)
+    }
+
+    async fn range(
+        &self,
+        thread: &ThreadId,
+        from: CheckpointId,
+        to: CheckpointId,
+        max: usize,
+    ) -> Result<Vec<StoredCheckpoint>, StoreError> {
+        let index = self.keys.checkpoint_index(thread);
+        let mut invocation = self.scripts.range.script().prepare_invoke();
+        invocation
+            .key(&index)
+            .arg(self.keys.checkpoint_prefix(thread))
+            .arg(from.to_string())
+            .arg(to.to_string())
+            .arg(max);
+        let reply = self
+            .conn
+            .script("checkpoint range", &index, &invocation)
+            .await?;
+        reply::server_error(&reply, "the checkpoint range script", &index)?;
+        let items = reply::array(&reply, &index)?;
+        match items.split_first() {
+            Some((status, rest)) if reply::text(status, &index)? == "ok" && rest.len() % 2 == 0 => {
+                let mut found = Vec::with_capacity(rest.len() / 2);
+                for pair in rest.chunks_exact(2) {
+                    let member = reply::text(&pair[0], &index)?;
+                    let id = parse_id(member, &index)?;
+                    let key = self.keys.checkpoint(thread, id);
+                    if let Some(checkpoint) = stored_from(&pair[1], &key, id)? {
+                        found.push(checkpoint);
+                    }
+                }
+                Ok(found)
+            }
+            Some((status, _)) if reply::text(status, &index)? == "wrongtype" => {
+                Err(wrong_type(items, &index))
+            }
+            _ => Err(unexpected("range", &index, &reply)),
+        }
     }
 
     async fn latest(&self, thread: &ThreadId) -> Result<Option<StoredCheckpoint>, StoreError> {

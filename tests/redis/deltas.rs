@@ -165,6 +165,59 @@ async fn retention_keeps_chains_on_a_cluster() {
     retention_keeps_what_kept_checkpoints_build_on(&*stores.checkpoints).await;
 }
 
+/// Reads a long chain with `range` (all of it, a part of it, none of it) and restores its
+/// newest delta, which reads the chain at once.
+async fn a_chain_reads_at_once(store: &dyn CheckpointStore, t: &ThreadId) {
+    let run = RunId::new();
+    let cs = chain(run, t, 300);
+    for c in &cs {
+        store.put(t, c.clone(), None).await.expect("put");
+    }
+    let (base, last) = (cs[0].id, cs[300].id);
+    let ids = |cs: &[StoredCheckpoint]| cs.iter().map(|c| c.id).collect::<Vec<_>>();
+    let all = store.range(t, base, last, 1000).await.expect("range");
+    assert_eq!(all, cs);
+    let part = store.range(t, cs[10].id, last, 5).await.expect("range");
+    assert_eq!(ids(&part), ids(&cs[10..15]));
+    assert_eq!(store.range(t, last, base, 1000).await, Ok(Vec::new()));
+    assert_eq!(
+        store
+            .range(&thread("no-such-thread"), base, last, 1000)
+            .await,
+        Ok(Vec::new())
+    );
+    assert_eq!(
+        materialize(store, t, &cs[300]).await,
+        Ok(snapshot(run, t, 300))
+    );
+    assert_eq!(
+        materialize(store, t, &cs[150]).await,
+        Ok(snapshot(run, t, 150))
+    );
+}
+
+#[tokio::test]
+async fn a_long_chain_is_read_in_one_range_and_restores() {
+    let server = RedisServer::start();
+    let redis = stores(&server).await;
+    let t = thread("long-chain");
+    a_chain_reads_at_once(&*redis.checkpoints, &t).await;
+    a_chain_reads_at_once(&MemoryCheckpointStore::new(), &t).await;
+    // A payload key of another type in the range is a typed error naming it.
+    let mut con = raw(&server).await;
+    let id = CheckpointId::new().to_string();
+    let key = format!("runvisor:cp:{{{}}}:{id}", t.as_str());
+    let _: () = cmd(&mut con, &["SET", &key, "x"]).await;
+    let index = format!("runvisor:cpidx:{{{}}}", t.as_str());
+    let _: i64 = cmd(&mut con, &["ZADD", &index, "0", &id]).await;
+    let listed = redis.checkpoints.list(&t).await.expect("list");
+    let (first, last) = (listed[0], listed[listed.len() - 1]);
+    assert!(matches!(
+        redis.checkpoints.range(&t, first, last, 10_000).await,
+        Err(StoreError::Corrupt { .. })
+    ));
+}
+
 #[tokio::test]
 async fn a_delta_whose_base_or_parent_is_gone_is_refused_and_writes_nothing() {
     let server = RedisServer::start();
@@ -308,41 +361,38 @@ async fn a_damaged_delta_in_a_chain_is_an_error_naming_its_checkpoint() {
     );
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_sync_run_writes_deltas_of_flat_size_and_resumes_from_any_of_them() {
-    let server = RedisServer::start();
+/// Runs a chain of `nodes` steps to its end on `t` with `config`, on a Redis keeping every
+/// checkpoint; returns the stores, the runtime and the checkpoints written, oldest first,
+/// each checked to read back whole.
+async fn run_sync_chain(
+    server: &RedisServer,
+    config: RuntimeConfig,
+    nodes: usize,
+    t: &ThreadId,
+) -> (RedisStores, Runtime, Vec<StoredCheckpoint>) {
     let stores = within(
         "connect",
         RedisStores::connect(RedisConfig {
             keep_checkpoints: KeepCheckpoints::All,
-            ..config(&server)
+            ..super::support::config(server)
         }),
     )
     .await
     .expect("connect");
     let runtime = stores
-        .install(
-            Runtime::builder()
-                .handler("step", Step)
-                .config(RuntimeConfig {
-                    durability: Durability::Sync,
-                    checkpoint_compact_every: 16,
-                    ..RuntimeConfig::default()
-                }),
-        )
+        .install(Runtime::builder().handler("step", Step).config(config))
         .build();
     let mut def =
         runvisor::WorkflowDef::new("chain").node(runvisor::NodeDef::new("begin", "begin"));
     let mut prev = "begin".to_owned();
-    for i in 1..=60 {
+    for i in 1..=nodes {
         let id = format!("n{i}");
         def = def
-            .node(runvisor::NodeDef::new(&id, "step").param("x", i))
+            .node(runvisor::NodeDef::new(&id, "step").param("x", i as i64))
             .edge(&prev, &id);
         prev = id;
     }
     let workflow = runtime.validate(def).expect("valid");
-    let t = thread("sync-chain");
     let run = runtime
         .start(&workflow, Map::new(), t.clone())
         .await
@@ -353,25 +403,77 @@ async fn a_sync_run_writes_deltas_of_flat_size_and_resumes_from_any_of_them() {
         runvisor::RunStatus::Succeeded,
         "{outcome:?}"
     );
-    let ids = stores.checkpoints.list(&t).await.expect("list");
-    let mut deltas = Vec::new();
-    let mut bases = 0;
-    for id in &ids {
+    let mut written = Vec::new();
+    for id in stores.checkpoints.list(t).await.expect("list") {
         let stored = stores
             .checkpoints
-            .get(&t, *id)
+            .get(t, id)
             .await
             .expect("get")
             .expect("listed");
+        let whole = materialize(&*stores.checkpoints, t, &stored)
+            .await
+            .expect("materializes");
+        assert_eq!(&whole.thread, t);
+        written.push(stored);
+    }
+    (stores, runtime, written)
+}
+
+/// With the default compaction (by size), the bytes written for bases after the first stay
+/// within a fixed multiple of the delta bytes written, however long the run (a step's cost
+/// does not grow with the state), and every checkpoint still reads back whole.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bases_cost_a_bounded_share_of_the_deltas() {
+    let server = RedisServer::start();
+    let t = thread("sized-chain");
+    let config = RuntimeConfig {
+        durability: Durability::Sync,
+        ..RuntimeConfig::default()
+    };
+    assert_eq!(config.checkpoint_compact_percent, 100);
+    let (_, _, written) = run_sync_chain(&server, config, 400, &t).await;
+    let (mut bases, mut delta_bytes) = (Vec::new(), 0);
+    for stored in &written {
+        match stored.link {
+            Some(_) => delta_bytes += stored.bytes.len(),
+            None => bases.push(stored.bytes.len()),
+        }
+    }
+    // The first base, the compactions, and the final checkpoint (whole).
+    assert!(bases.len() >= 3, "bases of {bases:?}");
+    // A new base is written once the chain's deltas outweigh its base, and the state grows
+    // by less than the deltas that carry it: the compactions cost less than twice the deltas.
+    let compactions: usize = bases[1..bases.len() - 1].iter().sum();
+    assert!(
+        compactions <= 2 * delta_bytes,
+        "bases {bases:?} outweigh the {delta_bytes} delta bytes"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_sync_run_writes_deltas_of_flat_size_and_resumes_from_any_of_them() {
+    let server = RedisServer::start();
+    let t = thread("sync-chain");
+    let (_stores, runtime, written) = run_sync_chain(
+        &server,
+        RuntimeConfig {
+            durability: Durability::Sync,
+            checkpoint_compact_every: 16,
+            ..RuntimeConfig::default()
+        },
+        60,
+        &t,
+    )
+    .await;
+    let ids: Vec<CheckpointId> = written.iter().map(|c| c.id).collect();
+    let mut deltas = Vec::new();
+    let mut bases = 0;
+    for stored in &written {
         match stored.link {
             Some(_) => deltas.push(stored.bytes.len()),
             None => bases += 1,
         }
-        // Every checkpoint reads back whole.
-        let whole = materialize(&*stores.checkpoints, &t, &stored)
-            .await
-            .expect("materializes");
-        assert_eq!(whole.thread, t);
     }
     assert!(
         deltas.len() >= 40,

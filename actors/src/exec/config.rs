@@ -29,11 +29,16 @@ pub struct RuntimeConfig {
     /// Bytes of background snapshots allowed to wait for the store (during an outage); past
     /// that, runs wait for their snapshot to be stored before going on.
     pub checkpoint_buffer: usize,
-    /// Incremental checkpoints: how many deltas a run writes after a whole snapshot (a base)
-    /// before it writes a whole one again. A run also writes a new base once its deltas since
-    /// the last one add up to more bytes than that base. Restoring a checkpoint reads at most
-    /// this many deltas after its base. 0 writes every checkpoint whole.
+    /// Incremental checkpoints: the most deltas a run writes after a whole snapshot (a base)
+    /// before it writes a whole one again, a bound on the chains a restore reads (in one
+    /// round trip on Redis). 0 writes every checkpoint whole.
     pub checkpoint_compact_every: u32,
+    /// Incremental checkpoints: a run writes a new base once its deltas since the last one add
+    /// up to more than this percent of that base's bytes. The bytes written for bases then
+    /// stay within about `100 / percent` times the delta bytes (a long run does not rewrite
+    /// its growing state every few steps), and restoring reads a base and at most this percent
+    /// of it in deltas. 0 writes every checkpoint whole.
+    pub checkpoint_compact_percent: u32,
     /// In `async` mode, the window over which a run's completions share one snapshot.
     #[serde(with = "humantime_serde")]
     pub checkpoint_coalesce: Duration,
@@ -99,7 +104,8 @@ impl Default for RuntimeConfig {
             event_buffer: 1024,
             durability: Durability::Async,
             checkpoint_buffer: 64 * 1024 * 1024,
-            checkpoint_compact_every: 64,
+            checkpoint_compact_every: 1024,
+            checkpoint_compact_percent: 100,
             checkpoint_coalesce: Duration::from_millis(20),
             store_deadline: Duration::from_secs(10),
             signals: SignalConfig::default(),

@@ -15,6 +15,7 @@
 //! checkpoint the asked one builds on names that checkpoint
 //! ([`SnapshotError::InChain`], [`SnapshotError::MissingLink`]).
 
+use std::collections::HashMap;
 use std::sync::Arc;
 
 use serde::{Deserialize, Serialize};
@@ -34,7 +35,8 @@ use crate::model::{
 
 /// The [`SnapshotDelta`] schema version this build writes and reads.
 pub const DELTA_SCHEMA_VERSION: u16 = 1;
-/// The longest chain (deltas after a base) a restore follows: writers compact long before.
+/// The longest chain (deltas after a base) a restore follows: writers compact by then
+/// (a `checkpoint_compact_every` above it counts as this).
 pub const MAX_CHAIN: usize = 4096;
 
 /// The fields of a snapshot that rarely change within a run, sent whole when one does.
@@ -639,7 +641,8 @@ fn apply_parallel(state: &mut ParallelState, delta: ParallelDelta) -> Result<(),
 }
 
 /// A stored checkpoint read back whole: a base as it is, a delta on top of the checkpoints it
-/// builds on (read from `store`, back to its base). Errors name the checkpoint at fault: a
+/// builds on (read from `store`, back to its base, in one [`range`](CheckpointStore::range)
+/// read). Errors name the checkpoint at fault: a
 /// missing one ([`SnapshotError::MissingLink`]) or one that does not decode
 /// ([`SnapshotError::InChain`] when it is not `stored` itself).
 pub async fn materialize(
@@ -654,6 +657,20 @@ pub async fn materialize(
         stored.id,
         decode_delta(stored.id, &stored.bytes, stored.id)?,
     )];
+    // The chain is read at once: the thread's checkpoints from its base to its parent (one
+    // run writes a thread's chain at a time, so they are the chain's). A link not among them
+    // is read on its own, which names it when it is gone.
+    let mut read: HashMap<CheckpointId, StoredCheckpoint> = if link.base <= link.parent {
+        store
+            .range(thread, link.base, link.parent, MAX_CHAIN + 1)
+            .await
+            .map_err(MaterializeError::Store)?
+            .into_iter()
+            .map(|c| (c.id, c))
+            .collect()
+    } else {
+        HashMap::new()
+    };
     let mut next = link.parent;
     let base = loop {
         if deltas.len() > MAX_CHAIN {
@@ -661,13 +678,16 @@ pub async fn materialize(
                 format!("a chain of more than {MAX_CHAIN} deltas"),
             )));
         }
-        let parent = store
-            .get(thread, next)
-            .await
-            .map_err(MaterializeError::Store)?
-            .ok_or(MaterializeError::Snapshot(SnapshotError::MissingLink {
-                checkpoint: next,
-            }))?;
+        let parent = match read.remove(&next) {
+            Some(parent) => parent,
+            None => store
+                .get(thread, next)
+                .await
+                .map_err(MaterializeError::Store)?
+                .ok_or(MaterializeError::Snapshot(SnapshotError::MissingLink {
+                    checkpoint: next,
+                }))?,
+        };
         match parent.link {
             None => break parent,
             Some(link) => {

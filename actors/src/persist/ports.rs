@@ -81,6 +81,29 @@ pub trait CheckpointStore: Send + Sync + 'static {
         thread: &ThreadId,
         id: CheckpointId,
     ) -> Result<Option<StoredCheckpoint>, StoreError>;
+    /// Reads, oldest first, up to `max` stored checkpoints of a thread whose ids lie from
+    /// `from` to `to` (both included): the chain a delta builds on, read at once. A store may
+    /// answer in one round trip; this default reads the index and then each one.
+    async fn range(
+        &self,
+        thread: &ThreadId,
+        from: CheckpointId,
+        to: CheckpointId,
+        max: usize,
+    ) -> Result<Vec<StoredCheckpoint>, StoreError> {
+        let ids = self.list(thread).await?;
+        let mut found = Vec::new();
+        for id in ids
+            .into_iter()
+            .filter(|id| (from..=to).contains(id))
+            .take(max)
+        {
+            if let Some(checkpoint) = self.get(thread, id).await? {
+                found.push(checkpoint);
+            }
+        }
+        Ok(found)
+    }
     /// Reads the newest checkpoint of a thread.
     async fn latest(&self, thread: &ThreadId) -> Result<Option<StoredCheckpoint>, StoreError>;
     /// The ids of a thread's checkpoints, oldest first.

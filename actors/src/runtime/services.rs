@@ -162,6 +162,7 @@ impl Services {
                     store: self.checkpoints.clone(),
                     backlog: self.backlog.clone(),
                     compact_every: self.config.checkpoint_compact_every,
+                    compact_percent: self.config.checkpoint_compact_percent,
                 };
                 Actor::spawn(None, Checkpointer, args)
                     .await

@@ -22,9 +22,12 @@
 //! [`delta`](crate::delta)), holding only what changed since: a node's output, its
 //! messages, the frame's cursor and variables, one iteration's or item's result. Deltas are
 //! computed when written, against what the store holds, so coalesced background snapshots
-//! merge into one delta. A chain is compacted into a new base after
-//! [`checkpoint_compact_every`](crate::RuntimeConfig::checkpoint_compact_every) deltas, or
-//! once its deltas add up to more bytes than its base; a run's final snapshot (stopped,
+//! merge into one delta. A chain is compacted into a new base by size: once its deltas add up
+//! to more than [`checkpoint_compact_percent`](crate::RuntimeConfig::checkpoint_compact_percent)
+//! of its base's bytes, so the bytes written for bases stay a bounded share of the deltas'
+//! (a step's cost does not grow with the run's state), or after
+//! [`checkpoint_compact_every`](crate::RuntimeConfig::checkpoint_compact_every) deltas, a
+//! safety bound on chain length; a run's final snapshot (stopped,
 //! paused, failed, finished) is always whole. A delta the store refuses because what it
 //! builds on is gone ([`StoreError::MissingParent`]) is written again whole.
 //!
@@ -43,7 +46,7 @@ use tokio::time::Instant;
 use dashmap::DashMap;
 
 use crate::model::{CheckpointError, CheckpointId, RunId, RunStatus, StoreError, ThreadId};
-use crate::persist::delta::{DeltaLink, SnapshotDelta};
+use crate::persist::delta::{DeltaLink, MAX_CHAIN, SnapshotDelta};
 use crate::persist::retry::Backoff;
 use crate::persist::snapshot::{SaveFailed, Snapshot, SnapshotError, SnapshotWrite};
 use crate::persist::{CheckpointStore, StoredCheckpoint};
@@ -79,8 +82,11 @@ pub(crate) struct Checkpointer;
 pub(crate) struct CheckpointerArgs {
     pub(crate) store: Arc<dyn CheckpointStore>,
     pub(crate) backlog: Arc<Backlog>,
-    /// Deltas after a base before the next base (0: every checkpoint whole).
+    /// Deltas after a base before the next base at most (0: every checkpoint whole).
     pub(crate) compact_every: u32,
+    /// Delta bytes, in percent of the base's, past which the next checkpoint is a base (0:
+    /// every checkpoint whole).
+    pub(crate) compact_percent: u32,
 }
 
 /// The chain of checkpoints a running run writes: its base, and its last stored checkpoint
@@ -101,19 +107,21 @@ struct Chain {
 struct Chains {
     runs: Arc<DashMap<RunId, Chain>>,
     compact_every: u32,
+    compact_percent: u32,
 }
 
 impl Chains {
     /// Encodes a write: a delta of the run's last stored checkpoint when its chain allows
     /// one, otherwise whole.
     fn encode(&self, write: &SnapshotWrite) -> Result<(Vec<u8>, Option<DeltaLink>), SnapshotError> {
-        if self.compact_every > 0
+        if self.incremental()
             && write.snapshot.status == RunStatus::Running
             && let Some(chain) = self.runs.get(&write.run)
             && chain.thread == write.thread
             && chain.sequence < write.sequence
-            && chain.deltas < self.compact_every
-            && chain.delta_bytes <= chain.base_bytes
+            && (chain.deltas as usize) < (self.compact_every as usize).min(MAX_CHAIN)
+            && (chain.delta_bytes as u128) * 100
+                <= (chain.base_bytes as u128) * u128::from(self.compact_percent)
         {
             let link = DeltaLink {
                 base: chain.base,
@@ -135,7 +143,7 @@ impl Chains {
         bytes: usize,
         link: Option<DeltaLink>,
     ) {
-        if self.compact_every == 0 {
+        if !self.incremental() {
             return;
         }
         if write.snapshot.status != RunStatus::Running {
@@ -173,6 +181,11 @@ impl Chains {
                 base_bytes,
             },
         );
+    }
+
+    /// Whether checkpoints after a run's first may be deltas.
+    fn incremental(&self) -> bool {
+        self.compact_every > 0 && self.compact_percent > 0
     }
 
     /// What the run's chain builds on is gone: its next checkpoint is whole.
@@ -230,6 +243,7 @@ impl Actor for Checkpointer {
             chains: Chains {
                 runs: Arc::new(DashMap::new()),
                 compact_every: args.compact_every,
+                compact_percent: args.compact_percent,
             },
             backlog: args.backlog,
             pending: HashMap::new(),

@@ -238,3 +238,28 @@ local ids = {}
 for i = 2, #ARGV do ids[#ids + 1] = ARGV[i] end
 return drop_missing(KEYS[1], ids, ARGV[1])
 "#;
+
+/// Reads a run of checkpoints at once (a delta's chain): the index entries from id `from` to
+/// id `to` (both included; members sort by id text), at most `max`, each with its payload
+/// hash; entries whose payload expired are left out.
+///
+/// KEYS: index zset. ARGV: the thread's checkpoint key prefix, from, to, max.
+/// Returns `{"ok", id, {hash fields and values}, id, {…}, …}` or `{"wrongtype", key}`.
+pub(crate) const RANGE: &str = r#"
+local t = redis.call('TYPE', KEYS[1])['ok']
+if t == 'none' then return {'ok'} end
+if t ~= 'zset' then return {'wrongtype', KEYS[1]} end
+local ids = redis.call('ZRANGEBYLEX', KEYS[1], '[' .. ARGV[2], '[' .. ARGV[3], 'LIMIT', 0, tonumber(ARGV[4]))
+local out = {'ok'}
+for _, id in ipairs(ids) do
+  local key = ARGV[1] .. id
+  local kt = redis.call('TYPE', key)['ok']
+  if kt == 'hash' then
+    out[#out + 1] = id
+    out[#out + 1] = redis.call('HGETALL', key)
+  elseif kt ~= 'none' then
+    return {'wrongtype', key}
+  end
+end
+return out
+"#;
