@@ -7,7 +7,9 @@
 //! runs in µs per node, the bytes sent to Redis per node (`total_net_input_bytes`) and the
 //! bytes Redis holds after the run (`used_memory` growth), and the marginal cost per node from
 //! 100 to 1,000 and from 1,000 to 10,000 nodes, each as a ratio to the PING round trip, and
-//! their ratio to one another (flat cost: close to 1).
+//! their ratio to one another (flat cost: close to 1). After each chain length it prints how
+//! long restoring the thread's newest delta takes (base and chain read in one script, then
+//! applied) and how many deltas that chain has.
 //!
 //! `DURABLE_SIZES` (comma-separated, default `100,1000,10000`) picks the chain lengths;
 //! `DURABLE_MODES` (default `sync,async`) the durability modes; `DURABLE_COMPACT`
@@ -24,6 +26,7 @@ use std::time::{Duration, Instant};
 
 use ::redis::aio::MultiplexedConnection;
 use criterion::{Criterion, Throughput, criterion_group, criterion_main};
+use runvisor::delta::materialize;
 use runvisor::redis::{RedisConfig, RedisStores};
 use runvisor::{Durability, Runtime, ThreadId};
 use tokio::runtime::Runtime as Tokio;
@@ -137,6 +140,7 @@ fn summary(rt: &Tokio, stores: &RedisStores, con: &MultiplexedConnection) {
                     held = mem_after.saturating_sub(mem_before);
                 });
             }
+            rt.block_on(restore_time(stores, &thread, name, len));
             eprintln!(
                 "durable {name} chain {len}: {best:.1} µs/node ({:.2}x PING), {:.0} bytes sent \
                  to Redis per node, {:.0} bytes held per node",
@@ -177,6 +181,51 @@ fn summary(rt: &Tokio, stores: &RedisStores, con: &MultiplexedConnection) {
         }
         rt.block_on(flush(&mut con));
     }
+}
+
+/// Prints how long restoring the thread's newest delta takes (best of 5): its base and its
+/// chain read (one script) and applied.
+async fn restore_time(stores: &RedisStores, thread: &ThreadId, name: &str, len: usize) {
+    let store = &*stores.checkpoints;
+    let ids = store.list(thread).await.expect("list");
+    let mut newest_delta = None;
+    for id in ids.into_iter().rev() {
+        let stored = store.get(thread, id).await.expect("get").expect("listed");
+        if stored.link.is_some() {
+            newest_delta = Some(stored);
+            break;
+        }
+    }
+    let Some(stored) = newest_delta else {
+        eprintln!("durable {name} chain {len}: no delta kept to restore");
+        return;
+    };
+    let mut best = Duration::MAX;
+    let mut chain = 0;
+    for _ in 0..5 {
+        let started = Instant::now();
+        let snapshot = materialize(store, thread, &stored)
+            .await
+            .expect("materializes");
+        best = best.min(started.elapsed());
+        chain = snapshot.graph.completed.len();
+    }
+    let deltas = store
+        .range(
+            thread,
+            stored.link.map_or(stored.id, |l| l.base),
+            stored.id,
+            10_000,
+        )
+        .await
+        .expect("range")
+        .len()
+        .saturating_sub(1);
+    eprintln!(
+        "durable {name} chain {len}: restoring its newest delta ({deltas} deltas on a base, \
+         {chain} completed nodes) takes {:.2} ms",
+        best.as_secs_f64() * 1e3
+    );
 }
 
 fn durable(c: &mut Criterion) {
