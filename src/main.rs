@@ -516,7 +516,8 @@ async fn build_runtime(
         register_standard_kinds_with(
             Runtime::builder()
                 .config(config.runtime.clone())
-                .trace_context(runvisor::telemetry::trace_context()),
+                .trace_context(runvisor::telemetry::trace_context())
+                .checkpoint_observer(runvisor::telemetry::checkpoint_observer()),
             &config.http,
         )
     };

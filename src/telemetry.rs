@@ -632,6 +632,12 @@ pub fn trace_context() -> Arc<dyn TraceContext> {
     Arc::new(OtelTraceContext)
 }
 
+/// Records the engine's checkpoint writes (size and time, by mode) for `/metrics`. Register it
+/// with [`RuntimeBuilder::checkpoint_observer`](runvisor_actors::RuntimeBuilder::checkpoint_observer).
+pub fn checkpoint_observer() -> Arc<dyn runvisor_actors::CheckpointObserver> {
+    Arc::new(stats::CheckpointMetrics)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

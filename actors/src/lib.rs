@@ -41,7 +41,7 @@ pub use runtime::{
     ResumeInput, ResumeOptions, RunHandle, RunQuery, RunView, Runtime, RuntimeBuilder, StartError,
     StopRequest, TraceContext, is_orphaned,
 };
-pub use service::{RunRegistry, RunSummary};
+pub use service::{CheckpointObserver, RunRegistry, RunSummary};
 pub use workflow::{
     BodyDef, DEFAULT_MAX_CONCURRENCY, DEFAULT_MAX_ITERATIONS, EdgeDef, Field, InputDecl,
     InputError, InputType, KindCatalog, NodeDef, ParamIssue, ParamSchema, ParamType,

@@ -8,5 +8,6 @@ pub(crate) mod keeper;
 mod registry;
 pub(crate) mod watcher;
 
+pub use checkpointer::CheckpointObserver;
 pub(crate) use registry::ThreadClaim;
 pub use registry::{RunRegistry, RunSummary};

@@ -1,17 +1,17 @@
-//! Engine timings as Prometheus metrics, read from the engine's own spans: the engine knows
-//! nothing of metrics; it makes a span per checkpoint write (`checkpoint`, with its mode and
-//! size) and per full read of the stop flags (`watcher_tick`), and this layer times them as
-//! they close. One store, kept with prometheus-client, which `/metrics` renders.
+//! Engine timings as Prometheus metrics. The engine knows nothing of metrics: it tells a
+//! [`CheckpointObserver`] of every checkpoint write as it ends (mode, size, time), and makes a
+//! span per full read of the stop flags (`watcher_tick`), which this module's layer times as
+//! it closes. One store, kept with prometheus-client, which `/metrics` renders.
 
 use std::sync::OnceLock;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::registry::Registry;
-use tracing::field::{Field, Visit};
+use runvisor_actors::CheckpointObserver;
 use tracing::span::{Attributes, Id};
 use tracing::subscriber::Interest;
 use tracing::{Metadata, Subscriber};
@@ -20,8 +20,6 @@ use tracing_subscriber::filter::Filtered;
 use tracing_subscriber::layer::{Context, Filter};
 use tracing_subscriber::registry::LookupSpan;
 
-/// The checkpoint write span's name.
-const CHECKPOINT: &str = "checkpoint";
 /// The stop watcher's full read span's name.
 const WATCHER_TICK: &str = "watcher_tick";
 
@@ -107,37 +105,37 @@ impl EngineStats {
     }
 }
 
-/// What a timed span carries until it closes.
-struct Timed {
-    started: Instant,
-    mode: Option<&'static str>,
-    bytes: Option<u64>,
+/// When a timed span began.
+struct Timed(Instant);
+
+/// Checkpoint writes into [`engine_stats`], as the engine tells of them.
+#[derive(Debug, Clone, Copy, Default)]
+pub(crate) struct CheckpointMetrics;
+
+impl CheckpointObserver for CheckpointMetrics {
+    fn written(&self, mode: &'static str, bytes: usize, took: Duration, _stored: bool) {
+        let stats = engine_stats();
+        let mode = ModeLabel {
+            mode: MODES.into_iter().find(|m| *m == mode).unwrap_or("sync"),
+        };
+        stats
+            .checkpoint_seconds
+            .get_or_create(&mode)
+            .observe(took.as_secs_f64());
+        #[allow(clippy::cast_precision_loss)]
+        stats
+            .checkpoint_bytes
+            .get_or_create(&mode)
+            .observe(bytes as f64);
+    }
 }
 
-impl Visit for Timed {
-    fn record_u64(&mut self, field: &Field, value: u64) {
-        if field.name() == "runvisor.checkpoint.bytes" {
-            self.bytes = Some(value);
-        }
-    }
-
-    fn record_str(&mut self, field: &Field, value: &str) {
-        if field.name() == "runvisor.checkpoint.mode" {
-            self.mode = MODES.into_iter().find(|m| *m == value);
-        }
-    }
-
-    fn record_debug(&mut self, _field: &Field, _value: &dyn std::fmt::Debug) {}
-}
-
-/// Times the engine's checkpoint and watcher spans into [`engine_stats`].
+/// Times the engine's watcher spans into [`engine_stats`].
 #[derive(Debug, Clone, Copy, Default)]
 pub(crate) struct StatsLayer;
 
 fn timed(meta: &Metadata<'_>) -> bool {
-    meta.is_span()
-        && meta.target().starts_with("runvisor_actors")
-        && matches!(meta.name(), CHECKPOINT | WATCHER_TICK)
+    meta.is_span() && meta.target().starts_with("runvisor_actors") && meta.name() == WATCHER_TICK
 }
 
 /// Admits the spans [`StatsLayer`] times, and nothing else. What it admits depends on a
@@ -173,44 +171,23 @@ impl<S> Layer<S> for StatsLayer
 where
     S: Subscriber + for<'a> LookupSpan<'a>,
 {
-    fn on_new_span(&self, attrs: &Attributes<'_>, id: &Id, ctx: Context<'_, S>) {
-        let Some(span) = ctx.span(id) else {
-            return;
-        };
-        let mut timed = Timed {
-            started: Instant::now(),
-            mode: None,
-            bytes: None,
-        };
-        attrs.record(&mut timed);
-        span.extensions_mut().insert(timed);
+    fn on_new_span(&self, _attrs: &Attributes<'_>, id: &Id, ctx: Context<'_, S>) {
+        if let Some(span) = ctx.span(id) {
+            span.extensions_mut().insert(Timed(Instant::now()));
+        }
     }
 
     fn on_close(&self, id: Id, ctx: Context<'_, S>) {
         let Some(span) = ctx.span(&id) else {
             return;
         };
-        let Some(timed) = span.extensions_mut().remove::<Timed>() else {
+        let Some(Timed(started)) = span.extensions_mut().remove::<Timed>() else {
             return;
         };
-        let took = timed.started.elapsed().as_secs_f64();
-        let stats = engine_stats();
-        match span.name() {
-            CHECKPOINT => {
-                let mode = ModeLabel {
-                    mode: timed.mode.unwrap_or("sync"),
-                };
-                stats.checkpoint_seconds.get_or_create(&mode).observe(took);
-                if let Some(bytes) = timed.bytes {
-                    #[allow(clippy::cast_precision_loss)]
-                    stats
-                        .checkpoint_bytes
-                        .get_or_create(&mode)
-                        .observe(bytes as f64);
-                }
-            }
-            WATCHER_TICK => stats.watcher_tick.observe(took),
-            _ => {}
+        if span.name() == WATCHER_TICK {
+            engine_stats()
+                .watcher_tick
+                .observe(started.elapsed().as_secs_f64());
         }
     }
 }

@@ -15,6 +15,7 @@ use crate::persist::memory::{
 use crate::persist::{
     CheckpointStore, HistoryStore, LeaseStore, MemoryLeaseStore, RunStore, SignalSource, SpillStore,
 };
+use crate::service::CheckpointObserver;
 
 /// Builds a [`Runtime`]: node kinds, stores and config. Stores default to the in-memory
 /// (embedded) implementations.
@@ -29,6 +30,7 @@ pub struct RuntimeBuilder {
     spill: Option<Arc<dyn SpillStore>>,
     probe: Option<Arc<dyn Probe>>,
     trace: Option<Arc<dyn TraceContext>>,
+    checkpoint_observer: Option<Arc<dyn CheckpointObserver>>,
     config: RuntimeConfig,
 }
 
@@ -147,6 +149,13 @@ impl RuntimeBuilder {
         self
     }
 
+    /// Tells `observer` of every checkpoint write as it ends (mode, size, time, stored or
+    /// not): how a host keeps checkpoint metrics without a tracing layer timing spans.
+    pub fn checkpoint_observer(mut self, observer: Arc<dyn CheckpointObserver>) -> Self {
+        self.checkpoint_observer = Some(observer);
+        self
+    }
+
     /// Uses this config.
     pub fn config(mut self, config: RuntimeConfig) -> Self {
         self.config = config;
@@ -229,6 +238,7 @@ impl RuntimeBuilder {
         };
         let mut services = Services::new(stores, self.config, WorkerInfo::this_process(worker));
         services.trace = self.trace;
+        services.checkpoint_observer = self.checkpoint_observer;
         let runtime = Runtime {
             kinds: Arc::new(self.kinds),
             services: Arc::new(services),
@@ -278,6 +288,7 @@ impl Runtime {
             spill: None,
             probe: None,
             trace: None,
+            checkpoint_observer: None,
             config: RuntimeConfig::default(),
         }
     }

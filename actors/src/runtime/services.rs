@@ -19,6 +19,7 @@ use crate::persist::snapshot::{SaveFailed, SnapshotWrite};
 use crate::persist::{
     CheckpointStore, HistoryStore, LeaseStore, RunStore, SignalSource, SpillStore, WatchedKeys,
 };
+use crate::service::CheckpointObserver;
 use crate::service::RunRegistry;
 use crate::service::checkpointer::{Backlog, CheckpointMsg, Checkpointer, CheckpointerArgs};
 use crate::service::keeper::{KeeperArgs, KeeperMsg, LeaseKeeper};
@@ -49,6 +50,8 @@ pub(crate) struct Services {
     pub(crate) adopter: std::sync::OnceLock<tokio::task::AbortHandle>,
     /// How the host's tracing backend names spans, if it said.
     pub(crate) trace: Option<Arc<dyn TraceContext>>,
+    /// Told of every checkpoint write, if the host asked.
+    pub(crate) checkpoint_observer: Option<Arc<dyn CheckpointObserver>>,
 }
 
 /// The stores a runtime is built with.
@@ -89,6 +92,7 @@ impl Services {
             signal_errors: Arc::default(),
             alive: Arc::new(()),
             trace: None,
+            checkpoint_observer: None,
         }
     }
 
@@ -160,6 +164,7 @@ impl Services {
             .get_or_try_init(|| async {
                 let args = CheckpointerArgs {
                     store: self.checkpoints.clone(),
+                    observer: self.checkpoint_observer.clone(),
                     backlog: self.backlog.clone(),
                     compact_every: self.config.checkpoint_compact_every,
                     compact_percent: self.config.checkpoint_compact_percent,

@@ -79,8 +79,18 @@ pub(crate) enum CheckpointMsg {
 
 pub(crate) struct Checkpointer;
 
+/// Told of every checkpoint write as it ends, for metrics: its mode (`sync`, `async` or
+/// `final`), its size, how long its attempts took, and whether it was stored. Called on the
+/// checkpointer's path, so it must be cheap (an atomic histogram, not I/O). Set with
+/// [`RuntimeBuilder::checkpoint_observer`](crate::RuntimeBuilder::checkpoint_observer).
+pub trait CheckpointObserver: Send + Sync + 'static {
+    /// A checkpoint write ended.
+    fn written(&self, mode: &'static str, bytes: usize, took: Duration, stored: bool);
+}
+
 pub(crate) struct CheckpointerArgs {
     pub(crate) store: Arc<dyn CheckpointStore>,
+    pub(crate) observer: Option<Arc<dyn CheckpointObserver>>,
     pub(crate) backlog: Arc<Backlog>,
     /// Deltas after a base before the next base at most (0: every checkpoint whole).
     pub(crate) compact_every: u32,
@@ -210,6 +220,7 @@ impl Pending {
 
 pub(crate) struct CheckpointerState {
     store: Arc<dyn CheckpointStore>,
+    observer: Option<Arc<dyn CheckpointObserver>>,
     chains: Chains,
     backlog: Arc<Backlog>,
     pending: HashMap<RunId, Pending>,
@@ -240,6 +251,7 @@ impl Actor for Checkpointer {
     ) -> Result<Self::State, ActorProcessingErr> {
         Ok(CheckpointerState {
             store: args.store,
+            observer: args.observer,
             chains: Chains {
                 runs: Arc::new(DashMap::new()),
                 compact_every: args.compact_every,
@@ -268,8 +280,9 @@ impl Actor for Checkpointer {
                 state.due.remove(&write.run);
                 let store = state.store.clone();
                 let chains = state.chains.clone();
+                let observer = state.observer.clone();
                 tokio::spawn(async move {
-                    let result = write_until(store, chains, deadline, write).await;
+                    let result = write_until(store, chains, observer, deadline, write).await;
                     let _ = reply.send(result);
                 });
             }
@@ -354,9 +367,11 @@ impl CheckpointerState {
             .collect();
         let store = self.store.clone();
         let chains = self.chains.clone();
+        let observer = self.observer.clone();
         let results = futures::future::join_all(batch.into_iter().map(|mut p| {
             let store = store.clone();
             let chains = chains.clone();
+            let observer = observer.clone();
             async move {
                 let started = Instant::now();
                 let held = p.held();
@@ -377,12 +392,12 @@ impl CheckpointerState {
                     bytes,
                     link,
                 };
-                let span = write_span(&p.write, &stored);
+                let span = WriteSpan::new(&p.write, &stored, observer.clone());
                 let result = store
                     .put(&p.write.thread, stored.clone(), p.write.fence)
                     .await;
                 let error = result.as_ref().err().map(ToString::to_string);
-                span_end(&span, started, 1, error.as_deref());
+                span.end(started, 1, error.as_deref());
                 if let Err(StoreError::MissingParent { .. }) = &result {
                     // Written again, whole, on the next flush.
                     chains.broken(&p.write.run);
@@ -471,6 +486,7 @@ impl CheckpointerState {
 async fn write_until(
     store: Arc<dyn CheckpointStore>,
     chains: Chains,
+    observer: Option<Arc<dyn CheckpointObserver>>,
     deadline: Instant,
     write: SnapshotWrite,
 ) -> Result<CheckpointId, SaveFailed> {
@@ -488,14 +504,14 @@ async fn write_until(
         link,
     };
     let started = Instant::now();
-    let span = write_span(&write, &stored);
+    let span = WriteSpan::new(&write, &stored, observer);
     let mut backoff = Backoff::until(deadline);
     let mut attempts = 0u64;
     let error = loop {
         attempts += 1;
         match store.put(&write.thread, stored.clone(), write.fence).await {
             Ok(()) => {
-                span_end(&span, started, attempts, None);
+                span.end(started, attempts, None);
                 let id = stored.id;
                 chains.stored(write, id, stored.bytes.len(), stored.link);
                 return Ok(id);
@@ -506,7 +522,7 @@ async fn write_until(
             Err(StoreError::StaleSequence { stored: at, .. })
                 if attempts > 1 && at == write.sequence =>
             {
-                span_end(&span, started, attempts, None);
+                span.end(started, attempts, None);
                 let id = stored.id;
                 chains.stored(write, id, stored.bytes.len(), stored.link);
                 return Ok(id);
@@ -541,7 +557,7 @@ async fn write_until(
             }
         }
     };
-    span_end(&span, started, attempts, Some(&error.to_string()));
+    span.end(started, attempts, Some(&error.to_string()));
     if write.snapshot.status != RunStatus::Running {
         // The run's last write: its chain ends with it, stored or not.
         chains.broken(&write.run);
@@ -552,36 +568,64 @@ async fn write_until(
     })
 }
 
-/// A checkpoint write's span, a child of its run's: mode, id, sequence and size.
-fn write_span(write: &SnapshotWrite, stored: &StoredCheckpoint) -> tracing::Span {
-    tracing::info_span!(
-        parent: &write.parent,
-        "checkpoint",
-        otel.name = "checkpoint write",
-        runvisor.checkpoint.mode = write.mode,
-        runvisor.checkpoint.id = %stored.id,
-        runvisor.checkpoint.sequence = write.sequence,
-        runvisor.checkpoint.bytes = stored.bytes.len(),
-        runvisor.checkpoint.retries = tracing::field::Empty,
-        runvisor.checkpoint.duration_ms = tracing::field::Empty,
-        runvisor.checkpoint.outcome = tracing::field::Empty,
-        otel.status_code = tracing::field::Empty,
-        otel.status_description = tracing::field::Empty,
-    )
+/// A checkpoint write as it is traced and observed: its span (a child of its run's: mode,
+/// id, sequence and size) and what the observer is told when it ends.
+struct WriteSpan {
+    span: tracing::Span,
+    mode: &'static str,
+    bytes: usize,
+    observer: Option<Arc<dyn CheckpointObserver>>,
 }
 
-/// Records how a checkpoint write ended on its span: how long its attempts took, how many
-/// were retries, and the error when it was not stored.
-fn span_end(span: &tracing::Span, started: Instant, attempts: u64, error: Option<&str>) {
-    let took = u64::try_from(started.elapsed().as_micros()).unwrap_or(u64::MAX);
-    span.record("runvisor.checkpoint.duration_ms", took as f64 / 1000.0);
-    span.record("runvisor.checkpoint.retries", attempts.saturating_sub(1));
-    match error {
-        None => span.record("runvisor.checkpoint.outcome", "stored"),
-        Some(error) => {
-            span.record("otel.status_code", "ERROR");
-            span.record("otel.status_description", error);
-            span.record("runvisor.checkpoint.outcome", "not_stored")
+impl WriteSpan {
+    fn new(
+        write: &SnapshotWrite,
+        stored: &StoredCheckpoint,
+        observer: Option<Arc<dyn CheckpointObserver>>,
+    ) -> Self {
+        let span = tracing::info_span!(
+            parent: &write.parent,
+            "checkpoint",
+            otel.name = "checkpoint write",
+            runvisor.checkpoint.mode = write.mode,
+            runvisor.checkpoint.id = %stored.id,
+            runvisor.checkpoint.sequence = write.sequence,
+            runvisor.checkpoint.bytes = stored.bytes.len(),
+            runvisor.checkpoint.retries = tracing::field::Empty,
+            runvisor.checkpoint.duration_ms = tracing::field::Empty,
+            runvisor.checkpoint.outcome = tracing::field::Empty,
+            otel.status_code = tracing::field::Empty,
+            otel.status_description = tracing::field::Empty,
+        );
+        Self {
+            span,
+            mode: write.mode,
+            bytes: stored.bytes.len(),
+            observer,
         }
-    };
+    }
+
+    /// Records how the write ended: how long its attempts took, how many were retries, and
+    /// the error when it was not stored.
+    fn end(&self, started: Instant, attempts: u64, error: Option<&str>) {
+        let took = started.elapsed();
+        if let Some(observer) = &self.observer {
+            observer.written(self.mode, self.bytes, took, error.is_none());
+        }
+        let span = &self.span;
+        if span.is_disabled() {
+            return;
+        }
+        let micros = u64::try_from(took.as_micros()).unwrap_or(u64::MAX);
+        span.record("runvisor.checkpoint.duration_ms", micros as f64 / 1000.0);
+        span.record("runvisor.checkpoint.retries", attempts.saturating_sub(1));
+        match error {
+            None => span.record("runvisor.checkpoint.outcome", "stored"),
+            Some(error) => {
+                span.record("otel.status_code", "ERROR");
+                span.record("otel.status_description", error);
+                span.record("runvisor.checkpoint.outcome", "not_stored")
+            }
+        };
+    }
 }
