@@ -530,14 +530,34 @@ fn stack(
     filter: EnvFilter,
     telemetry: &Telemetry,
 ) -> impl tracing::Subscriber + Send + Sync + for<'a> tracing_subscriber::registry::LookupSpan<'a> {
-    let fmt = tracing_subscriber::fmt::layer()
+    // Exporting, the OpenTelemetry layer wants spans `RUST_LOG` drops: each layer filters for
+    // itself. Else one global filter, so spans nobody wants are never made.
+    let (global, filtered) = match telemetry.layer() {
+        Some(export) => (
+            None,
+            Some(
+                fmt_layer()
+                    .with_filter(filter)
+                    .and_then(stats::layer())
+                    .and_then(export),
+            ),
+        ),
+        None => (Some(stats::Admit::new(filter)), None),
+    };
+    let plain = global
+        .is_some()
+        .then(|| fmt_layer().and_then(stats::StatsLayer));
+    Registry::default().with(global).with(plain).with(filtered)
+}
+
+/// Events on stderr, in colour on a terminal.
+fn fmt_layer<S>() -> impl Layer<S> + Send + Sync
+where
+    S: tracing::Subscriber + for<'a> tracing_subscriber::registry::LookupSpan<'a>,
+{
+    tracing_subscriber::fmt::layer()
         .with_writer(std::io::stderr)
         .with_ansi(std::io::stderr().is_terminal())
-        .with_filter(filter);
-    Registry::default()
-        .with(fmt)
-        .with(stats::layer())
-        .with(telemetry.layer())
 }
 
 /// The filter to use, and why `RUST_LOG` was not it when it was set but unusable.

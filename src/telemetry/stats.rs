@@ -12,11 +12,12 @@ use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::registry::Registry;
 use runvisor_actors::CheckpointObserver;
-use tracing::span::{Attributes, Id};
+use tracing::span::{Attributes, Id, Record};
 use tracing::subscriber::Interest;
 use tracing::{Metadata, Subscriber};
+use tracing_subscriber::EnvFilter;
 use tracing_subscriber::Layer;
-use tracing_subscriber::filter::Filtered;
+use tracing_subscriber::filter::{Filtered, LevelFilter};
 use tracing_subscriber::layer::{Context, Filter};
 use tracing_subscriber::registry::LookupSpan;
 
@@ -159,7 +160,8 @@ impl<S> Filter<S> for TimedSpans {
     }
 }
 
-/// The layer, seeing only the spans it times (whatever `RUST_LOG` says).
+/// The layer, seeing only the spans it times (whatever `RUST_LOG` says), for a subscriber
+/// whose other layers filter for themselves.
 pub(crate) fn layer<S>() -> Filtered<StatsLayer, TimedSpans, S>
 where
     S: Subscriber + for<'a> LookupSpan<'a>,
@@ -172,7 +174,10 @@ where
     S: Subscriber + for<'a> LookupSpan<'a>,
 {
     fn on_new_span(&self, _attrs: &Attributes<'_>, id: &Id, ctx: Context<'_, S>) {
-        if let Some(span) = ctx.span(id) {
+        // Unfiltered behind a global filter, it sees every span that filter admits.
+        if let Some(span) = ctx.span(id)
+            && timed(span.metadata())
+        {
             span.extensions_mut().insert(Timed(Instant::now()));
         }
     }
@@ -189,5 +194,63 @@ where
                 .watcher_tick
                 .observe(started.elapsed().as_secs_f64());
         }
+    }
+}
+
+/// The process's one filter when no span is exported: `RUST_LOG`'s, and the spans
+/// [`StatsLayer`] times whatever it says. A global filter rather than one per layer: with
+/// per-layer filters every span a run makes costs bookkeeping (about a third of a trivial
+/// node's time) even when no layer wants it; a global filter leaves unwanted callsites
+/// disabled once and for all.
+#[derive(Debug)]
+pub(crate) struct Admit {
+    env: EnvFilter,
+}
+
+impl Admit {
+    pub(crate) fn new(env: EnvFilter) -> Self {
+        Self { env }
+    }
+}
+
+impl<S> Layer<S> for Admit
+where
+    S: Subscriber + for<'a> LookupSpan<'a>,
+{
+    fn register_callsite(&self, meta: &'static Metadata<'static>) -> Interest {
+        if timed(meta) {
+            Interest::always()
+        } else {
+            Layer::<S>::register_callsite(&self.env, meta)
+        }
+    }
+
+    fn enabled(&self, meta: &Metadata<'_>, cx: Context<'_, S>) -> bool {
+        timed(meta) || Layer::<S>::enabled(&self.env, meta, cx)
+    }
+
+    fn max_level_hint(&self) -> Option<LevelFilter> {
+        // The timed spans are made at debug level.
+        Layer::<S>::max_level_hint(&self.env).map(|level| level.max(LevelFilter::DEBUG))
+    }
+
+    fn on_new_span(&self, attrs: &Attributes<'_>, id: &Id, cx: Context<'_, S>) {
+        self.env.on_new_span(attrs, id, cx);
+    }
+
+    fn on_record(&self, id: &Id, values: &Record<'_>, cx: Context<'_, S>) {
+        self.env.on_record(id, values, cx);
+    }
+
+    fn on_enter(&self, id: &Id, cx: Context<'_, S>) {
+        self.env.on_enter(id, cx);
+    }
+
+    fn on_exit(&self, id: &Id, cx: Context<'_, S>) {
+        self.env.on_exit(id, cx);
+    }
+
+    fn on_close(&self, id: Id, cx: Context<'_, S>) {
+        self.env.on_close(id, cx);
     }
 }
