@@ -48,6 +48,7 @@
 //! **Allowed hosts.** Only hosts on the [`AllowList`] may be called: loopback by default. A
 //! literal URL is checked when the workflow is validated, every URL again when the node runs.
 
+use crate::standard::duration_input;
 use std::fmt;
 use std::net::IpAddr;
 use std::str::FromStr;
@@ -581,7 +582,7 @@ impl Call {
                 ));
             }
         }
-        let timeout = duration(input, "timeout")?.unwrap_or(DEFAULT_TIMEOUT);
+        let timeout = duration_input(input, "timeout")?.unwrap_or(DEFAULT_TIMEOUT);
         if timeout.is_zero() {
             return Err(NodeError::invalid_input(
                 "timeout",
@@ -608,10 +609,10 @@ impl Call {
                             )
                         })?,
                 },
-                backoff: duration(retry, "backoff")
+                backoff: duration_input(retry, "backoff")
                     .map_err(|e| nested("retry", e))?
                     .unwrap_or(DEFAULT_BACKOFF),
-                max_backoff: duration(retry, "max_backoff")
+                max_backoff: duration_input(retry, "max_backoff")
                     .map_err(|e| nested("retry", e))?
                     .unwrap_or(DEFAULT_MAX_BACKOFF),
             },
@@ -775,23 +776,6 @@ fn nested(parent: &str, error: NodeError) -> NodeError {
             NodeError::invalid_input(format!("{parent}.{field}"), reason)
         }
         other => other,
-    }
-}
-
-/// Reads an optional humantime duration field.
-fn duration(input: &Value, field: &str) -> Result<Option<Duration>, NodeError> {
-    match input.get(field) {
-        None | Some(Value::Null) => Ok(None),
-        Some(Value::String(s)) => humantime::parse_duration(s)
-            .map(Some)
-            .map_err(|e| NodeError::invalid_input(field, format!("{s:?} is not a duration ({e})"))),
-        Some(other) => Err(NodeError::invalid_input(
-            field,
-            format!(
-                "expected a duration such as \"30s\", found {}",
-                other.type_name()
-            ),
-        )),
     }
 }
 

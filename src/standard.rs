@@ -180,8 +180,9 @@ impl Chunking {
     }
 }
 
-/// Reads an optional humantime duration field of a resolved input.
-fn duration_input(input: &Value, field: &str) -> Result<Option<Duration>, NodeError> {
+/// Reads an optional humantime duration field of a resolved input (shared by the standard
+/// kinds and `http`).
+pub(crate) fn duration_input(input: &Value, field: &str) -> Result<Option<Duration>, NodeError> {
     match input.get(field) {
         None | Some(Value::Null) => Ok(None),
         Some(Value::String(s)) => humantime::parse_duration(s)
@@ -190,7 +191,7 @@ fn duration_input(input: &Value, field: &str) -> Result<Option<Duration>, NodeEr
         Some(other) => Err(NodeError::invalid_input(
             field,
             format!(
-                "expected a duration such as \"250ms\", found {}",
+                "expected a duration such as \"250ms\" or \"30s\", found {}",
                 other.type_name()
             ),
         )),

@@ -94,22 +94,7 @@ pub(super) async fn fastgpt_stop(
         .into_iter()
         .map(|run| {
             let service = service.clone();
-            tokio::spawn(async move {
-                service.metrics().stop_requested(run, started);
-                let result = crate::ops::stop(
-                    service.runtime(),
-                    service.redis(),
-                    run,
-                    mode,
-                    StopReason::UserInterrupted,
-                    ASK_WAIT,
-                )
-                .await;
-                service
-                    .metrics()
-                    .stop_answered("fastgpt", started, result.is_ok());
-                result
-            })
+            tokio::spawn(async move { user_stop(&service, run, mode, "fastgpt", started).await })
         })
         .collect();
     let waited = tokio::time::timeout(FASTGPT_WAIT, futures::future::join_all(stops)).await;
@@ -231,19 +216,7 @@ pub(super) async fn nexau_stop(
         Ok(None) => return not_found(),
         Err(e) => return NexauStopResponse::error(StatusCode::SERVICE_UNAVAILABLE, e.to_string()),
     };
-    service.metrics().stop_requested(run, started);
-    let result = crate::ops::stop(
-        runtime,
-        service.redis(),
-        run,
-        mode,
-        StopReason::UserInterrupted,
-        ASK_WAIT,
-    )
-    .await;
-    service
-        .metrics()
-        .stop_answered("nexau", started, result.is_ok());
+    let result = user_stop(&service, run, mode, "nexau", started).await;
     match result {
         Ok(document) => {
             let message_count = document["messages"].as_array().map_or(0, Vec::len);
@@ -272,6 +245,31 @@ pub(super) async fn nexau_stop(
             NexauStopResponse::error(StatusCode::SERVICE_UNAVAILABLE, e.to_string())
         }
     }
+}
+
+/// Stops `run` for its user, wherever it runs, timed from `started` in the stop metrics of
+/// `endpoint`.
+async fn user_stop(
+    service: &Service,
+    run: runvisor_actors::RunId,
+    mode: StopMode,
+    endpoint: &str,
+    started: Instant,
+) -> Result<serde_json::Value, StopRunError> {
+    service.metrics().stop_requested(run, started);
+    let result = crate::ops::stop(
+        service.runtime(),
+        service.redis(),
+        run,
+        mode,
+        StopReason::UserInterrupted,
+        ASK_WAIT,
+    )
+    .await;
+    service
+        .metrics()
+        .stop_answered(endpoint, started, result.is_ok());
+    result
 }
 
 /// The live run of `thread` (a thread has one at most), if it is `user`'s (a run with no user
