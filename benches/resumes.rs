@@ -1,0 +1,305 @@
+//! What a thread costs Redis after many stops and resumes: one thread of a loop agent, stopped
+//! in every turn and resumed, 200 times, on a private Redis under `sync` and `async`
+//! durability.
+//!
+//! The workflow is `begin -> turns`, a loop of up to 100,000 iterations whose body is one `turn`
+//! node. A turn streams a few chunks and waits for the stop the first time it runs at a path;
+//! when it runs at that path again (the resume continues the interrupted iteration) it
+//! appends an assistant message of about 100 bytes and ends with it as its output. So each cycle
+//! is a graceful stop in the middle of a turn (its partial text kept), then a resume that
+//! finishes that turn and starts the next one: after 200 cycles the thread holds 200 finished
+//! turns, their messages, and 201 runs.
+//!
+//! Before the criterion group, a summary goes to stderr per mode: the bytes Redis holds for
+//! the thread after 200 cycles (`used_memory` growth from an empty database), then the same
+//! split by key kind (`MEMORY USAGE` of every key, grouped by the kind in its name: checkpoint
+//! payloads, checkpoint index, checkpoint sequences, run records, run indexes, history, leases
+//! and fences, workflow definitions), and the bytes per cycle. The criterion group
+//! `resumes/<mode>` times one cycle (stop a turn, resume, wait until the next turn runs).
+//!
+//! `RESUMES` (default 200) sets the number of cycles. Run with `cargo bench --bench resumes`.
+
+mod common;
+
+use std::collections::{BTreeMap, HashSet};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use ::redis::aio::MultiplexedConnection;
+use criterion::{Criterion, criterion_group, criterion_main};
+use runvisor::redis::{RedisConfig, RedisStores};
+use runvisor::{
+    BodyDef, Durability, Map, Message, NodeContext, NodeDef, NodeError, NodeHandler, NodeOutput,
+    ResumeInput, RunHandle, Runtime, StopMode, ThreadId, Value, Workflow, WorkflowDef,
+    async_trait,
+};
+use serde_json::json;
+use tokio::runtime::Runtime as Tokio;
+use tokio::sync::mpsc;
+
+use common::redis_server::{PrivateRedis, flush, raw};
+use common::{tokio, with_durability};
+
+const TURN: &str = "turn";
+
+fn cycles() -> usize {
+    std::env::var("RESUMES")
+        .ok()
+        .and_then(|n| n.trim().parse().ok())
+        .unwrap_or(200)
+}
+
+/// A turn of the agent: interrupted the first time it runs at a path, finished the second.
+#[derive(Debug)]
+struct Turn {
+    /// Paths that already ran once (and were stopped).
+    seen: Mutex<HashSet<String>>,
+    /// Told each time a turn starts waiting for its stop.
+    waiting: mpsc::UnboundedSender<()>,
+}
+
+#[async_trait]
+impl NodeHandler for Turn {
+    async fn run(&self, _input: Value, ctx: NodeContext) -> Result<NodeOutput, NodeError> {
+        let path = format!("{}/{}", ctx.thread(), ctx.path());
+        let again = !self
+            .seen
+            .lock()
+            .map_err(|_| NodeError::failed("poisoned"))?
+            .insert(path.clone());
+        if again {
+            let text = format!("The answer of turn {path}, finished after the user resumed it.");
+            ctx.append_message(Message::assistant(text.clone()));
+            let mut out = Map::new();
+            out.insert("text".to_owned(), Value::from(text));
+            return Ok(NodeOutput::new(Value::Object(out)));
+        }
+        for chunk in ["Thinking ", "about ", "it"] {
+            if ctx.emit(chunk).is_err() {
+                return Err(NodeError::Stopped);
+            }
+        }
+        let _ = self.waiting.send(());
+        ctx.stopped().await;
+        Err(NodeError::Stopped)
+    }
+}
+
+fn turns(runtime: &Runtime) -> Workflow {
+    let def = WorkflowDef::new("turns")
+        .node(NodeDef::new("begin", "begin"))
+        .node(NodeDef {
+            params: json!({
+                "mode": "condition",
+                "max_iterations": 100_000,
+                "until": {"conditions": [
+                    {"left": "{{l.index}}", "op": "gte", "right": 99_999}
+                ]},
+                "output": "{{t.text}}"
+            }),
+            body: Some(BodyDef {
+                nodes: vec![NodeDef::new("t", TURN)],
+                edges: Vec::new(),
+            }),
+            ..NodeDef::new("l", "loop")
+        })
+        .edge("begin", "l");
+    runtime.validate(def).expect("turns workflow is valid")
+}
+
+struct Agent {
+    runtime: Runtime,
+    workflow: Workflow,
+    waiting: mpsc::UnboundedReceiver<()>,
+}
+
+fn agent(stores: &RedisStores, durability: Durability) -> Agent {
+    let (tx, waiting) = mpsc::unbounded_channel();
+    let runtime = stores
+        .install(
+            Runtime::builder()
+                .handler(
+                    TURN,
+                    Turn {
+                        seen: Mutex::new(HashSet::new()),
+                        waiting: tx,
+                    },
+                )
+                .config(with_durability(durability)),
+        )
+        .build();
+    let workflow = turns(&runtime);
+    Agent {
+        runtime,
+        workflow,
+        waiting,
+    }
+}
+
+impl Agent {
+    /// Starts the thread and waits until its first turn waits for the stop.
+    async fn begin(&mut self, thread: &ThreadId) -> RunHandle {
+        let run = self
+            .runtime
+            .start(&self.workflow, Map::new(), thread.clone())
+            .await
+            .expect("start");
+        self.waiting.recv().await.expect("a turn runs");
+        run
+    }
+
+    /// Stops the run in its turn, resumes the thread, and waits until the next turn waits.
+    async fn cycle(&mut self, run: RunHandle, thread: &ThreadId) -> RunHandle {
+        run.stop(StopMode::graceful()).await.expect("stop");
+        let outcome = run.wait().await;
+        assert!(
+            matches!(outcome, runvisor::RunOutcome::Stopped { .. }),
+            "the run did not stop: {outcome:?}"
+        );
+        let resumed = self
+            .runtime
+            .resume(thread.clone(), ResumeInput::Continue)
+            .await
+            .expect("resume");
+        self.waiting.recv().await.expect("the next turn runs");
+        resumed
+    }
+}
+
+/// A number from `INFO <section>`.
+async fn info(con: &mut MultiplexedConnection, section: &str, field: &str) -> u64 {
+    let text: String = ::redis::cmd("INFO")
+        .arg(section)
+        .query_async(con)
+        .await
+        .expect("INFO");
+    text.lines()
+        .find_map(|l| l.strip_prefix(&format!("{field}:")))
+        .and_then(|v| v.trim().parse().ok())
+        .unwrap_or(0)
+}
+
+/// `MEMORY USAGE` of every key, summed by the kind its name gives (`<prefix>:<kind>:...`), with
+/// the number of keys of each kind.
+async fn by_kind(con: &mut MultiplexedConnection) -> BTreeMap<String, (u64, u64)> {
+    let mut kinds = BTreeMap::new();
+    let mut cursor = 0u64;
+    loop {
+        let (next, keys): (u64, Vec<String>) = ::redis::cmd("SCAN")
+            .arg(cursor)
+            .arg("COUNT")
+            .arg(1000)
+            .query_async(con)
+            .await
+            .expect("SCAN");
+        for key in keys {
+            let bytes: Option<u64> = ::redis::cmd("MEMORY")
+                .arg("USAGE")
+                .arg(&key)
+                .arg("SAMPLES")
+                .arg(0)
+                .query_async(con)
+                .await
+                .expect("MEMORY USAGE");
+            let kind = key.split(':').nth(1).unwrap_or("?").to_owned();
+            let entry = kinds.entry(kind).or_insert((0, 0));
+            entry.0 += bytes.unwrap_or(0);
+            entry.1 += 1;
+        }
+        cursor = next;
+        if cursor == 0 {
+            break;
+        }
+    }
+    kinds
+}
+
+fn summary(rt: &Tokio, stores: &RedisStores, con: &MultiplexedConnection) {
+    let n = cycles();
+    let thread = ThreadId::new("resumed").expect("id");
+    for (name, durability) in [("sync", Durability::Sync), ("async", Durability::Async)] {
+        let mut con = con.clone();
+        let mut agent = agent(stores, durability);
+        rt.block_on(async {
+            flush(&mut con).await;
+            let before = info(&mut con, "memory", "used_memory").await;
+            let started = Instant::now();
+            let mut run = agent.begin(&thread).await;
+            for _ in 0..n {
+                run = agent.cycle(run, &thread).await;
+            }
+            let took = started.elapsed();
+            run.stop(StopMode::graceful()).await.expect("last stop");
+            let _ = run.wait().await;
+            let after = info(&mut con, "memory", "used_memory").await;
+            let held = after.saturating_sub(before);
+            eprintln!(
+                "resumes {name}: {n} stops and resumes of one thread in {:.1} ms ({:.2} ms each); \
+                 Redis holds {:.3} MB for it ({:.0} bytes per cycle, used_memory growth)",
+                took.as_secs_f64() * 1e3,
+                took.as_secs_f64() * 1e3 / n as f64,
+                held as f64 / 1e6,
+                held as f64 / n as f64,
+            );
+            let kinds = by_kind(&mut con).await;
+            let total: u64 = kinds.values().map(|(b, _)| b).sum();
+            for (kind, (bytes, keys)) in &kinds {
+                eprintln!("resumes {name}:   {kind:>10}: {bytes:>8} bytes in {keys:>4} keys");
+            }
+            eprintln!(
+                "resumes {name}: MEMORY USAGE of every key: {:.3} MB",
+                total as f64 / 1e6
+            );
+        });
+    }
+}
+
+fn resumes(c: &mut Criterion) {
+    let server = PrivateRedis::start();
+    let url = server.url();
+    let rt = tokio();
+    let stores = rt
+        .block_on(RedisStores::connect(RedisConfig::new(url.clone())))
+        .expect("connect to the private redis-server");
+    let con = rt.block_on(raw(&url));
+    summary(&rt, &stores, &con);
+
+    let mut group = c.benchmark_group("resumes");
+    group
+        .sample_size(10)
+        .warm_up_time(Duration::from_millis(500))
+        .measurement_time(Duration::from_secs(5));
+    for (name, durability) in [("sync", Durability::Sync), ("async", Durability::Async)] {
+        let agent = Arc::new(tokio::sync::Mutex::new(agent(&stores, durability)));
+        let con = con.clone();
+        let samples = Arc::new(std::sync::atomic::AtomicU64::new(0));
+        group.bench_function(name, |b| {
+            b.to_async(&rt).iter_custom(|iters| {
+                let agent = agent.clone();
+                let sample = samples.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                let mut con = con.clone();
+                async move {
+                    let mut agent = agent.lock().await;
+                    // Untimed: an empty database and a thread's first turn.
+                    flush(&mut con).await;
+                    let thread = ThreadId::new(format!("timed-{sample}")).expect("id");
+                    let mut run = agent.begin(&thread).await;
+                    let started = Instant::now();
+                    for _ in 0..iters {
+                        run = agent.cycle(run, &thread).await;
+                    }
+                    let spent = started.elapsed();
+                    run.stop(StopMode::graceful()).await.expect("stop");
+                    let _ = run.wait().await;
+                    spent
+                }
+            });
+        });
+    }
+    group.finish();
+    drop(stores);
+    drop(server);
+}
+
+criterion_group!(benches, resumes);
+criterion_main!(benches);
