@@ -10,9 +10,9 @@
 //! finishes that turn and starts the next one: after 200 cycles the thread holds 200 finished
 //! turns, their messages, and 201 runs.
 //!
-//! Before the criterion group, a summary goes to stderr per mode: the bytes Redis holds for
-//! the thread after 200 cycles (`used_memory` growth from an empty database), then the same
-//! split by key kind (`MEMORY USAGE` of every key, grouped by the kind in its name: checkpoint
+//! Before the criterion group, a summary goes to stderr per mode: `used_memory` growth from an
+//! empty database after 200 cycles (which also counts the server's own buffers and script
+//! cache), then what the thread's keys hold, split by key kind (`MEMORY USAGE` of every key, grouped by the kind in its name: checkpoint
 //! payloads, checkpoint index, checkpoint sequences, run records, run indexes, history, leases
 //! and fences, workflow definitions), and the bytes per cycle. The criterion group
 //! `resumes/<mode>` times one cycle (stop a turn, resume, wait until the next turn runs).
@@ -30,8 +30,7 @@ use criterion::{Criterion, criterion_group, criterion_main};
 use runvisor::redis::{RedisConfig, RedisStores};
 use runvisor::{
     BodyDef, Durability, Map, Message, NodeContext, NodeDef, NodeError, NodeHandler, NodeOutput,
-    ResumeInput, RunHandle, Runtime, StopMode, ThreadId, Value, Workflow, WorkflowDef,
-    async_trait,
+    ResumeInput, RunHandle, Runtime, StopMode, ThreadId, Value, Workflow, WorkflowDef, async_trait,
 };
 use serde_json::json;
 use tokio::runtime::Runtime as Tokio;

@@ -542,7 +542,7 @@ impl Document {
                 run: c.run,
                 sequence: c.sequence,
                 bytes: unhex(&c.bytes_hex).ok_or("the checkpoint bytes are not hex")?,
-                // A run's final checkpoint, the only one spilled, is always whole.
+                // A run's final checkpoint, the only one spilled, is spilled whole.
                 link: None,
             }),
             None => None,

@@ -440,11 +440,11 @@ async fn bases_cost_a_bounded_share_of_the_deltas() {
             None => bases.push(stored.bytes.len()),
         }
     }
-    // The first base, the compactions, and the final checkpoint (whole).
-    assert!(bases.len() >= 3, "bases of {bases:?}");
+    // The first base and the compactions (the final checkpoint may be one).
+    assert!(bases.len() >= 2, "bases of {bases:?}");
     // A new base is written once the chain's deltas outweigh its base, and the state grows
     // by less than the deltas that carry it: the compactions cost less than twice the deltas.
-    let compactions: usize = bases[1..bases.len() - 1].iter().sum();
+    let compactions: usize = bases[1..].iter().sum();
     assert!(
         compactions <= 2 * delta_bytes,
         "bases {bases:?} outweigh the {delta_bytes} delta bytes"
@@ -481,7 +481,7 @@ async fn a_sync_run_writes_deltas_of_flat_size_and_resumes_from_any_of_them() {
         deltas.len(),
         ids.len()
     );
-    // A base every 17 checkpoints or so, and the final one whole.
+    // A base every 17 checkpoints or so.
     assert!(bases >= 3, "{bases} bases");
     // The deltas do not grow with the run.
     let (first, last) = (deltas[0], deltas[deltas.len() - 1]);

@@ -63,7 +63,18 @@ const WORKFLOW: &str = r#"{
 /// Starts a run of the thread, then `cycles` times: waits for `wait` to run, stops the run
 /// and resumes the thread; finally lets the last run finish.
 async fn stop_and_resume(runtime: &Runtime, kinds: &Kinds, t: &ThreadId, cycles: usize) {
-    let workflow = runtime.load_json(WORKFLOW).expect("valid workflow");
+    stop_and_resume_of(WORKFLOW, runtime, kinds, t, cycles).await;
+}
+
+/// [`stop_and_resume`] with another workflow whose `wait` node is a `step`.
+async fn stop_and_resume_of(
+    workflow: &str,
+    runtime: &Runtime,
+    kinds: &Kinds,
+    t: &ThreadId,
+    cycles: usize,
+) {
+    let workflow = runtime.load_json(workflow).expect("valid workflow");
     let mut run = within("start", runtime.start(&workflow, Map::new(), t.clone()))
         .await
         .expect("start");
@@ -126,10 +137,13 @@ async fn two_hundred_stop_and_resume_cycles_keep_twenty_checkpoints_and_sequence
         "the index holds the newest 20 and what they build on: {index:?}"
     );
     assert_eq!(payloads.len(), index.len(), "{payloads:?}");
+    // Only runs with a kept checkpoint keep their sequence key (a chain's base and the deltas
+    // before the newest 20 are kept too, and were written by other runs).
     assert!(
-        sequences.len() <= 20,
-        "{} sequence keys: {sequences:?}",
-        sequences.len()
+        sequences.len() <= index.len(),
+        "{} sequence keys for {} checkpoints: {sequences:?}",
+        sequences.len(),
+        index.len()
     );
     for id in &index {
         let payload = format!("runvisor:cp:{{cycles}}:{id}");
@@ -159,6 +173,73 @@ async fn two_hundred_stop_and_resume_cycles_keep_twenty_checkpoints_and_sequence
     assert_eq!(
         kept_from(&**memory.checkpoint_store(), &t, &ids, 20).await,
         0
+    );
+}
+
+/// A thread stopped and resumed again and again keeps one chain of checkpoints: a resumed
+/// run's checkpoints continue the chain of the checkpoint it resumed from, and a run's final
+/// checkpoint is a delta too, so a stop costs a delta rather than a whole snapshot; a new
+/// base comes only when the chain's deltas outweigh its base. Every checkpoint reads back
+/// whole, and the last one resumes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn stops_and_resumes_continue_one_chain_of_deltas() {
+    let server = RedisServer::start();
+    let stores = stores_keeping_all(&server).await;
+    let kinds = Kinds::default();
+    let runtime = stores
+        .install(Runtime::builder().handler("step", kinds.clone()))
+        .build();
+    let t = thread("one-chain");
+    // The state the runs carry on: a 4 KB output, from before the first stop.
+    let workflow = serde_json::json!({
+        "id": "one-chain",
+        "nodes": [
+            {"id": "start", "kind": "begin"},
+            {"id": "work", "kind": "template", "params": {"template": "x".repeat(4096)}},
+            {"id": "wait", "kind": "step"}
+        ],
+        "edges": [{"from": "start", "to": "work"}, {"from": "work", "to": "wait"}]
+    })
+    .to_string();
+    stop_and_resume_of(&workflow, &runtime, &kinds, &t, 40).await;
+
+    let mut written = Vec::new();
+    for id in stores.checkpoints.list(&t).await.expect("list") {
+        let stored = stores
+            .checkpoints
+            .get(&t, id)
+            .await
+            .expect("get")
+            .expect("listed");
+        let whole = runvisor::delta::materialize(&*stores.checkpoints, &t, &stored)
+            .await
+            .expect("every checkpoint reads back whole");
+        assert_eq!(whole.run_id, stored.run);
+        written.push(stored);
+    }
+    let runs: std::collections::HashSet<RunId> = written.iter().map(|c| c.run).collect();
+    assert_eq!(runs.len(), 41, "every run wrote a checkpoint");
+    let bases = written.iter().filter(|c| c.link.is_none()).count();
+    // A run's first checkpoint continues the checkpoint before it (the one it resumed from).
+    let continued = written
+        .windows(2)
+        .filter(|pair| {
+            pair[0].run != pair[1].run && pair[1].link.is_some_and(|l| l.parent == pair[0].id)
+        })
+        .count();
+    let finals_as_deltas = written
+        .windows(2)
+        .filter(|pair| pair[0].run != pair[1].run && pair[0].link.is_some())
+        .count();
+    assert!(
+        continued >= 20 && finals_as_deltas >= 20,
+        "{continued} runs continued the chain and {finals_as_deltas} ended with a delta, of 40"
+    );
+    // Each delta is small beside the base, which holds the 4 KB output: few bases.
+    assert!(
+        bases * 4 <= written.len(),
+        "{bases} bases of {} checkpoints",
+        written.len()
     );
 }
 

@@ -859,10 +859,11 @@ async fn ten_thousand_live_runs_are_read_in_full_mget_batches() {
     .await
     .expect("the watcher reads every flag twice within a minute");
     let (mgets, missed) = (after.mgets - before.mgets, after.missed - before.missed);
-    // Read per run, it would be 20,000 commands of one or two keys for each full read.
-    assert_eq!(
-        missed,
-        mgets * READ_BATCH as u64,
+    // Read per run, it would be 20,000 commands of one or two keys for each full read. Other
+    // commands miss keys too (10,000 runs' lease renewals, on their own clock), so misses
+    // bound the MGETs from above: at most one per full batch of misses.
+    assert!(
+        mgets > 0 && mgets * READ_BATCH as u64 <= missed,
         "{mgets} MGETs read {missed} keys: not in full batches of {READ_BATCH}"
     );
     // (A read slower than the watcher's deadline, on an overloaded machine, counts as an

@@ -650,9 +650,46 @@ pub async fn materialize(
     thread: &ThreadId,
     stored: &StoredCheckpoint,
 ) -> Result<Snapshot, MaterializeError> {
+    materialize_chain(store, thread, stored)
+        .await
+        .map(|(snapshot, _)| snapshot)
+}
+
+/// The chain a stored checkpoint ends: its base, how many deltas lead from the base to it
+/// (the checkpoint itself included), and their bytes. A run that continues from the
+/// checkpoint continues its chain, compacting it by the same measure.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ChainInfo {
+    /// The chain's whole snapshot (the checkpoint itself when it is whole).
+    pub base: CheckpointId,
+    /// The checkpoint the chain ends with.
+    pub last: CheckpointId,
+    /// Deltas from the base to `last`.
+    pub deltas: u32,
+    /// Their encoded bytes.
+    pub delta_bytes: usize,
+    /// The base's encoded bytes.
+    pub base_bytes: usize,
+}
+
+/// [`materialize`], also telling the chain it read.
+pub async fn materialize_chain(
+    store: &dyn CheckpointStore,
+    thread: &ThreadId,
+    stored: &StoredCheckpoint,
+) -> Result<(Snapshot, ChainInfo), MaterializeError> {
     let Some(link) = stored.link else {
-        return Snapshot::decode(&stored.bytes).map_err(MaterializeError::Snapshot);
+        let snapshot = Snapshot::decode(&stored.bytes).map_err(MaterializeError::Snapshot)?;
+        let chain = ChainInfo {
+            base: stored.id,
+            last: stored.id,
+            deltas: 0,
+            delta_bytes: 0,
+            base_bytes: stored.bytes.len(),
+        };
+        return Ok((snapshot, chain));
     };
+    let mut delta_bytes = stored.bytes.len();
     let mut deltas = vec![(
         stored.id,
         decode_delta(stored.id, &stored.bytes, stored.id)?,
@@ -691,6 +728,7 @@ pub async fn materialize(
         match parent.link {
             None => break parent,
             Some(link) => {
+                delta_bytes += parent.bytes.len();
                 deltas.push((
                     parent.id,
                     decode_delta(parent.id, &parent.bytes, stored.id)?,
@@ -713,6 +751,13 @@ pub async fn materialize(
             error: Box::new(error),
         })
     })?;
+    let chain = ChainInfo {
+        base: base.id,
+        last: stored.id,
+        deltas: u32::try_from(deltas.len()).unwrap_or(u32::MAX),
+        delta_bytes,
+        base_bytes: base.bytes.len(),
+    };
     let mut at = base.id;
     for (id, delta) in deltas.into_iter().rev() {
         if delta.parent != at {
@@ -730,7 +775,7 @@ pub async fn materialize(
             .map_err(|e| in_chain(id, stored.id, e))?;
         at = id;
     }
-    Ok(snapshot)
+    Ok((snapshot, chain))
 }
 
 fn in_chain(id: CheckpointId, asked: CheckpointId, error: SnapshotError) -> MaterializeError {

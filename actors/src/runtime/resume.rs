@@ -28,9 +28,10 @@ use crate::model::{
     AnswerError, CheckpointId, Fence, Interaction, InteractionId, InvalidId, Message, RunId,
     RunLabels, RunStatus, StopReason, StoreError, ThreadId, TooDeep, Value, WorkerId,
 };
-use crate::persist::delta::{MaterializeError, materialize};
+use crate::persist::delta::{MaterializeError, materialize, materialize_chain};
 use crate::persist::snapshot::SnapshotError;
 use crate::persist::{Snapshot, check_graph};
+use crate::service::checkpointer::ChainSeed;
 use crate::workflow::ValidationErrors;
 
 /// Where to resume from, and on which thread the run goes on.
@@ -375,9 +376,9 @@ impl Runtime {
                 })?,
         };
         let checkpoint = stored.id;
-        let whole = materialize(self.checkpoint_store().as_ref(), &source, &stored).await;
-        let snapshot = match whole {
-            Ok(snapshot) => snapshot,
+        let whole = materialize_chain(self.checkpoint_store().as_ref(), &source, &stored).await;
+        let (snapshot, chain) = match whole {
+            Ok(read) => read,
             Err(MaterializeError::Store(e)) => return Err(ResumeError::Store(e)),
             Err(MaterializeError::Snapshot(error)) => {
                 // Record it on the run that wrote the checkpoint, for whoever looks next.
@@ -480,6 +481,15 @@ impl Runtime {
             self.copy_for_fork(&source, &thread, &stored, &snapshot, &definition, fence)
                 .await?;
         }
+        // Resumed from the thread's newest checkpoint, the run's checkpoints continue its chain
+        // (a delta per stop and resume rather than a whole snapshot); see below.
+        let seed = (!fork && matches!(from, ResumeFrom::Thread(_))).then(|| {
+            Box::new(ChainSeed {
+                thread: thread.clone(),
+                chain,
+                snapshot: snapshot.clone(),
+            })
+        });
         let mut history = self.load_history(&thread).await?;
         let mut produced = Vec::new();
         if !snapshot.pending_messages.is_empty() {
@@ -536,8 +546,16 @@ impl Runtime {
                 }
             }
         }
+        // The run's checkpoints continue the chain of the thread's newest checkpoint when it
+        // resumed from that one. Not from an older one:
+        // the chain would then interleave with newer checkpoints, which retention keeps only
+        // from the oldest kept one's base on.
+        let continues = seed.is_some();
+        if let Some(seed) = seed {
+            self.services.continue_chain(run_id, seed).await;
+        }
         let launching = span.clone();
-        let handle = self
+        let launched = self
             .launch(Launch {
                 run_id,
                 plan,
@@ -565,8 +583,11 @@ impl Runtime {
                 lease: hold.lease().clone(),
             })
             .instrument(launching)
-            .await?;
-        Ok(handle)
+            .await;
+        if launched.is_err() && continues {
+            self.services.forget_chain(run_id);
+        }
+        Ok(launched?)
         }
         .await;
         match result {

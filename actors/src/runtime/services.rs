@@ -21,7 +21,9 @@ use crate::persist::{
 };
 use crate::service::CheckpointObserver;
 use crate::service::RunRegistry;
-use crate::service::checkpointer::{Backlog, CheckpointMsg, Checkpointer, CheckpointerArgs};
+use crate::service::checkpointer::{
+    Backlog, ChainSeed, CheckpointMsg, Checkpointer, CheckpointerArgs,
+};
 use crate::service::keeper::{KeeperArgs, KeeperMsg, LeaseKeeper};
 use crate::service::watcher::{StopWatcher, WatchMsg, WatcherArgs};
 
@@ -158,6 +160,26 @@ impl Services {
             .await
     }
 
+    /// The checkpoints of `run`, which continues a thread from its newest checkpoint, continue
+    /// that checkpoint's chain (called before the run starts).
+    pub(crate) async fn continue_chain(&self, run: RunId, seed: Box<ChainSeed>) {
+        match self.checkpointer().await {
+            Ok(checkpointer) => {
+                let _ = checkpointer.send_message(CheckpointMsg::Continue(run, seed));
+            }
+            // Its first checkpoint is then whole, and the error shows at its first write.
+            Err(e) => tracing::debug!(run = %run, error = %e, "checkpoint chain not continued"),
+        }
+    }
+
+    /// `run` writes no more checkpoints: its chain, if the checkpointer still follows one,
+    /// is forgotten.
+    pub(crate) fn forget_chain(&self, run: RunId) {
+        if let Some(checkpointer) = self.checkpointer.get() {
+            let _ = checkpointer.send_message(CheckpointMsg::Forget(run));
+        }
+    }
+
     /// The runtime's checkpointer, spawned on first use.
     async fn checkpointer(&self) -> Result<&ActorRef<CheckpointMsg>, String> {
         self.checkpointer
@@ -267,6 +289,7 @@ impl RunServices for Services {
     }
 
     fn unregister(&self, run: RunId, waiting: bool, outcome: Arc<RunOutcome>) {
+        self.forget_chain(run);
         self.registry.finish(run, waiting, outcome);
     }
 

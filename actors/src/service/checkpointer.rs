@@ -17,8 +17,10 @@
 //! meanwhile. A run whose state grows large (a long loop's history) is then saved less often,
 //! and the time spent saving stays a small, fixed share of the run's time.
 //!
-//! Incremental checkpoints: a run's first checkpoint is a whole snapshot (a base); each one
-//! after it is a delta of the run's last stored checkpoint (see
+//! Incremental checkpoints: a run's first checkpoint is a whole snapshot (a base), unless the
+//! run continues a thread from its newest checkpoint (a resume): then its chain is that
+//! checkpoint's ([`CheckpointMsg::Continue`]). Each checkpoint after the base is a delta of the
+//! chain's last stored checkpoint (see
 //! [`delta`](crate::delta)), holding only what changed since: a node's output, its
 //! messages, the frame's cursor and variables, one iteration's or item's result. Deltas are
 //! computed when written, against what the store holds, so coalesced background snapshots
@@ -27,9 +29,12 @@
 //! of its base's bytes, so the bytes written for bases stay a bounded share of the deltas'
 //! (a step's cost does not grow with the run's state), or after
 //! [`checkpoint_compact_every`](crate::RuntimeConfig::checkpoint_compact_every) deltas, a
-//! safety bound on chain length; a run's final snapshot (stopped,
-//! paused, failed, finished) is always whole. A delta the store refuses because what it
-//! builds on is gone ([`StoreError::MissingParent`]) is written again whole.
+//! safety bound on chain length. A run's final snapshot (stopped, paused, failed, finished)
+//! is a delta too, so a thread stopped and resumed again and again keeps one chain rather
+//! than a whole snapshot per stop; one that is not stored is handed back whole (it may be
+//! kept in a spill file and written long after its chain moved on). A delta the store
+//! refuses because what it builds on is gone ([`StoreError::MissingParent`]) is written
+//! again whole.
 //!
 //! Pending bytes are counted; a run whose background snapshot would exceed the configured
 //! buffer waits for an awaited write instead, so a long outage slows runs down rather than
@@ -46,7 +51,7 @@ use tokio::time::Instant;
 use dashmap::DashMap;
 
 use crate::model::{CheckpointError, CheckpointId, RunId, RunStatus, StoreError, ThreadId};
-use crate::persist::delta::{DeltaLink, MAX_CHAIN, SnapshotDelta};
+use crate::persist::delta::{ChainInfo, DeltaLink, MAX_CHAIN, SnapshotDelta};
 use crate::persist::retry::Backoff;
 use crate::persist::snapshot::{SaveFailed, Snapshot, SnapshotError, SnapshotWrite};
 use crate::persist::{CheckpointStore, StoredCheckpoint};
@@ -75,6 +80,21 @@ pub(crate) enum CheckpointMsg {
     Background(SnapshotWrite),
     /// Write what is pending (what is due).
     Flush,
+    /// A run continues a thread from its newest checkpoint: its checkpoints continue that
+    /// checkpoint's chain. Sent before the run starts, so before any of its writes.
+    Continue(RunId, Box<ChainSeed>),
+    /// A run ended: forget its chain, if it still has one.
+    Forget(RunId),
+}
+
+/// Where a run's chain of checkpoints begins when it continues a stored checkpoint: the
+/// checkpoint's chain (as [`materialize_chain`](crate::persist::delta::materialize_chain)
+/// read it) and the state it holds.
+#[derive(Debug)]
+pub(crate) struct ChainSeed {
+    pub(crate) thread: ThreadId,
+    pub(crate) chain: ChainInfo,
+    pub(crate) snapshot: Snapshot,
 }
 
 pub(crate) struct Checkpointer;
@@ -125,7 +145,6 @@ impl Chains {
     /// one, otherwise whole.
     fn encode(&self, write: &SnapshotWrite) -> Result<(Vec<u8>, Option<DeltaLink>), SnapshotError> {
         if self.incremental()
-            && write.snapshot.status == RunStatus::Running
             && let Some(chain) = self.runs.get(&write.run)
             && chain.thread == write.thread
             && chain.sequence < write.sequence
@@ -201,6 +220,32 @@ impl Chains {
     /// What the run's chain builds on is gone: its next checkpoint is whole.
     fn broken(&self, run: &RunId) {
         self.runs.remove(run);
+    }
+
+    /// The run's checkpoints continue the chain of the checkpoint it resumed from.
+    fn continue_from(&self, run: RunId, seed: ChainSeed) {
+        if !self.incremental() {
+            return;
+        }
+        let ChainSeed {
+            thread,
+            chain,
+            snapshot,
+        } = seed;
+        self.runs.insert(
+            run,
+            Chain {
+                thread,
+                base: chain.base,
+                last: chain.last,
+                // The run's own sequence: its first write is newer than anything before.
+                sequence: 0,
+                snapshot,
+                deltas: chain.deltas,
+                delta_bytes: chain.delta_bytes,
+                base_bytes: chain.base_bytes,
+            },
+        );
     }
 }
 
@@ -305,6 +350,8 @@ impl Actor for Checkpointer {
                 state.flush().await;
                 state.schedule(&myself);
             }
+            CheckpointMsg::Continue(run, seed) => state.chains.continue_from(run, *seed),
+            CheckpointMsg::Forget(run) => state.chains.broken(&run),
         }
         Ok(())
     }
@@ -559,8 +606,25 @@ async fn write_until(
     };
     span.end(started, attempts, Some(&error.to_string()));
     if write.snapshot.status != RunStatus::Running {
-        // The run's last write: its chain ends with it, stored or not.
+        // The run's last write: its chain ends with it, stored or not. What was not stored
+        // goes back whole: it may be written long after its chain moved on or was pruned.
         chains.broken(&write.run);
+        if stored.link.is_some() {
+            match write.snapshot.encode() {
+                Ok(bytes) => {
+                    stored.bytes = bytes;
+                    stored.link = None;
+                }
+                Err(e) => {
+                    // A delta alone cannot be kept: it needs its chain.
+                    tracing::error!(run = %write.run, error = %e, "the final checkpoint cannot be kept whole");
+                    return Err(SaveFailed {
+                        error,
+                        unwritten: None,
+                    });
+                }
+            }
+        }
     }
     Err(SaveFailed {
         error,

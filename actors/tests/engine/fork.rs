@@ -60,8 +60,11 @@ async fn checkpoints(rt: &Runtime, t: &ThreadId) -> Vec<StoredCheckpoint> {
     out
 }
 
-fn decode(stored: &StoredCheckpoint) -> Snapshot {
-    Snapshot::decode(&stored.bytes).expect("the checkpoint decodes")
+/// A stored checkpoint read back whole (a delta on top of its chain).
+async fn decode(rt: &Runtime, t: &ThreadId, stored: &StoredCheckpoint) -> Snapshot {
+    runvisor_actors::delta::materialize(rt.checkpoint_store().as_ref(), t, stored)
+        .await
+        .expect("the checkpoint reads back whole")
 }
 
 async fn fork(rt: &Runtime, source: &ThreadId, checkpoint: CheckpointId, into: &str) -> RunHandle {
@@ -116,11 +119,15 @@ async fn a_fork_has_the_history_as_of_its_checkpoint_and_leaves_the_source_untou
     assert_eq!(texts(&source_history), ["q1", "a done", "b done", "c done"]);
     let source_checkpoints = checkpoints(&k.rt, &source).await;
     let source_runs = k.rt.run_store().list_thread(&source).await.expect("runs");
-    let at_cp1 = source_checkpoints
-        .iter()
-        .find(|c| c.id == cp1)
-        .map(decode)
-        .expect("cp1 is kept");
+    let at_cp1 = decode(
+        &k.rt,
+        &source,
+        source_checkpoints
+            .iter()
+            .find(|c| c.id == cp1)
+            .expect("cp1 is kept"),
+    )
+    .await;
     // As of cp1: the history before run 1 (nothing) and run 1's messages, which its stop
     // checkpoint carries as pending (it is written before the history).
     assert_eq!(at_cp1.history_len, Some(0));
@@ -168,7 +175,7 @@ async fn a_fork_has_the_history_as_of_its_checkpoint_and_leaves_the_source_untou
     // The new thread's checkpoints start with cp1, re-encoded for it.
     let fork_checkpoints = checkpoints(&k.rt, &into).await;
     assert_eq!(fork_checkpoints[0].id, cp1);
-    let copy = decode(&fork_checkpoints[0]);
+    let copy = decode(&k.rt, &into, &fork_checkpoints[0]).await;
     assert_eq!(copy.thread, into);
     assert_eq!(copy.run_id, run1.run_id());
     assert_eq!(copy.graph, at_cp1.graph);
@@ -181,10 +188,13 @@ async fn a_fork_has_the_history_as_of_its_checkpoint_and_leaves_the_source_untou
         at_cp1
     );
     let last = decode(
+        &k.rt,
+        &into,
         fork_checkpoints
             .last()
             .expect("the fork's final checkpoint"),
-    );
+    )
+    .await;
     assert_eq!(
         (last.run_id, last.status),
         (forked.run_id(), RunStatus::Succeeded)
@@ -193,7 +203,7 @@ async fn a_fork_has_the_history_as_of_its_checkpoint_and_leaves_the_source_untou
     assert_eq!(last.history_len, Some(2));
     assert_eq!(last.pending_messages.len(), 2);
     for c in &fork_checkpoints[1..] {
-        assert_eq!(decode(c).run_id, forked.run_id());
+        assert_eq!(decode(&k.rt, &into, c).await.run_id, forked.run_id());
     }
     // The definition is there for the new thread; the fork's record names its parent.
     assert!(
@@ -264,13 +274,16 @@ async fn a_fork_gets_the_messages_its_checkpoint_carried_as_pending() {
     );
     store.fail_appends(false);
     let cp1_snapshot = decode(
+        &k.rt,
+        &source,
         &k.rt
             .checkpoint_store()
             .get(&source, cp1)
             .await
             .expect("get")
             .expect("cp1"),
-    );
+    )
+    .await;
     assert_eq!(cp1_snapshot.history_len, Some(2));
     assert_eq!(
         texts(&Vec::from_iter(
@@ -482,7 +495,7 @@ async fn a_thread_a_run_is_live_on_can_be_forked_into_a_generated_thread() {
             .any(|c| Some(c.id) == fork_stop.checkpoint_id)
     );
     for c in checkpoints(&k.rt, &source).await {
-        let snapshot = decode(&c);
+        let snapshot = decode(&k.rt, &source, &c).await;
         assert_eq!(snapshot.thread, source);
         assert!(
             [run1.run_id(), run2.run_id()].contains(&snapshot.run_id),
@@ -547,7 +560,12 @@ async fn a_fork_of_a_schema_1_checkpoint_gets_the_whole_history_as_stored() {
 
     // cp1 as an older build would have written it, stored as another checkpoint.
     let store = k.rt.checkpoint_store();
-    let cp1_snapshot = decode(&store.get(&source, cp1).await.expect("get").expect("cp1"));
+    let cp1_snapshot = decode(
+        &k.rt,
+        &source,
+        &store.get(&source, cp1).await.expect("get").expect("cp1"),
+    )
+    .await;
     let old = CheckpointId::new();
     let bytes = as_schema_1(&cp1_snapshot);
     assert_eq!(Snapshot::decode(&bytes).map(|s| s.history_len), Ok(None));
@@ -577,7 +595,7 @@ async fn a_fork_of_a_schema_1_checkpoint_gets_the_whole_history_as_stored() {
     );
     assert_eq!(fork_history[..4], history(&k.rt, &source).await[..]);
     // Its copy records what the new thread was given.
-    let copy = decode(&checkpoints(&k.rt, &into).await[0]);
+    let copy = decode(&k.rt, &into, &checkpoints(&k.rt, &into).await[0]).await;
     assert_eq!((copy.thread, copy.history_len), (into.clone(), Some(4)));
 
     // And it still restores on its own thread.

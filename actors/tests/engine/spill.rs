@@ -5,13 +5,14 @@
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use runvisor_actors::snapshot::Snapshot;
 use runvisor_actors::store::memory::{MemoryCheckpointStore, MemoryHistoryStore, MemoryRunStore};
 use runvisor_actors::store::{
     CheckpointStore, HistoryStore, MemoryLeaseStore, RunStore, SpillStore, SpilledRun,
 };
 use runvisor_actors::{
     CheckpointError, Durability, NodeContext, NodeError, NodeHandler, NodeOutput, ReplayError,
-    RunError, RunStatus, Runtime, RuntimeConfig, Spill, StoreError, Value, async_trait,
+    RunError, RunStatus, Runtime, RuntimeConfig, Spill, StopMode, StoreError, Value, async_trait,
 };
 use serde_json::json;
 
@@ -66,6 +67,18 @@ struct Rig {
 }
 
 fn rig(mode: Failing, durability: Durability, spill: Kept) -> Rig {
+    rig_with(
+        mode,
+        RuntimeConfig {
+            durability,
+            store_deadline: Duration::from_secs(1),
+            ..RuntimeConfig::default()
+        },
+        spill,
+    )
+}
+
+fn rig_with(mode: Failing, config: RuntimeConfig, spill: Kept) -> Rig {
     let history = Arc::new(FailingHistory {
         inner: MemoryHistoryStore::new(),
         faults: Faults::new(mode),
@@ -83,11 +96,7 @@ fn rig(mode: Failing, durability: Durability, spill: Kept) -> Rig {
         .run_store(runs.clone())
         .spill_store(spill.clone())
         .handler("block", Block)
-        .config(RuntimeConfig {
-            durability,
-            store_deadline: Duration::from_secs(1),
-            ..RuntimeConfig::default()
-        })
+        .config(config)
         .build();
     Rig {
         rt,
@@ -346,4 +355,70 @@ fn rig_broken_spill() -> Rig {
             ..Kept::default()
         },
     )
+}
+
+/// A run's final checkpoint is a delta of its chain; one the store does not take is spilled
+/// whole, so a replay never depends on a chain that may be gone by then.
+#[tokio::test(start_paused = true)]
+async fn a_final_checkpoint_not_stored_is_spilled_whole_though_written_as_a_delta() {
+    // Deltas are never compacted here (this run's are larger than its tiny base).
+    let config = RuntimeConfig {
+        durability: Durability::Sync,
+        store_deadline: Duration::from_secs(1),
+        checkpoint_compact_percent: 100_000,
+        ..RuntimeConfig::default()
+    };
+    let rig = rig_with(Failing::No, config, Kept::default());
+    let t = thread("spilled-delta");
+    let wf = load(
+        &rig.rt,
+        json!({"id": "w", "nodes": [
+            {"id": "start", "kind": "begin"},
+            {"id": "a", "kind": "message", "params": {"template": "a"}},
+            {"id": "b", "kind": "block"}
+        ], "edges": [{"from": "start", "to": "a"}, {"from": "a", "to": "b"}]}),
+    );
+    let run = rig
+        .rt
+        .start(&wf, inputs([]), t.clone())
+        .await
+        .expect("start");
+    // `sync`: a base, then a delta once `a` finished, before `b` starts.
+    let written = within("two checkpoints", async {
+        loop {
+            let ids = rig.checkpoints.inner.list(&t).await.expect("list");
+            if ids.len() >= 2 {
+                break ids;
+            }
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    })
+    .await;
+    let last = rig
+        .checkpoints
+        .inner
+        .get(&t, written[written.len() - 1])
+        .await
+        .expect("get")
+        .expect("listed");
+    assert!(last.link.is_some(), "progress after the first is a delta");
+
+    rig.checkpoints.faults.set(Failing::Always);
+    run.stop(StopMode::graceful()).await.expect("stop");
+    let outcome = finish(&run).await;
+    assert_eq!(outcome.status(), RunStatus::Stopped);
+    assert!(!outcome.is_persisted());
+    let spilled = rig.spill.only();
+    let checkpoint = spilled.checkpoint.clone().expect("the final checkpoint");
+    assert_eq!(checkpoint.link, None, "spilled whole");
+    let snapshot = Snapshot::decode(&checkpoint.bytes).expect("a whole snapshot");
+    assert_eq!(snapshot.status, RunStatus::Stopped);
+    assert_eq!(snapshot.run_id, outcome.run_id());
+
+    // Replayed once the store is back, it is the thread's latest and resumes on its own.
+    rig.heal();
+    let replayed = rig.rt.replay_spilled(&spilled).await.expect("replay");
+    assert_eq!(replayed.checkpoint, Some(checkpoint.id));
+    let latest = rig.checkpoints.inner.latest(&t).await.expect("latest");
+    assert_eq!(latest, Some(checkpoint));
 }
