@@ -10,8 +10,8 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::time::Duration;
 
 use futures::StreamExt;
-use runvisor::redis::RedisStores;
 use runvisor::redis::signal::READ_BATCH;
+use runvisor::redis::{RedisConfig, RedisStores};
 use runvisor::store::{Notice, NoticeStream};
 use runvisor::{
     Map, NodeContext, NodeError, NodeHandler, NodeOutput, RunHandle, RunLabels, RunOutcome,
@@ -784,7 +784,16 @@ async fn runs_go_on_while_redis_is_down_and_a_flag_set_after_the_restart_is_hono
 async fn ten_thousand_live_runs_are_read_in_full_mget_batches() {
     const RUNS: usize = 10_000;
     let server = RedisServer::start();
-    let stores = stores(&server).await;
+    // What is checked is what is read, not how fast: on an overloaded machine, 10,000 lease
+    // takes and renewals may outlast the other tests' 300 ms response timeout.
+    let patient = RedisConfig {
+        response_timeout: Duration::from_secs(5),
+        call_timeout: Duration::from_secs(10),
+        ..super::support::config(&server)
+    };
+    let stores = within("connect", RedisStores::connect(patient))
+        .await
+        .expect("connect");
     let idle = Idle::default();
     // Memory stores: what is observed is the watcher's reads. No labels: each run has its
     // two native flags (stop and cancel), so a full read is of 20,000 keys.
