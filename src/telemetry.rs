@@ -37,9 +37,11 @@ use tracing_subscriber::layer::SubscriberExt;
 use tracing_subscriber::util::SubscriberInitExt;
 use tracing_subscriber::{EnvFilter, Layer, Registry};
 
+mod meters;
 mod stats;
 
-pub(crate) use stats::engine_stats;
+pub(crate) use meters::{Meters, meters};
+pub(crate) use stats::{engine_stats, exponential};
 
 /// `RUST_LOG` could not be used.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -230,14 +232,18 @@ impl TelemetryConfig {
     /// The resource every span and metric carries: the service name and
     /// `OTEL_RESOURCE_ATTRIBUTES`.
     fn resource(&self) -> Resource {
-        let name = self
-            .service_name
-            .clone()
-            .or_else(|| std::env::var("OTEL_SERVICE_NAME").ok())
-            .filter(|n| !n.trim().is_empty())
-            .unwrap_or_else(|| "runvisor".to_owned());
-        Resource::builder().with_service_name(name).build()
+        resource_named(self.service_name.clone())
     }
+}
+
+/// The resource of a service named `name`, else `OTEL_SERVICE_NAME`, else `runvisor`, with
+/// `OTEL_RESOURCE_ATTRIBUTES`.
+fn resource_named(name: Option<String>) -> Resource {
+    let name = name
+        .or_else(|| std::env::var("OTEL_SERVICE_NAME").ok())
+        .filter(|n| !n.trim().is_empty())
+        .unwrap_or_else(|| "runvisor".to_owned());
+    Resource::builder().with_service_name(name).build()
 }
 
 /// Spans not delivered by every exporter of this process, since it started.
@@ -335,16 +341,19 @@ impl<E: SpanExporter> SpanExporter for Counted<E> {
 }
 
 /// What is exported: built from a [`TelemetryConfig`], it holds the tracer provider (when
-/// spans are exported) and flushes it when shut down or dropped.
+/// spans are exported) and the metrics export (when metrics are), and flushes them when shut
+/// down or dropped.
 pub struct Telemetry {
     tracer: Option<(SdkTracerProvider, SdkTracer)>,
     queue: Arc<SpanQueue>,
+    metrics: Option<meters::MetricsExport>,
 }
 
 impl std::fmt::Debug for Telemetry {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Telemetry")
             .field("exporting_spans", &self.tracer.is_some())
+            .field("exporting_metrics", &self.metrics.is_some())
             .field("dropped_spans", &self.dropped_spans())
             .finish_non_exhaustive()
     }
@@ -363,13 +372,26 @@ impl Telemetry {
                 capacity: 0,
                 dropped: AtomicU64::new(0),
             }),
+            metrics: None,
         }
     }
 
     /// Builds the exporters `config` asks for. A gRPC exporter must be built inside a tokio
     /// runtime (it sends from it).
+    ///
+    /// The process's metrics are kept once, whatever is built: the first `Telemetry` gives
+    /// them their resource, and each one exporting metrics sends them all.
     pub fn new(config: &TelemetryConfig) -> Result<Self, TelemetryError> {
         let mut telemetry = Self::disabled();
+        let meters = meters::meters_with(|| config.resource());
+        if let Some(endpoint) = &config.metrics {
+            telemetry.metrics = Some(Self::export_metrics(
+                meters,
+                endpoint,
+                config.export_timeout,
+                config.metrics_interval,
+            )?);
+        }
         let Some(endpoint) = &config.traces else {
             return Ok(telemetry);
         };
@@ -416,9 +438,47 @@ impl Telemetry {
         Ok(telemetry)
     }
 
+    /// The metrics export to `endpoint`, every `interval`.
+    fn export_metrics(
+        meters: &'static Meters,
+        endpoint: &Endpoint,
+        timeout: Duration,
+        interval: Duration,
+    ) -> Result<meters::MetricsExport, TelemetryError> {
+        let builder = opentelemetry_otlp::MetricExporter::builder();
+        let exporter = match endpoint.protocol {
+            Protocol::Grpc => builder
+                .with_tonic()
+                .with_endpoint(endpoint.url.clone())
+                .with_timeout(timeout)
+                .build(),
+            Protocol::HttpProtobuf => builder
+                .with_http()
+                .with_protocol(opentelemetry_otlp::Protocol::HttpBinary)
+                .with_endpoint(endpoint.url.clone())
+                .with_timeout(timeout)
+                .build(),
+        }
+        .map_err(|e| TelemetryError::Exporter(e.to_string()))?;
+        meters::MetricsExport::start(meters, exporter, interval)
+            .map_err(|e| TelemetryError::Exporter(format!("no thread to export metrics: {e}")))
+    }
+
     /// Whether spans are exported.
     pub fn exports_spans(&self) -> bool {
         self.tracer.is_some()
+    }
+
+    /// Whether metrics are exported.
+    pub fn exports_metrics(&self) -> bool {
+        self.metrics.is_some()
+    }
+
+    /// Metric exports the collector did not take.
+    pub fn failed_metric_exports(&self) -> u64 {
+        self.metrics
+            .as_ref()
+            .map_or(0, meters::MetricsExport::failed)
     }
 
     /// The layer turning spans into OpenTelemetry spans, when spans are exported: the
@@ -446,18 +506,24 @@ impl Telemetry {
         self.queue.dropped.load(Ordering::Relaxed)
     }
 
-    /// Exports what waits, for at most a few seconds.
+    /// Exports what waits (and the metrics now), for at most a few seconds.
     pub fn flush(&self) {
         if let Some((provider, _)) = &self.tracer
             && let Err(e) = provider.force_flush()
         {
             tracing::debug!(error = %e, "spans not flushed");
         }
+        if let Some(metrics) = &self.metrics {
+            metrics.flush(SHUTDOWN_TIMEOUT);
+        }
     }
 
     /// Exports what waits and stops exporting (also done when dropped). Says on stderr how
     /// many spans were dropped, if any.
     pub fn shutdown(&mut self) {
+        if let Some(mut metrics) = self.metrics.take() {
+            metrics.shutdown();
+        }
         if let Some((provider, _)) = self.tracer.take() {
             let _ = provider.shutdown_with_timeout(SHUTDOWN_TIMEOUT);
             let dropped = self.dropped_spans();

@@ -1,12 +1,20 @@
-//! `GET /metrics`: the service's metrics in the OpenMetrics text format (which Prometheus
-//! scrapes), kept with `prometheus-client`.
+//! `GET /metrics`: the process's metrics in the OpenMetrics text format (which Prometheus
+//! scrapes). They are OpenTelemetry instruments, kept once by the process's meters (see
+//! [`telemetry`](crate::telemetry)): `/metrics` renders them, and when OTLP metrics are
+//! configured (`OTEL_EXPORTER_OTLP_ENDPOINT`, `OTEL_EXPORTER_OTLP_METRICS_ENDPOINT`) the same
+//! values are exported, under the same names.
 //!
 //! - `runvisor_runs{status}` (gauge): open runs in the stores, every worker's, by status
-//!   (`running`, `awaiting_input`, `orphaned`), read when scraped.
-//! - `runvisor_leases_held` (gauge): threads whose lease this process holds (its live runs).
+//!   (`running`, `awaiting_input`, `orphaned`), read when scraped (OTLP carries the last
+//!   scrape's values).
+//! - `runvisor_leases_held` (gauge): threads whose lease this process holds (its live runs),
+//!   read when scraped.
 //! - `runvisor_runs_started_total` and `runvisor_runs_ended_total{status}` (counters): runs
 //!   this service started or resumed, and how they ended.
 //! - `runvisor_node_executions_total{kind}` (counter): nodes those runs started.
+//! - `runvisor_node_duration_seconds{kind, outcome}` (histogram): how long those nodes ran,
+//!   from their start event to their end event (`completed`, `failed`, `stopped`, `aborted`,
+//!   `paused`).
 //! - `runvisor_stop_latency_seconds{endpoint}` (histogram): from a stop request to the run
 //!   quiesced (its stop result), per stop endpoint.
 //! - `runvisor_stop_ack_seconds` (histogram): from a stop request to the run's supervisor
@@ -22,30 +30,27 @@
 //! - `runvisor_spans_dropped_total` (counter): spans not exported (queue full, or the
 //!   collector did not take them).
 //!
-//! The engine's timings come from its spans, timed by a layer of the process's subscriber
-//! (see [`telemetry`](crate::telemetry)).
+//! The engine's checkpoint writes come from its checkpoint observer, the watcher's ticks from
+//! its spans, timed by a layer of the process's subscriber.
 //!
 //! What the engine does is read from the runs' event streams ([`Metrics::observe`]): the
 //! engine knows nothing of metrics.
 
 use std::collections::HashMap;
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Instant;
 
 use axum::extract::State;
 use axum::http::header;
 use axum::response::IntoResponse;
-use prometheus_client::encoding::EncodeLabelSet;
-use prometheus_client::metrics::counter::Counter;
-use prometheus_client::metrics::family::Family;
-use prometheus_client::metrics::gauge::Gauge;
-use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
-use prometheus_client::registry::Registry;
-use runvisor_actors::{RunEvent, RunHandle, RunId, RunQuery, RunStatus};
+use opentelemetry::KeyValue;
+use opentelemetry::metrics::{Counter, Gauge, Histogram};
+use runvisor_actors::{NodePath, RunEvent, RunHandle, RunId, RunQuery, RunStatus};
 use tokio::sync::mpsc;
 
 use super::Service;
 use super::error::ApiError;
+use crate::telemetry::{exponential, meters};
 
 /// The most open runs a scrape counts.
 const COUNT_LIMIT: usize = 100_000;
@@ -69,54 +74,123 @@ const ENDED: [RunStatus; 5] = [
 /// The endpoints whose stops are timed.
 const STOP_ENDPOINTS: [&str; 4] = ["v1_stop", "v1_cancel", "fastgpt", "nexau"];
 
-#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
-struct StatusLabel {
-    status: String,
+fn error_label(source: &'static str, transient: bool) -> [KeyValue; 2] {
+    let kind = if transient { "transient" } else { "rejected" };
+    [KeyValue::new("source", source), KeyValue::new("kind", kind)]
 }
 
-#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
-struct KindLabel {
-    kind: String,
+/// The service's instruments, the process's (see [`crate::telemetry`]'s meters).
+struct Instruments {
+    runs: Gauge<i64>,
+    leases: Gauge<i64>,
+    started: Counter<u64>,
+    ended: Counter<u64>,
+    nodes: Counter<u64>,
+    node_seconds: Histogram<f64>,
+    stop_latency: Histogram<f64>,
+    stop_ack: Histogram<f64>,
+    store_errors: Counter<u64>,
 }
 
-#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
-struct ErrorLabel {
-    source: &'static str,
-    kind: &'static str,
+/// 1 ms to about 65 s.
+fn latency_buckets() -> Vec<f64> {
+    exponential(0.001, 2.0, 17)
 }
 
-impl ErrorLabel {
-    fn new(source: &'static str, transient: bool) -> Self {
-        let kind = if transient { "transient" } else { "rejected" };
-        Self { source, kind }
-    }
+fn instruments() -> &'static Instruments {
+    static INSTRUMENTS: OnceLock<Instruments> = OnceLock::new();
+    INSTRUMENTS.get_or_init(|| {
+        let meters = meters();
+        let instruments = Instruments {
+            runs: meters.gauge(
+                "runvisor_runs",
+                "Open runs in the stores, every worker's, by status",
+                &["status"],
+            ),
+            leases: meters.gauge(
+                "runvisor_leases_held",
+                "Threads whose lease this process holds",
+                &[],
+            ),
+            started: meters.counter(
+                "runvisor_runs_started",
+                "Runs this service started or resumed",
+                &[],
+            ),
+            ended: meters.counter(
+                "runvisor_runs_ended",
+                "Runs this service started or resumed that ended, by status",
+                &["status"],
+            ),
+            nodes: meters.counter(
+                "runvisor_node_executions",
+                "Nodes started by the runs of this service, by kind",
+                &["kind"],
+            ),
+            node_seconds: meters.histogram(
+                "runvisor_node_duration_seconds",
+                "From a node's start to its end, nodes of the runs of this service, by kind and \
+                 outcome (completed, failed, stopped, aborted, paused)",
+                "s",
+                // 100 µs to about 13 min.
+                exponential(0.0001, 4.0, 13),
+                &["kind", "outcome"],
+            ),
+            stop_latency: meters.histogram(
+                "runvisor_stop_latency_seconds",
+                "From a stop request to the run quiesced, by stop endpoint",
+                "s",
+                latency_buckets(),
+                &["endpoint"],
+            ),
+            stop_ack: meters.histogram(
+                "runvisor_stop_ack_seconds",
+                "From a stop request to the run's supervisor acknowledging it, runs of this \
+                 process",
+                "s",
+                latency_buckets(),
+                &[],
+            ),
+            store_errors: meters.counter(
+                "runvisor_store_errors",
+                "Store failures seen by scrapes and by the runs of this service, by kind",
+                &["source", "kind"],
+            ),
+        };
+        crate::telemetry::engine_stats();
+        // The label values known beforehand are there from the first scrape, at 0.
+        meters.preset("runvisor_runs_started", &[]);
+        meters.preset("runvisor_leases_held", &[]);
+        meters.preset("runvisor_stop_ack_seconds", &[]);
+        for status in OPEN {
+            meters.preset("runvisor_runs", &[status.as_str()]);
+        }
+        for status in ENDED {
+            meters.preset("runvisor_runs_ended", &[status.as_str()]);
+        }
+        for endpoint in STOP_ENDPOINTS {
+            meters.preset("runvisor_stop_latency_seconds", &[endpoint]);
+        }
+        for source in ["scrape", "checkpoint"] {
+            for kind in ["transient", "rejected"] {
+                meters.preset("runvisor_store_errors", &[source, kind]);
+            }
+        }
+        instruments
+    })
 }
 
-#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
-struct EndpointLabel {
-    endpoint: String,
-}
-
-type Latency = Family<EndpointLabel, Histogram, fn() -> Histogram>;
-
-/// The service's metrics. Cheap to clone; clones share everything.
+/// The service's metrics: the process's instruments, and the runs it follows. Cheap to clone;
+/// clones share everything.
 #[derive(Clone)]
 pub(crate) struct Metrics {
     inner: Arc<Inner>,
 }
 
 struct Inner {
-    registry: Registry,
-    runs: Family<StatusLabel, Gauge>,
-    leases: Gauge,
-    started: Counter,
-    ended: Family<StatusLabel, Counter>,
-    nodes: Family<KindLabel, Counter>,
-    stop_latency: Latency,
-    stop_ack: Histogram,
+    instruments: &'static Instruments,
     /// The runs followed now, each with when a stop not yet acknowledged was asked.
     followed: Mutex<HashMap<RunId, Option<Instant>>>,
-    store_errors: Family<ErrorLabel, Counter>,
 }
 
 impl std::fmt::Debug for Metrics {
@@ -125,91 +199,12 @@ impl std::fmt::Debug for Metrics {
     }
 }
 
-fn latency_histogram() -> Histogram {
-    // 1 ms to about 65 s.
-    Histogram::new(exponential_buckets(0.001, 2.0, 17))
-}
-
 impl Metrics {
     pub(crate) fn new() -> Self {
-        let mut registry = Registry::default();
-        let runs = Family::<StatusLabel, Gauge>::default();
-        registry.register(
-            "runvisor_runs",
-            "Open runs in the stores, every worker's, by status",
-            runs.clone(),
-        );
-        let leases = Gauge::default();
-        registry.register(
-            "runvisor_leases_held",
-            "Threads whose lease this process holds",
-            leases.clone(),
-        );
-        let started = Counter::default();
-        registry.register(
-            "runvisor_runs_started",
-            "Runs this service started or resumed",
-            started.clone(),
-        );
-        let ended = Family::<StatusLabel, Counter>::default();
-        registry.register(
-            "runvisor_runs_ended",
-            "Runs this service started or resumed that ended, by status",
-            ended.clone(),
-        );
-        let nodes = Family::<KindLabel, Counter>::default();
-        registry.register(
-            "runvisor_node_executions",
-            "Nodes started by the runs of this service, by kind",
-            nodes.clone(),
-        );
-        let stop_latency: Latency = Family::new_with_constructor(latency_histogram);
-        registry.register(
-            "runvisor_stop_latency_seconds",
-            "From a stop request to the run quiesced, by stop endpoint",
-            stop_latency.clone(),
-        );
-        let stop_ack = latency_histogram();
-        registry.register(
-            "runvisor_stop_ack_seconds",
-            "From a stop request to the run's supervisor acknowledging it, runs of this process",
-            stop_ack.clone(),
-        );
-        crate::telemetry::engine_stats().register(&mut registry);
-        let store_errors = Family::<ErrorLabel, Counter>::default();
-        registry.register(
-            "runvisor_store_errors",
-            "Store failures seen by scrapes and by the runs of this service, by kind",
-            store_errors.clone(),
-        );
-        // The label values known beforehand are there from the first scrape, at 0.
-        for status in ENDED {
-            let _created = ended.get_or_create(&StatusLabel {
-                status: status.to_string(),
-            });
-        }
-        for endpoint in STOP_ENDPOINTS {
-            let _created = stop_latency.get_or_create(&EndpointLabel {
-                endpoint: endpoint.to_owned(),
-            });
-        }
-        for source in ["scrape", "checkpoint"] {
-            for transient in [true, false] {
-                let _created = store_errors.get_or_create(&ErrorLabel::new(source, transient));
-            }
-        }
         Self {
             inner: Arc::new(Inner {
-                registry,
-                runs,
-                leases,
-                started,
-                ended,
-                nodes,
-                stop_latency,
-                stop_ack,
+                instruments: instruments(),
                 followed: Mutex::new(HashMap::new()),
-                store_errors,
             }),
         }
     }
@@ -226,12 +221,10 @@ impl Metrics {
     /// run, how long it took to quiesce is recorded.
     pub(crate) fn stop_answered(&self, endpoint: &str, at: Instant, stopped: bool) {
         if stopped {
-            self.inner
-                .stop_latency
-                .get_or_create(&EndpointLabel {
-                    endpoint: endpoint.to_owned(),
-                })
-                .observe(at.elapsed().as_secs_f64());
+            self.inner.instruments.stop_latency.record(
+                at.elapsed().as_secs_f64(),
+                &[KeyValue::new("endpoint", endpoint.to_owned())],
+            );
         }
     }
 
@@ -242,55 +235,69 @@ impl Metrics {
             .unwrap_or_else(|e| e.into_inner())
     }
 
-    /// Follows a run this service started: counts its nodes and how it ended. Takes the run's
-    /// events from its start; when `forward` is given, every event is also sent there (for a
-    /// client streaming them; one that goes away stops nothing, the counting goes on).
+    /// Follows a run this service started: counts its nodes, times them (from their start
+    /// events to their end events, as this service receives them), and counts how it ended.
+    /// Takes the run's events from its start; when `forward` is given, every event is also
+    /// sent there (for a client streaming them; one that goes away stops nothing, the counting
+    /// goes on).
     pub(crate) fn observe(&self, run: &RunHandle, forward: Option<mpsc::Sender<RunEvent>>) {
-        self.inner.started.inc();
+        let instruments = self.inner.instruments;
+        instruments.started.add(1, &[]);
         let mut events = run.events();
         let run_id = run.run_id();
         self.followed().insert(run_id, None);
         let metrics = self.clone();
         tokio::spawn(async move {
             let mut forward = forward;
+            // The nodes running: their kind and when they started.
+            let mut running: HashMap<NodePath, (KeyValue, Instant)> = HashMap::new();
+            let ended = |running: &mut HashMap<NodePath, (KeyValue, Instant)>,
+                         path: &NodePath,
+                         outcome: &'static str| {
+                if let Some((kind, started)) = running.remove(path) {
+                    instruments.node_seconds.record(
+                        started.elapsed().as_secs_f64(),
+                        &[kind, KeyValue::new("outcome", outcome)],
+                    );
+                }
+            };
             while let Some(event) = events.next().await {
                 match &event {
-                    RunEvent::NodeStarted { kind, .. } => {
-                        metrics
-                            .inner
-                            .nodes
-                            .get_or_create(&KindLabel {
-                                kind: kind.to_string(),
-                            })
-                            .inc();
+                    RunEvent::NodeStarted { kind, path } => {
+                        let kind = KeyValue::new("kind", kind.clone());
+                        instruments.nodes.add(1, std::slice::from_ref(&kind));
+                        running.insert(path.clone(), (kind, Instant::now()));
                     }
+                    RunEvent::NodeFinished { path, .. } => ended(&mut running, path, "completed"),
+                    RunEvent::NodeFailed { path, .. } => ended(&mut running, path, "failed"),
+                    RunEvent::NodeInterrupted { path, forced } => {
+                        ended(
+                            &mut running,
+                            path,
+                            if *forced { "aborted" } else { "stopped" },
+                        );
+                    }
+                    RunEvent::Paused { path } => ended(&mut running, path, "paused"),
                     RunEvent::Stopping { .. } => {
                         let asked = metrics.followed().get_mut(&run_id).and_then(Option::take);
                         if let Some(asked) = asked {
-                            metrics
-                                .inner
+                            instruments
                                 .stop_ack
-                                .observe(asked.elapsed().as_secs_f64());
+                                .record(asked.elapsed().as_secs_f64(), &[]);
                         }
                     }
                     RunEvent::StorageWait {
                         waiting: true,
                         error: Some(error),
                     } => {
-                        metrics
-                            .inner
+                        instruments
                             .store_errors
-                            .get_or_create(&ErrorLabel::new("checkpoint", error.is_transient()))
-                            .inc();
+                            .add(1, &error_label("checkpoint", error.is_transient()));
                     }
                     RunEvent::RunFinished { status, .. } => {
-                        metrics
-                            .inner
+                        instruments
                             .ended
-                            .get_or_create(&StatusLabel {
-                                status: status.to_string(),
-                            })
-                            .inc();
+                            .add(1, &[KeyValue::new("status", status.as_str())]);
                     }
                     _ => {}
                 }
@@ -307,6 +314,7 @@ impl Metrics {
     /// Reads what is read when scraped (the open runs, the leases held) and renders every
     /// metric.
     async fn render(&self, service: &Service) -> Result<String, ApiError> {
+        let instruments = self.inner.instruments;
         let runtime = service.runtime();
         let query = RunQuery {
             limit: COUNT_LIMIT,
@@ -316,30 +324,25 @@ impl Metrics {
             Ok(views) => {
                 for status in OPEN {
                     let count = views.iter().filter(|v| v.status == status).count();
-                    self.inner
-                        .runs
-                        .get_or_create(&StatusLabel {
-                            status: status.to_string(),
-                        })
-                        .set(i64::try_from(count).unwrap_or(i64::MAX));
+                    instruments.runs.record(
+                        i64::try_from(count).unwrap_or(i64::MAX),
+                        &[KeyValue::new("status", status.as_str())],
+                    );
                 }
             }
             Err(e) => {
-                self.inner
+                instruments
                     .store_errors
-                    .get_or_create(&ErrorLabel::new("scrape", e.is_transient()))
-                    .inc();
+                    .add(1, &error_label("scrape", e.is_transient()));
             }
         }
-        crate::telemetry::engine_stats().sync_dropped();
         let live = runtime.registry().len();
-        self.inner
+        instruments
             .leases
-            .set(i64::try_from(live).unwrap_or(i64::MAX));
-        let mut text = String::new();
-        prometheus_client::encoding::text::encode(&mut text, &self.inner.registry)
-            .map_err(|e| ApiError::internal(format!("cannot render the metrics: {e}")))?;
-        Ok(text)
+            .record(i64::try_from(live).unwrap_or(i64::MAX), &[]);
+        meters()
+            .render()
+            .map_err(|e| ApiError::internal(format!("cannot collect the metrics: {e}")))
     }
 }
 

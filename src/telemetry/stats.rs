@@ -1,16 +1,14 @@
-//! Engine timings as Prometheus metrics. The engine knows nothing of metrics: it tells a
+//! Engine timings as metrics. The engine knows nothing of metrics: it tells a
 //! [`CheckpointObserver`] of every checkpoint write as it ends (mode, size, time), and makes a
 //! span per full read of the stop flags (`watcher_tick`), which this module's layer times as
-//! it closes. One store, kept with prometheus-client, which `/metrics` renders.
+//! it closes. The instruments are the process's meters' ([`super::meters`]), which `/metrics`
+//! renders and the OTLP metrics export sends.
 
 use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
-use prometheus_client::encoding::EncodeLabelSet;
-use prometheus_client::metrics::counter::Counter;
-use prometheus_client::metrics::family::Family;
-use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
-use prometheus_client::registry::Registry;
+use opentelemetry::KeyValue;
+use opentelemetry::metrics::Histogram;
 use runvisor_actors::CheckpointObserver;
 use tracing::span::{Attributes, Id, Record};
 use tracing::subscriber::Interest;
@@ -21,33 +19,36 @@ use tracing_subscriber::filter::{Filtered, LevelFilter};
 use tracing_subscriber::layer::{Context, Filter};
 use tracing_subscriber::registry::LookupSpan;
 
+use super::meters::meters;
+
 /// The stop watcher's full read span's name.
 const WATCHER_TICK: &str = "watcher_tick";
 
-#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
-struct ModeLabel {
-    mode: &'static str,
-}
-
-type ByMode = Family<ModeLabel, Histogram, fn() -> Histogram>;
-
 /// The engine's timings of this process.
-#[derive(Debug, Clone)]
+#[derive(Debug)]
 pub(crate) struct EngineStats {
-    checkpoint_bytes: ByMode,
-    checkpoint_seconds: ByMode,
-    watcher_tick: Histogram,
-    spans_dropped: Counter,
+    checkpoint_bytes: Histogram<f64>,
+    checkpoint_seconds: Histogram<f64>,
+    watcher_tick: Histogram<f64>,
+    /// The `mode` attribute of each mode, made once.
+    modes: [[KeyValue; 1]; 3],
 }
 
-fn seconds() -> Histogram {
-    // 100 µs to about 6.5 s.
-    Histogram::new(exponential_buckets(0.0001, 2.0, 17))
+/// `n` bounds from `first`, each `factor` times the one before.
+pub(crate) fn exponential(first: f64, factor: f64, n: usize) -> Vec<f64> {
+    std::iter::successors(Some(first), |b| Some(b * factor))
+        .take(n)
+        .collect()
 }
 
-fn bytes() -> Histogram {
-    // 256 B to 64 MiB.
-    Histogram::new(exponential_buckets(256.0, 4.0, 10))
+/// 100 µs to about 6.5 s.
+fn seconds() -> Vec<f64> {
+    exponential(0.0001, 2.0, 17)
+}
+
+/// 256 B to 64 MiB.
+fn bytes() -> Vec<f64> {
+    exponential(256.0, 4.0, 10)
 }
 
 /// The modes checkpoints are written in.
@@ -57,53 +58,43 @@ const MODES: [&str; 3] = ["sync", "async", "final"];
 pub(crate) fn engine_stats() -> &'static EngineStats {
     static STATS: OnceLock<EngineStats> = OnceLock::new();
     STATS.get_or_init(|| {
+        let meters = meters();
         let stats = EngineStats {
-            checkpoint_bytes: Family::new_with_constructor(bytes),
-            checkpoint_seconds: Family::new_with_constructor(seconds),
-            watcher_tick: seconds(),
-            spans_dropped: Counter::default(),
+            checkpoint_bytes: meters.histogram(
+                "runvisor_checkpoint_bytes",
+                "Size of the checkpoints written, by mode (sync, async, final)",
+                "By",
+                bytes(),
+                &["mode"],
+            ),
+            checkpoint_seconds: meters.histogram(
+                "runvisor_checkpoint_write_seconds",
+                "Time to write a checkpoint (its retries included), by mode",
+                "s",
+                seconds(),
+                &["mode"],
+            ),
+            watcher_tick: meters.histogram(
+                "runvisor_watcher_tick_seconds",
+                "Time of the stop watcher's read of every watched flag, per tick",
+                "s",
+                seconds(),
+                &[],
+            ),
+            modes: MODES.map(|mode| [KeyValue::new("mode", mode)]),
         };
+        meters.preset("runvisor_watcher_tick_seconds", &[]);
         for mode in MODES {
-            let _created = stats.checkpoint_bytes.get_or_create(&ModeLabel { mode });
-            let _created = stats.checkpoint_seconds.get_or_create(&ModeLabel { mode });
+            meters.preset("runvisor_checkpoint_bytes", &[mode]);
+            meters.preset("runvisor_checkpoint_write_seconds", &[mode]);
         }
-        stats
-    })
-}
-
-impl EngineStats {
-    /// Adds the engine's metrics to `registry`.
-    pub(crate) fn register(&self, registry: &mut Registry) {
-        registry.register(
-            "runvisor_checkpoint_bytes",
-            "Size of the checkpoints written, by mode (sync, async, final)",
-            self.checkpoint_bytes.clone(),
-        );
-        registry.register(
-            "runvisor_checkpoint_write_seconds",
-            "Time to write a checkpoint (its retries included), by mode",
-            self.checkpoint_seconds.clone(),
-        );
-        registry.register(
-            "runvisor_watcher_tick_seconds",
-            "Time of the stop watcher's read of every watched flag, per tick",
-            self.watcher_tick.clone(),
-        );
-        registry.register(
+        meters.counter_reading(
             "runvisor_spans_dropped",
             "Spans not exported: queue full, or the collector did not take them",
-            self.spans_dropped.clone(),
+            super::dropped_spans_total,
         );
-    }
-
-    /// Brings the dropped spans counter up to date (read when scraped).
-    pub(crate) fn sync_dropped(&self) {
-        let now = super::dropped_spans_total();
-        let shown = self.spans_dropped.get();
-        if now > shown {
-            self.spans_dropped.inc_by(now - shown);
-        }
-    }
+        stats
+    })
 }
 
 /// When a timed span began.
@@ -116,18 +107,11 @@ pub(crate) struct CheckpointMetrics;
 impl CheckpointObserver for CheckpointMetrics {
     fn written(&self, mode: &'static str, bytes: usize, took: Duration, _stored: bool) {
         let stats = engine_stats();
-        let mode = ModeLabel {
-            mode: MODES.into_iter().find(|m| *m == mode).unwrap_or("sync"),
-        };
-        stats
-            .checkpoint_seconds
-            .get_or_create(&mode)
-            .observe(took.as_secs_f64());
+        let i = MODES.iter().position(|m| *m == mode).unwrap_or(0);
+        let mode = &stats.modes[i];
+        stats.checkpoint_seconds.record(took.as_secs_f64(), mode);
         #[allow(clippy::cast_precision_loss)]
-        stats
-            .checkpoint_bytes
-            .get_or_create(&mode)
-            .observe(bytes as f64);
+        stats.checkpoint_bytes.record(bytes as f64, mode);
     }
 }
 
@@ -192,7 +176,7 @@ where
         if span.name() == WATCHER_TICK {
             engine_stats()
                 .watcher_tick
-                .observe(started.elapsed().as_secs_f64());
+                .record(started.elapsed().as_secs_f64(), &[]);
         }
     }
 }

@@ -42,6 +42,7 @@ async fn metrics_need_the_token_and_move_after_runs() {
         "# TYPE runvisor_checkpoint_write_seconds histogram",
         "# TYPE runvisor_watcher_tick_seconds histogram",
         "# TYPE runvisor_spans_dropped counter",
+        "# TYPE runvisor_node_duration_seconds histogram",
     ] {
         assert!(before.contains(name), "{name} missing in:\n{before}");
     }
@@ -150,6 +151,23 @@ async fn metrics_need_the_token_and_move_after_runs() {
             "runvisor_node_executions_total{kind=\"stream_text\"}"
         ),
         1.0,
+        "{after}"
+    );
+    // How long they ran, by kind and outcome: the sleep of the stopped run was stopped.
+    for (series, count) in [
+        ("{kind=\"begin\",outcome=\"completed\"}", 2.0),
+        ("{kind=\"sleep\",outcome=\"completed\"}", 1.0),
+        ("{kind=\"sleep\",outcome=\"stopped\"}", 1.0),
+        ("{kind=\"stream_text\",outcome=\"completed\"}", 1.0),
+    ] {
+        let name = format!("runvisor_node_duration_seconds_count{series}");
+        assert_eq!(sample(&after, &name), count, "{name} in:\n{after}");
+    }
+    assert!(
+        sample(
+            &after,
+            "runvisor_node_duration_seconds_sum{kind=\"sleep\",outcome=\"stopped\"}"
+        ) > 0.0,
         "{after}"
     );
     assert_eq!(
