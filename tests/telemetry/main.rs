@@ -1,11 +1,13 @@
-//! Trace export end to end: runs whose spans go over OTLP (HTTP/protobuf) to a receiver in
-//! the test process, built from the published OTLP protobuf definitions; the span tree is
+//! Trace and metrics export end to end: runs whose spans and metrics go over OTLP
+//! (HTTP/protobuf or gRPC) to a receiver in the test process, built from the published OTLP
+//! protobuf definitions; the span tree, and the metrics against what `/metrics` shows, are
 //! read back from what it received.
 
 mod receiver;
 #[path = "../serve/server.rs"]
 mod server;
 
+use std::collections::HashMap;
 use std::time::Duration;
 
 use receiver::{Receiver, Span};
@@ -353,4 +355,273 @@ async fn a_dead_collector_blocks_no_run_and_drops_are_counted() {
     telemetry.shutdown();
     assert!(telemetry.dropped_spans() > 0);
     assert!(telemetry::dropped_spans_total() >= telemetry.dropped_spans());
+}
+
+/// A workflow that sleeps for `sys.query`, then streams a line.
+fn sleepy() -> serde_json::Value {
+    serde_json::json!({"id": "sleepy", "nodes": [
+        {"id": "start", "kind": "begin"},
+        {"id": "a", "kind": "sleep", "params": {"duration": "{{sys.query}}"}},
+        {"id": "b", "kind": "stream_text",
+         "params": {"text": "done after {{sys.query}}", "interval": "1ms"}}
+    ], "edges": [{"from": "start", "to": "a"}, {"from": "a", "to": "b"}]})
+}
+
+/// A scrape of `/metrics`: each family's type, and each sample by name and label pairs
+/// (sorted, as OTLP has them).
+#[derive(Debug, Default)]
+struct Scrape {
+    types: HashMap<String, String>,
+    samples: HashMap<(String, Vec<(String, String)>), f64>,
+}
+
+impl Scrape {
+    fn parse(text: &str) -> Self {
+        let mut scrape = Self::default();
+        for line in text.lines() {
+            if let Some(rest) = line.strip_prefix("# TYPE ") {
+                let (name, kind) = rest.split_once(' ').expect("a typed family");
+                scrape.types.insert(name.to_owned(), kind.to_owned());
+                continue;
+            }
+            if line.starts_with('#') || line.is_empty() {
+                continue;
+            }
+            let (series, value) = line.rsplit_once(' ').expect("a sample");
+            let value: f64 = value.parse().expect("a number");
+            let (name, labels) = match series.split_once('{') {
+                Some((name, labels)) => (name, labels.trim_end_matches('}')),
+                None => (series, ""),
+            };
+            let mut pairs: Vec<(String, String)> = labels
+                .split("\",")
+                .filter(|p| !p.is_empty())
+                .map(|p| {
+                    let (k, v) = p.split_once("=\"").expect("a label");
+                    (k.to_owned(), v.trim_end_matches('"').to_owned())
+                })
+                .filter(|(k, _)| k != "le")
+                .collect();
+            pairs.sort();
+            if !line.contains("_bucket") {
+                scrape.samples.insert((name.to_owned(), pairs), value);
+            }
+        }
+        scrape
+    }
+
+    fn get(&self, name: &str, labels: &[(String, String)]) -> Option<f64> {
+        self.samples
+            .get(&(name.to_owned(), labels.to_vec()))
+            .copied()
+    }
+}
+
+/// `runvisor serve` exporting over `protocol` to `receiver`, every 100 ms: a run that
+/// succeeds and one stopped in its sleep. The metrics exported (the last export, made as the
+/// service shuts down) are those `/metrics` showed last: same names, kinds and values, one way
+/// and the other.
+async fn exported_metrics_are_those_scraped(receiver: Receiver, protocol: &str) {
+    let server = Server::start_with_env(
+        &[],
+        &[],
+        &[
+            ("OTEL_EXPORTER_OTLP_ENDPOINT", receiver.base.as_str()),
+            ("OTEL_EXPORTER_OTLP_PROTOCOL", protocol),
+            ("OTEL_METRIC_EXPORT_INTERVAL", "100"),
+            ("OTEL_SERVICE_NAME", "runvisor-metrics-test"),
+        ],
+    );
+    let done = server
+        .post(
+            "/v1/runs",
+            serde_json::json!({"workflow": sleepy(), "inputs": {"query": "1ms"}, "wait": true}),
+        )
+        .await;
+    assert_eq!(done.body["status"], "succeeded", "{done:?}");
+    let started = server
+        .post(
+            "/v1/runs",
+            serde_json::json!({"workflow": sleepy(), "inputs": {"query": "60s"}}),
+        )
+        .await;
+    let run = started.body["run_id"]
+        .as_str()
+        .expect("a run id")
+        .to_owned();
+    server
+        .until("the run to sleep", &format!("/v1/runs/{run}"), |a| {
+            a.body["nodes"] == serde_json::json!(["a"])
+        })
+        .await;
+    let stopped = server
+        .post(&format!("/v1/runs/{run}/stop"), serde_json::json!({}))
+        .await;
+    assert_eq!(stopped.status, 200, "{stopped:?}");
+    let stopped_series = vec![("status".to_owned(), "stopped".to_owned())];
+    let start = std::time::Instant::now();
+    let text = loop {
+        let (status, _, text) = server.get_text("/metrics").await;
+        assert_eq!(status, 200, "{text}");
+        let scrape = Scrape::parse(&text);
+        if scrape.get("runvisor_runs_ended_total", &stopped_series) == Some(1.0) {
+            break text;
+        }
+        assert!(
+            start.elapsed() < PATIENCE,
+            "the stopped run is not counted:\n{text}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    // Exported every OTEL_METRIC_EXPORT_INTERVAL: more than the last export, long before the
+    // default minute.
+    let start = std::time::Instant::now();
+    while receiver.metric_exports() < 2 && start.elapsed() < PATIENCE {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert!(receiver.metric_exports() >= 2);
+    let (status, log) = server.terminate();
+    assert!(status.success(), "{log}");
+
+    let scrape = Scrape::parse(&text);
+    let exported = receiver.last_metrics();
+    for point in &exported {
+        let family = scrape.types.get(&point.name).map(String::as_str);
+        let kind = if point.kind == "counter" {
+            Some("counter")
+        } else {
+            Some(point.kind)
+        };
+        assert_eq!(family, kind, "{point:?} in:\n{text}");
+        let ticking = point.name == "runvisor_watcher_tick_seconds";
+        match point.kind {
+            "counter" => {
+                let shown = scrape.get(&format!("{}_total", point.name), &point.attributes);
+                assert_eq!(shown, Some(point.value), "{point:?} in:\n{text}");
+            }
+            "gauge" => {
+                assert_eq!(
+                    scrape.get(&point.name, &point.attributes),
+                    Some(point.value),
+                    "{point:?} in:\n{text}"
+                );
+            }
+            _ => {
+                let count = scrape
+                    .get(&format!("{}_count", point.name), &point.attributes)
+                    .expect("a count");
+                let sum = scrape
+                    .get(&format!("{}_sum", point.name), &point.attributes)
+                    .expect("a sum");
+                #[allow(clippy::cast_precision_loss)]
+                let exported_count = point.count as f64;
+                if ticking {
+                    // The watcher ticks on while the service shuts down.
+                    assert!(exported_count >= count, "{point:?} in:\n{text}");
+                } else {
+                    assert_eq!(exported_count, count, "{point:?} in:\n{text}");
+                    assert_eq!(point.value, sum, "{point:?} in:\n{text}");
+                }
+            }
+        }
+    }
+    // The other way: what /metrics shows recorded is exported.
+    for ((name, labels), value) in &scrape.samples {
+        if *value == 0.0 {
+            continue;
+        }
+        let base = name
+            .strip_suffix("_total")
+            .or_else(|| name.strip_suffix("_count"))
+            .or_else(|| name.strip_suffix("_sum"))
+            .filter(|base| scrape.types.contains_key(*base))
+            .unwrap_or(name);
+        assert!(
+            exported
+                .iter()
+                .any(|p| p.name == base && p.attributes == *labels),
+            "{name} {labels:?} not exported: {exported:#?}"
+        );
+    }
+    let point = |name: &str, labels: &[(&str, &str)]| {
+        let labels: Vec<(String, String)> = labels
+            .iter()
+            .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+            .collect();
+        exported
+            .iter()
+            .find(|p| p.name == name && p.attributes == labels)
+            .unwrap_or_else(|| panic!("{name} {labels:?} not exported: {exported:#?}"))
+            .clone()
+    };
+    let stop = point("runvisor_stop_latency_seconds", &[("endpoint", "v1_stop")]);
+    assert_eq!((stop.kind, stop.count), ("histogram", 1));
+    let slept = point(
+        "runvisor_node_duration_seconds",
+        &[("kind", "sleep"), ("outcome", "stopped")],
+    );
+    assert_eq!(slept.count, 1);
+    assert!(slept.value > 0.0);
+    let final_bytes = point("runvisor_checkpoint_bytes", &[("mode", "final")]);
+    assert!(final_bytes.count >= 2 && final_bytes.value > 0.0);
+    let started = point("runvisor_runs_started", &[]);
+    assert_eq!((started.kind, started.value), ("counter", 2.0));
+    assert!(scrape.types.contains_key("runvisor_store_errors"));
+
+    // The spans went the same way.
+    let spans = receiver.spans();
+    assert!(
+        spans
+            .iter()
+            .filter(|s| s.name == "invoke_workflow sleepy")
+            .all(|s| s.service == "runvisor-metrics-test")
+    );
+    assert_eq!(
+        spans
+            .iter()
+            .filter(|s| s.name == "invoke_workflow sleepy")
+            .count(),
+        2
+    );
+}
+
+#[tokio::test]
+async fn metrics_exported_over_http_are_those_scraped() {
+    exported_metrics_are_those_scraped(Receiver::start(), "http/protobuf").await;
+}
+
+#[tokio::test]
+async fn metrics_and_spans_exported_over_grpc_are_those_scraped() {
+    exported_metrics_are_those_scraped(Receiver::start_grpc(), "grpc").await;
+}
+
+/// `OTEL_METRICS_EXPORTER=none`: spans are exported, metrics are not.
+#[tokio::test]
+async fn metrics_export_can_be_turned_off() {
+    let receiver = Receiver::start();
+    let server = Server::start_with_env(
+        &[],
+        &[],
+        &[
+            ("OTEL_EXPORTER_OTLP_ENDPOINT", receiver.base.as_str()),
+            ("OTEL_METRICS_EXPORTER", "none"),
+            ("OTEL_METRIC_EXPORT_INTERVAL", "10"),
+        ],
+    );
+    let done = server
+        .post(
+            "/v1/runs",
+            serde_json::json!({"workflow": sleepy(), "inputs": {"query": "1ms"}, "wait": true}),
+        )
+        .await;
+    assert_eq!(done.body["status"], "succeeded", "{done:?}");
+    let (status, log) = server.terminate();
+    assert!(status.success(), "{log}");
+    assert!(
+        receiver
+            .spans()
+            .iter()
+            .any(|s| s.name == "invoke_workflow sleepy")
+    );
+    assert_eq!(receiver.metric_exports(), 0);
 }

@@ -1,7 +1,8 @@
-//! An OTLP receiver for tests: HTTP/protobuf (`POST /v1/traces`, `POST /v1/metrics`) on a free
-//! loopback port, decoding what it gets with the published OTLP protobuf definitions. It runs
-//! on a thread of its own (with its own async runtime), so a test blocked on a flush does not
-//! block it.
+//! An OTLP receiver for tests, on a free loopback port: HTTP/protobuf (`POST /v1/traces`,
+//! `POST /v1/metrics`, [`Receiver::start`]) or gRPC (the trace and metrics services,
+//! [`Receiver::start_grpc`]), decoding what it gets with the published OTLP protobuf
+//! definitions (and, for gRPC, their generated tonic services). It runs on a thread of its own
+//! (with its own async runtime), so a test blocked on a flush does not block it.
 
 #![allow(dead_code)]
 
@@ -15,14 +16,22 @@ use axum::extract::State;
 use axum::http::{StatusCode, header};
 use axum::response::IntoResponse;
 use axum::routing::post;
+use opentelemetry_proto::tonic::collector::metrics::v1::metrics_service_server::{
+    MetricsService, MetricsServiceServer,
+};
 use opentelemetry_proto::tonic::collector::metrics::v1::{
     ExportMetricsServiceRequest, ExportMetricsServiceResponse,
+};
+use opentelemetry_proto::tonic::collector::trace::v1::trace_service_server::{
+    TraceService, TraceServiceServer,
 };
 use opentelemetry_proto::tonic::collector::trace::v1::{
     ExportTraceServiceRequest, ExportTraceServiceResponse,
 };
 use opentelemetry_proto::tonic::common::v1::any_value::Value as Any;
 use opentelemetry_proto::tonic::common::v1::{AnyValue, KeyValue};
+use opentelemetry_proto::tonic::metrics::v1::metric::Data;
+use opentelemetry_proto::tonic::metrics::v1::number_data_point::Value as Number;
 use prost::Message;
 
 /// What the receiver got.
@@ -111,8 +120,85 @@ async fn metrics(State(received): State<Arc<Mutex<Received>>>, body: Bytes) -> i
     }
 }
 
+/// The gRPC services, keeping what they get.
+struct Grpc(Arc<Mutex<Received>>);
+
+#[tonic::async_trait]
+impl TraceService for Grpc {
+    async fn export(
+        &self,
+        request: tonic::Request<ExportTraceServiceRequest>,
+    ) -> Result<tonic::Response<ExportTraceServiceResponse>, tonic::Status> {
+        let request = request.into_inner();
+        self.0.lock().expect("received").traces.push(request);
+        Ok(tonic::Response::new(ExportTraceServiceResponse::default()))
+    }
+}
+
+#[tonic::async_trait]
+impl MetricsService for Grpc {
+    async fn export(
+        &self,
+        request: tonic::Request<ExportMetricsServiceRequest>,
+    ) -> Result<tonic::Response<ExportMetricsServiceResponse>, tonic::Status> {
+        let request = request.into_inner();
+        self.0.lock().expect("received").metrics.push(request);
+        Ok(tonic::Response::new(ExportMetricsServiceResponse::default()))
+    }
+}
+
+/// A metric's data point as received (the last export's), flattened.
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) struct Point {
+    pub(crate) name: String,
+    /// `counter` (a monotonic sum), `sum`, `gauge` or `histogram`.
+    pub(crate) kind: &'static str,
+    /// Its attributes, sorted by key.
+    pub(crate) attributes: Vec<(String, String)>,
+    /// A number's value, or a histogram's sum.
+    pub(crate) value: f64,
+    /// A histogram's count.
+    pub(crate) count: u64,
+}
+
 impl Receiver {
+    /// Over HTTP/protobuf; `base` is the collector's URL (the signals' paths appended).
     pub(crate) fn start() -> Self {
+        Self::serve(|listener, state| {
+            Box::pin(async move {
+                let app = Router::new()
+                    .route("/v1/traces", post(traces))
+                    .route("/v1/metrics", post(metrics))
+                    .with_state(state);
+                axum::serve(listener, app).await.expect("served");
+            })
+        })
+    }
+
+    /// Over gRPC; `base` is the collector's URL.
+    pub(crate) fn start_grpc() -> Self {
+        Self::serve(|listener, state| {
+            Box::pin(async move {
+                let state = Arc::new(Grpc(state));
+                let incoming = tokio_stream_of(listener);
+                tonic::transport::Server::builder()
+                    .add_service(TraceServiceServer::from_arc(state.clone()))
+                    .add_service(MetricsServiceServer::from_arc(state))
+                    .serve_with_incoming(incoming)
+                    .await
+                    .expect("served");
+            })
+        })
+    }
+
+    fn serve(
+        server: impl FnOnce(
+            tokio::net::TcpListener,
+            Arc<Mutex<Received>>,
+        ) -> std::pin::Pin<Box<dyn std::future::Future<Output = ()>>>
+        + Send
+        + 'static,
+    ) -> Self {
         let received = Arc::new(Mutex::new(Received::default()));
         let (tx, rx) = std::sync::mpsc::channel();
         let state = received.clone();
@@ -126,12 +212,8 @@ impl Receiver {
                     .await
                     .expect("a free port");
                 let address = listener.local_addr().expect("an address");
-                let app = Router::new()
-                    .route("/v1/traces", post(traces))
-                    .route("/v1/metrics", post(metrics))
-                    .with_state(state);
                 tx.send(address).expect("told");
-                axum::serve(listener, app).await.expect("served");
+                server(listener, state).await;
             });
         });
         let address = rx.recv().expect("the receiver listens");
@@ -139,6 +221,74 @@ impl Receiver {
             base: format!("http://{address}"),
             received,
         }
+    }
+
+    /// The data points of the last metrics export received, sorted by name and attributes.
+    pub(crate) fn last_metrics(&self) -> Vec<Point> {
+        let received = self.received.lock().expect("received");
+        let mut points = Vec::new();
+        let Some(request) = received.metrics.last() else {
+            return points;
+        };
+        let sorted = |list: &[KeyValue]| {
+            let mut a: Vec<(String, String)> = list
+                .iter()
+                .map(|kv| (kv.key.clone(), text(kv.value.as_ref())))
+                .collect();
+            a.sort();
+            a
+        };
+        #[allow(clippy::cast_precision_loss)]
+        let number = |v: &Option<Number>| match v {
+            Some(Number::AsDouble(d)) => *d,
+            Some(Number::AsInt(i)) => *i as f64,
+            None => f64::NAN,
+        };
+        for resource in &request.resource_metrics {
+            for scope in &resource.scope_metrics {
+                for metric in &scope.metrics {
+                    let name = metric.name.clone();
+                    match &metric.data {
+                        Some(Data::Sum(sum)) => {
+                            let kind = if sum.is_monotonic { "counter" } else { "sum" };
+                            points.extend(sum.data_points.iter().map(|p| Point {
+                                name: name.clone(),
+                                kind,
+                                attributes: sorted(&p.attributes),
+                                value: number(&p.value),
+                                count: 0,
+                            }));
+                        }
+                        Some(Data::Gauge(gauge)) => {
+                            points.extend(gauge.data_points.iter().map(|p| Point {
+                                name: name.clone(),
+                                kind: "gauge",
+                                attributes: sorted(&p.attributes),
+                                value: number(&p.value),
+                                count: 0,
+                            }));
+                        }
+                        Some(Data::Histogram(h)) => {
+                            points.extend(h.data_points.iter().map(|p| Point {
+                                name: name.clone(),
+                                kind: "histogram",
+                                attributes: sorted(&p.attributes),
+                                value: p.sum.unwrap_or(f64::NAN),
+                                count: p.count,
+                            }));
+                        }
+                        _ => {}
+                    }
+                }
+            }
+        }
+        points.sort_by(|a, b| (&a.name, &a.attributes).cmp(&(&b.name, &b.attributes)));
+        points
+    }
+
+    /// How many metrics exports arrived.
+    pub(crate) fn metric_exports(&self) -> usize {
+        self.received.lock().expect("received").metrics.len()
     }
 
     /// Every span received so far.
@@ -180,21 +330,6 @@ impl Receiver {
         spans
     }
 
-    /// Every metric name received so far, with its data points' attributes and values as
-    /// text.
-    pub(crate) fn metric_names(&self) -> Vec<String> {
-        let received = self.received.lock().expect("received");
-        let mut names = Vec::new();
-        for request in &received.metrics {
-            for resource in &request.resource_metrics {
-                for scope in &resource.scope_metrics {
-                    names.extend(scope.metrics.iter().map(|m| m.name.clone()));
-                }
-            }
-        }
-        names
-    }
-
     /// How many export requests arrived.
     pub(crate) fn requests(&self) -> usize {
         let received = self.received.lock().expect("received");
@@ -217,6 +352,16 @@ impl Receiver {
             std::thread::sleep(Duration::from_millis(20));
         }
     }
+}
+
+/// The connections `listener` accepts, as tonic serves them.
+fn tokio_stream_of(
+    listener: tokio::net::TcpListener,
+) -> impl futures::Stream<Item = std::io::Result<tokio::net::TcpStream>> {
+    futures::stream::unfold(listener, |listener| async move {
+        let accepted = listener.accept().await.map(|(stream, _)| stream);
+        Some((accepted, listener))
+    })
 }
 
 fn hex(bytes: &[u8]) -> String {
