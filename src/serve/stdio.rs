@@ -15,6 +15,9 @@
 //! `{code, message, ...}`, is the error's `data`), `-32000` the service's other errors (a busy
 //! thread, a run that is not live, an unavailable store: the same `data`).
 //!
+//! Each method takes `traceparent` (and `tracestate`) params as the W3C headers: the call's
+//! span, and the run it starts or resumes, join that trace.
+//!
 //! Requests are handled concurrently (a `run.start` that waits blocks nothing else); each answer
 //! is written whole on a line of its own. Notifications (no `id`) are handled and not answered;
 //! a batch (an array) is answered with an array of the answers to its requests. End of input
@@ -31,9 +34,12 @@ use axum::response::{IntoResponse, Response};
 use serde::de::DeserializeOwned;
 use serde_json::{Map, Value, json};
 
+use tracing::Instrument;
+
 use super::error::ApiError;
 use super::extract::JsonBody;
 use super::{ANSWER_GRACE, Service};
+use crate::telemetry;
 
 const PARSE_ERROR: i64 = -32700;
 const INVALID_REQUEST: i64 = -32600;
@@ -245,7 +251,7 @@ async fn handle(service: &Service, request: Value) -> Option<Value> {
             ));
         }
     };
-    let outcome = call(service, &method, params).await;
+    let outcome = traced(service, &method, params).await;
     // A notification is not answered, whatever came of it.
     let id = id?;
     Some(match outcome {
@@ -255,6 +261,32 @@ async fn handle(service: &Service, request: Value) -> Option<Value> {
 }
 
 type Failure = (i64, String, Option<Value>);
+
+/// Runs `method` in a span of its own (an OpenTelemetry server span when spans are exported),
+/// joining the trace a `traceparent` param names (with `tracestate`, as the HTTP headers): a
+/// run it starts or resumes is its child.
+async fn traced(
+    service: &Service,
+    method: &str,
+    mut params: Map<String, Value>,
+) -> Result<Value, Failure> {
+    let mut text = |name: &str| match params.remove(name) {
+        Some(Value::String(value)) => Some(value),
+        _ => None,
+    };
+    let (traceparent, tracestate) = (text("traceparent"), text("tracestate"));
+    let span = tracing::info_span!(
+        "rpc",
+        otel.name = method,
+        otel.kind = "server",
+        rpc.system = "jsonrpc",
+        rpc.method = method,
+    );
+    if let Some(traceparent) = &traceparent {
+        telemetry::join_traceparent(&span, traceparent, tracestate.as_deref());
+    }
+    call(service, method, params).instrument(span).await
+}
 
 /// Runs `method` with `params`.
 async fn call(

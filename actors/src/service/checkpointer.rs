@@ -591,6 +591,7 @@ async fn write_until(
                 break CheckpointError::Refused(e);
             }
             Err(e) => {
+                span.retrying(attempts, &e);
                 if !backoff.wait().await {
                     break CheckpointError::StoreFailed {
                         attempts,
@@ -667,6 +668,17 @@ impl WriteSpan {
             bytes: stored.bytes.len(),
             observer,
         }
+    }
+
+    /// An attempt failed and the write goes on: an event on the write's span (one span per
+    /// write, however many attempts it takes).
+    fn retrying(&self, attempt: u64, error: &StoreError) {
+        tracing::info!(
+            parent: &self.span,
+            runvisor.checkpoint.attempt = attempt,
+            error = %error,
+            "checkpoint write attempt failed; retrying"
+        );
     }
 
     /// Records how the write ended: how long its attempts took, how many were retries, and
