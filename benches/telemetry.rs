@@ -5,7 +5,14 @@
 //! - `no_endpoint`: the subscriber a process installs when no OTLP endpoint is set (events on
 //!   stderr at `warn`, the engine's timings for `/metrics`, no OpenTelemetry layer);
 //! - `exporting`: the same plus the OpenTelemetry layer exporting every span over OTLP
-//!   (HTTP/protobuf) to a receiver in this process.
+//!   (HTTP/protobuf) to a receiver in this process that decodes every export (a collector's
+//!   work, on the same cores);
+//! - `exporting_discard`: the same, to a receiver that takes the exports without decoding
+//!   them: what the process itself pays to export (its receiver thread still reads the
+//!   requests).
+//!
+//! Every export leaves from the batch processor's thread; each receiver serves from a thread
+//! of its own.
 //!
 //! Every run executes on one thread (a current-thread tokio runtime), so the subscriber set
 //! for the bench's scope is the one every actor of the run sees. After criterion's groups, the
@@ -65,7 +72,7 @@ fn no_endpoint() -> Setup {
 }
 
 /// The same, exporting every span to `receiver`.
-fn exporting(receiver: &receiver::Receiver) -> Setup {
+fn exporting(name: &'static str, receiver: &receiver::Receiver) -> Setup {
     let exporting = Telemetry::new(&TelemetryConfig {
         traces: Some(Endpoint {
             url: format!("{}/v1/traces", receiver.base),
@@ -77,7 +84,21 @@ fn exporting(receiver: &receiver::Receiver) -> Setup {
     })
     .expect("built");
     let sub = tracing::Dispatch::new(telemetry::subscriber("warn", &exporting));
-    ("exporting", Some(sub), exporting)
+    (name, Some(sub), exporting)
+}
+
+/// The CPU time `clock` (`CLOCK_THREAD_CPUTIME_ID`, `CLOCK_PROCESS_CPUTIME_ID`) has counted.
+fn cpu(clock: libc::clockid_t) -> Duration {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: `ts` is a valid, writable timespec; the clocks named are always available.
+    let _ = unsafe { libc::clock_gettime(clock, &raw mut ts) };
+    Duration::new(
+        u64::try_from(ts.tv_sec).unwrap_or(0),
+        u32::try_from(ts.tv_nsec).unwrap_or(0),
+    )
 }
 
 fn within<T>(dispatch: Option<&tracing::Dispatch>, f: impl FnOnce() -> T) -> T {
@@ -121,31 +142,58 @@ impl Bench {
         }
         group.finish();
 
-        // Interleaved rounds, so drift of the machine hits every setup alike.
+        // Interleaved rounds, so drift of the machine hits every setup alike. Each round is
+        // flushed before the next starts (outside the wall time), so no round exports another's
+        // spans; the process's CPU time is counted through the flush.
         let rounds = 30;
-        let mut times: Vec<Vec<Duration>> = vec![Vec::new(); setups.len()];
+        let mut wall: Vec<Vec<Duration>> = vec![Vec::new(); setups.len()];
+        let mut thread: Vec<Vec<Duration>> = vec![Vec::new(); setups.len()];
+        let mut process: Vec<Vec<Duration>> = vec![Vec::new(); setups.len()];
         for _ in 0..rounds {
-            for (i, (_, dispatch, _)) in setups.iter().enumerate() {
+            for (i, (_, dispatch, telemetry)) in setups.iter().enumerate() {
                 within(dispatch.as_ref(), || {
+                    let (p0, t0) = (
+                        cpu(libc::CLOCK_PROCESS_CPUTIME_ID),
+                        cpu(libc::CLOCK_THREAD_CPUTIME_ID),
+                    );
                     let start = Instant::now();
                     self.run();
-                    times[i].push(start.elapsed());
+                    wall[i].push(start.elapsed());
+                    thread[i].push(cpu(libc::CLOCK_THREAD_CPUTIME_ID).saturating_sub(t0));
+                    telemetry.flush();
+                    process[i].push(cpu(libc::CLOCK_PROCESS_CPUTIME_ID).saturating_sub(p0));
                 });
             }
         }
-        let medians: Vec<Duration> = times
-            .iter_mut()
-            .map(|t| {
-                t.sort();
-                t[t.len() / 2]
+        let median = |t: &mut Vec<Duration>| {
+            t.sort();
+            t[t.len() / 2]
+        };
+        let medians: Vec<[Duration; 3]> = (0..setups.len())
+            .map(|i| {
+                [
+                    median(&mut wall[i]),
+                    median(&mut thread[i]),
+                    median(&mut process[i]),
+                ]
             })
             .collect();
-        println!("\ntelemetry, chain/1000, medians of {rounds} interleaved runs:");
-        for ((name, _, telemetry), median) in setups.iter().zip(&medians) {
+        println!(
+            "\ntelemetry, chain/1000, medians of {rounds} interleaved runs: wall time, CPU time \
+             of the run's thread, CPU time of the process (every thread: export, receiver) \
+             through the flush of the run's spans"
+        );
+        for ((name, _, telemetry), m) in setups.iter().zip(&medians) {
+            let ratio = |k: usize| m[k].as_secs_f64() / medians[0][k].as_secs_f64();
             println!(
-                "  {name:<12} {:>9.3} ms  {:>6.3}x off  (spans dropped: {})",
-                median.as_secs_f64() * 1e3,
-                median.as_secs_f64() / medians[0].as_secs_f64(),
+                "  {name:<18} wall {:>8.3} ms {:>6.3}x | thread {:>8.3} ms {:>6.3}x | process \
+                 {:>8.3} ms {:>6.3}x  (spans dropped: {})",
+                m[0].as_secs_f64() * 1e3,
+                ratio(0),
+                m[1].as_secs_f64() * 1e3,
+                ratio(1),
+                m[2].as_secs_f64() * 1e3,
+                ratio(2),
                 telemetry.dropped_spans()
             );
         }
@@ -165,7 +213,23 @@ fn benches(c: &mut Criterion) {
     };
     bench.phase(c, &[off(), no_endpoint()], &["off", "no_endpoint"]);
     let receiver = receiver::Receiver::start();
-    bench.phase(c, &[off(), exporting(&receiver)], &["exporting"]);
+    let discarding = receiver::Receiver::start_discarding();
+    let setups = [
+        off(),
+        exporting("exporting", &receiver),
+        exporting("exporting_discard", &discarding),
+    ];
+    // One run, to count what it exports.
+    within(setups[1].1.as_ref(), || bench.run());
+    setups[1].2.flush();
+    let spans = receiver.spans().len();
+    println!("\none run of chain/{LEN} exports {spans} spans");
+    bench.phase(c, &setups, &["exporting", "exporting_discard"]);
+    println!(
+        "  (the discarding receiver took {} requests, {} bytes)",
+        discarding.requests(),
+        discarding.bytes()
+    );
 }
 
 criterion_group!(telemetry_benches, benches);

@@ -482,22 +482,37 @@ impl Telemetry {
     }
 
     /// The layer turning spans into OpenTelemetry spans, when spans are exported: the
-    /// engine's and this crate's spans (`info` and up), nothing of the exporter's own.
+    /// engine's and this crate's spans and events (`info` and up), nothing of the exporter's
+    /// own. Filtered per layer, for a subscriber of its own (a test's); the process's
+    /// subscriber ([`subscriber`], [`init`]) filters once for every layer.
     pub fn layer<S>(&self) -> Option<impl Layer<S> + use<S>>
     where
         S: tracing::Subscriber + for<'a> tracing_subscriber::registry::LookupSpan<'a>,
     {
-        let (_, tracer) = self.tracer.as_ref()?;
         let targets = Targets::new()
             .with_target("runvisor", tracing::Level::INFO)
             .with_target("runvisor_actors", tracing::Level::INFO);
+        Some(self.otel_layer()?.with_filter(targets))
+    }
+
+    /// The OpenTelemetry layer, unfiltered.
+    fn otel_layer<S>(&self) -> Option<impl Layer<S> + use<S>>
+    where
+        S: tracing::Subscriber + for<'a> tracing_subscriber::registry::LookupSpan<'a>,
+    {
+        let (_, tracer) = self.tracer.as_ref()?;
         Some(
             tracing_opentelemetry::layer()
                 .with_tracer(tracer.clone())
                 .with_location(false)
                 .with_threads(false)
                 .with_target(false)
-                .with_filter(targets),
+                // Neither the busy and idle times of every span (two clock reads per poll of
+                // an instrumented future, two attributes each) nor an OpenTelemetry context
+                // made current on every entry (a context clone per poll): a span's context is
+                // read from the span itself (`traceparent_of`).
+                .with_tracked_inactivity(false)
+                .with_context_activation(false),
         )
     }
 
@@ -596,24 +611,24 @@ fn stack(
     filter: EnvFilter,
     telemetry: &Telemetry,
 ) -> impl tracing::Subscriber + Send + Sync + for<'a> tracing_subscriber::registry::LookupSpan<'a> {
-    // Exporting, the OpenTelemetry layer wants spans `RUST_LOG` drops: each layer filters for
-    // itself. Else one global filter, so spans nobody wants are never made.
-    let (global, filtered) = match telemetry.layer() {
-        Some(export) => (
-            None,
-            Some(
-                fmt_layer()
-                    .with_filter(filter)
-                    .and_then(stats::layer())
-                    .and_then(export),
-            ),
-        ),
-        None => (Some(stats::Admit::new(filter)), None),
+    // One global filter, so spans nobody wants are never made; exporting, it also admits what
+    // is exported, and the events layer keeps to what `RUST_LOG` admits.
+    let export = telemetry.otel_layer().map(stats::Exported::new);
+    let events = match export {
+        Some(_) => {
+            let logged =
+                EnvFilter::try_new(filter.to_string()).unwrap_or_else(|_| EnvFilter::new("warn"));
+            (None, Some(stats::Logged::new(fmt_layer(), logged)))
+        }
+        None => (Some(fmt_layer()), None),
     };
-    let plain = global
-        .is_some()
-        .then(|| fmt_layer().and_then(stats::StatsLayer));
-    Registry::default().with(global).with(plain).with(filtered)
+    let exporting = export.is_some();
+    Registry::default()
+        .with(stats::Admit::new(filter, exporting))
+        .with(events.0)
+        .with(events.1)
+        .with(stats::StatsLayer)
+        .with(export)
 }
 
 /// Events on stderr, in colour on a terminal.

@@ -4,6 +4,7 @@
 //! it closes. The instruments are the process's meters' ([`super::meters`]), which `/metrics`
 //! renders and the OTLP metrics export sends.
 
+use std::any::TypeId;
 use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
@@ -15,8 +16,8 @@ use tracing::subscriber::Interest;
 use tracing::{Metadata, Subscriber};
 use tracing_subscriber::EnvFilter;
 use tracing_subscriber::Layer;
-use tracing_subscriber::filter::{Filtered, LevelFilter};
-use tracing_subscriber::layer::{Context, Filter};
+use tracing_subscriber::filter::LevelFilter;
+use tracing_subscriber::layer::Context;
 use tracing_subscriber::registry::LookupSpan;
 
 use super::meters::meters;
@@ -123,36 +124,6 @@ fn timed(meta: &Metadata<'_>) -> bool {
     meta.is_span() && meta.target().starts_with("runvisor_actors") && meta.name() == WATCHER_TICK
 }
 
-/// Admits the spans [`StatsLayer`] times, and nothing else. What it admits depends on a
-/// callsite's metadata only, so its answer is cached per callsite: every other span and event
-/// of the process is as cheap as without this layer (a filter answering "sometimes" would have
-/// every callsite ask the whole subscriber again each time it is hit).
-#[derive(Debug, Clone, Copy, Default)]
-pub(crate) struct TimedSpans;
-
-impl<S> Filter<S> for TimedSpans {
-    fn enabled(&self, meta: &Metadata<'_>, _cx: &Context<'_, S>) -> bool {
-        timed(meta)
-    }
-
-    fn callsite_enabled(&self, meta: &'static Metadata<'static>) -> Interest {
-        if timed(meta) {
-            Interest::always()
-        } else {
-            Interest::never()
-        }
-    }
-}
-
-/// The layer, seeing only the spans it times (whatever `RUST_LOG` says), for a subscriber
-/// whose other layers filter for themselves.
-pub(crate) fn layer<S>() -> Filtered<StatsLayer, TimedSpans, S>
-where
-    S: Subscriber + for<'a> LookupSpan<'a>,
-{
-    StatsLayer.with_filter(TimedSpans)
-}
-
 impl<S> Layer<S> for StatsLayer
 where
     S: Subscriber + for<'a> LookupSpan<'a>,
@@ -181,20 +152,33 @@ where
     }
 }
 
-/// The process's one filter when no span is exported: `RUST_LOG`'s, and the spans
-/// [`StatsLayer`] times whatever it says. A global filter rather than one per layer: with
-/// per-layer filters every span a run makes costs bookkeeping (about a third of a trivial
+/// The process's one filter: `RUST_LOG`'s, the spans [`StatsLayer`] times whatever it says,
+/// and, when spans are exported, the engine's and this crate's spans and events at `info` and
+/// up ([`exported`]). A global filter rather than one per layer: with per-layer filters every
+/// span a run makes costs bookkeeping on every entry and exit (about a third of a trivial
 /// node's time) even when no layer wants it; a global filter leaves unwanted callsites
-/// disabled once and for all.
+/// disabled once and for all, and the layers judge for themselves what they see ([`Logged`],
+/// [`Exported`]).
 #[derive(Debug)]
 pub(crate) struct Admit {
     env: EnvFilter,
+    exporting: bool,
 }
 
 impl Admit {
-    pub(crate) fn new(env: EnvFilter) -> Self {
-        Self { env }
+    pub(crate) fn new(env: EnvFilter, exporting: bool) -> Self {
+        Self { env, exporting }
     }
+
+    fn always(&self, meta: &Metadata<'_>) -> bool {
+        timed(meta) || (self.exporting && exported(meta))
+    }
+}
+
+/// What the OpenTelemetry layer exports: the spans and events of the engine and this crate,
+/// `info` and up.
+pub(crate) fn exported(meta: &Metadata<'_>) -> bool {
+    *meta.level() <= tracing::Level::INFO && meta.target().starts_with("runvisor")
 }
 
 impl<S> Layer<S> for Admit
@@ -202,7 +186,7 @@ where
     S: Subscriber + for<'a> LookupSpan<'a>,
 {
     fn register_callsite(&self, meta: &'static Metadata<'static>) -> Interest {
-        if timed(meta) {
+        if self.always(meta) {
             Interest::always()
         } else {
             Layer::<S>::register_callsite(&self.env, meta)
@@ -210,7 +194,7 @@ where
     }
 
     fn enabled(&self, meta: &Metadata<'_>, cx: Context<'_, S>) -> bool {
-        timed(meta) || Layer::<S>::enabled(&self.env, meta, cx)
+        self.always(meta) || Layer::<S>::enabled(&self.env, meta, cx)
     }
 
     fn max_level_hint(&self) -> Option<LevelFilter> {
@@ -236,5 +220,131 @@ where
 
     fn on_close(&self, id: Id, cx: Context<'_, S>) {
         self.env.on_close(id, cx);
+    }
+}
+
+/// The events layer behind [`Admit`]: it formats the events `RUST_LOG` admits, and the fields
+/// of the spans it admits (which those events show), nothing of what only export wanted.
+/// `RUST_LOG`'s span-field directives are not applied here.
+#[derive(Debug)]
+pub(crate) struct Logged<L> {
+    inner: L,
+    env: EnvFilter,
+}
+
+impl<L> Logged<L> {
+    pub(crate) fn new(inner: L, env: EnvFilter) -> Self {
+        Self { inner, env }
+    }
+}
+
+impl<S, L> Layer<S> for Logged<L>
+where
+    S: Subscriber + for<'a> LookupSpan<'a>,
+    L: Layer<S>,
+{
+    fn on_new_span(&self, attrs: &Attributes<'_>, id: &Id, cx: Context<'_, S>) {
+        if Layer::<S>::enabled(&self.env, attrs.metadata(), cx.clone()) {
+            self.inner.on_new_span(attrs, id, cx);
+        }
+    }
+
+    fn on_record(&self, id: &Id, values: &Record<'_>, cx: Context<'_, S>) {
+        if cx
+            .metadata(id)
+            .is_some_and(|meta| Layer::<S>::enabled(&self.env, meta, cx.clone()))
+        {
+            self.inner.on_record(id, values, cx);
+        }
+    }
+
+    fn on_event(&self, event: &tracing::Event<'_>, cx: Context<'_, S>) {
+        if Layer::<S>::enabled(&self.env, event.metadata(), cx.clone()) {
+            self.inner.on_event(event, cx);
+        }
+    }
+
+    fn on_enter(&self, id: &Id, cx: Context<'_, S>) {
+        self.inner.on_enter(id, cx);
+    }
+
+    fn on_exit(&self, id: &Id, cx: Context<'_, S>) {
+        self.inner.on_exit(id, cx);
+    }
+
+    fn on_close(&self, id: Id, cx: Context<'_, S>) {
+        self.inner.on_close(id, cx);
+    }
+}
+
+/// The OpenTelemetry layer behind [`Admit`]: it sees the spans and events it exports
+/// ([`exported`]), nothing of what only `RUST_LOG` wanted.
+#[derive(Debug)]
+pub(crate) struct Exported<L> {
+    inner: L,
+}
+
+impl<L> Exported<L> {
+    pub(crate) fn new(inner: L) -> Self {
+        Self { inner }
+    }
+}
+
+impl<S, L> Layer<S> for Exported<L>
+where
+    S: Subscriber + for<'a> LookupSpan<'a>,
+    L: Layer<S>,
+{
+    fn on_new_span(&self, attrs: &Attributes<'_>, id: &Id, cx: Context<'_, S>) {
+        if exported(attrs.metadata()) {
+            self.inner.on_new_span(attrs, id, cx);
+        }
+    }
+
+    fn on_record(&self, id: &Id, values: &Record<'_>, cx: Context<'_, S>) {
+        if cx.metadata(id).is_some_and(exported) {
+            self.inner.on_record(id, values, cx);
+        }
+    }
+
+    fn on_follows_from(&self, span: &Id, follows: &Id, cx: Context<'_, S>) {
+        self.inner.on_follows_from(span, follows, cx);
+    }
+
+    fn on_event(&self, event: &tracing::Event<'_>, cx: Context<'_, S>) {
+        if exported(event.metadata()) {
+            self.inner.on_event(event, cx);
+        }
+    }
+
+    // A span the inner layer did not see has nothing of its own: entering, leaving and
+    // closing it is nothing to it.
+    fn on_enter(&self, id: &Id, cx: Context<'_, S>) {
+        self.inner.on_enter(id, cx);
+    }
+
+    fn on_exit(&self, id: &Id, cx: Context<'_, S>) {
+        self.inner.on_exit(id, cx);
+    }
+
+    fn on_close(&self, id: Id, cx: Context<'_, S>) {
+        self.inner.on_close(id, cx);
+    }
+
+    fn on_id_change(&self, old: &Id, new: &Id, cx: Context<'_, S>) {
+        self.inner.on_id_change(old, new, cx);
+    }
+
+    // The inner layer is found through this one (`tracing-opentelemetry` reads a span's
+    // context by downcasting the subscriber).
+    #[allow(unsafe_code)]
+    unsafe fn downcast_raw(&self, id: TypeId) -> Option<*const ()> {
+        if id == TypeId::of::<Self>() {
+            Some(std::ptr::from_ref(self).cast())
+        } else {
+            // SAFETY: forwarded as asked; the inner layer answers for its own types, and it
+            // lives as long as this one.
+            unsafe { self.inner.downcast_raw(id) }
+        }
     }
 }

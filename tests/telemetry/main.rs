@@ -625,3 +625,53 @@ async fn metrics_export_can_be_turned_off() {
     );
     assert_eq!(receiver.metric_exports(), 0);
 }
+
+/// `serve --stdio`: a `run.start` with a `traceparent` param joins that trace under the call's
+/// span, as a `traceparent` header does over HTTP.
+#[test]
+fn a_run_started_over_stdio_joins_the_callers_trace() {
+    use std::io::{BufRead, BufReader, Write};
+    let receiver = Receiver::start();
+    let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_runvisor"))
+        .args(["serve", "--stdio"])
+        .env_remove("RUST_LOG")
+        .env_remove("RUNVISOR_REDIS_URL")
+        .env("OTEL_EXPORTER_OTLP_ENDPOINT", &receiver.base)
+        .env("OTEL_METRICS_EXPORTER", "none")
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .expect("spawn runvisor serve --stdio");
+    let trace = "4bf92f3577b34da6a3ce929d0e0e4736";
+    let caller = "00f067aa0ba902b7";
+    let request = serde_json::json!({"jsonrpc": "2.0", "id": 1, "method": "run.start",
+        "params": {"workflow": sleepy(), "inputs": {"query": "1ms"}, "wait": true,
+                   "traceparent": format!("00-{trace}-{caller}-01")}});
+    let mut stdin = child.stdin.take().expect("piped stdin");
+    writeln!(stdin, "{request}").expect("a request");
+    stdin.flush().expect("flushed");
+    let mut line = String::new();
+    BufReader::new(child.stdout.take().expect("piped stdout"))
+        .read_line(&mut line)
+        .expect("an answer");
+    let answer: serde_json::Value = serde_json::from_str(&line).expect("JSON");
+    assert_eq!(answer["result"]["status"], "succeeded", "{answer}");
+    let run_id = answer["result"]["run_id"]
+        .as_str()
+        .expect("a run id")
+        .to_owned();
+    drop(stdin);
+    assert!(child.wait().expect("exited").success());
+
+    let spans = receiver.spans();
+    let call = one(&spans, "call", |s| s.name == "run.start");
+    assert_eq!(call.trace_id, trace);
+    assert_eq!(call.parent_span_id, caller);
+    assert_eq!(call.attr("rpc.system"), Some("jsonrpc"));
+    let run = one(&spans, "run", |s| {
+        s.attr("runvisor.run.id") == Some(&run_id) && s.name == "invoke_workflow sleepy"
+    });
+    assert_eq!(run.trace_id, trace);
+    assert_eq!(run.parent_span_id, call.span_id);
+}

@@ -39,6 +39,20 @@ use prost::Message;
 struct Received {
     traces: Vec<ExportTraceServiceRequest>,
     metrics: Vec<ExportMetricsServiceRequest>,
+    /// Requests taken without decoding, and their bytes.
+    discarded: (usize, usize),
+}
+
+async fn discard(State(received): State<Arc<Mutex<Received>>>, body: Bytes) -> impl IntoResponse {
+    let mut received = received.lock().expect("received");
+    received.discarded.0 += 1;
+    received.discarded.1 += body.len();
+    // Both services' responses are empty messages: zero bytes.
+    (
+        StatusCode::OK,
+        [(header::CONTENT_TYPE, "application/x-protobuf")],
+        Vec::new(),
+    )
 }
 
 /// A running receiver; it stops with the test process.
@@ -169,6 +183,21 @@ impl Receiver {
                 let app = Router::new()
                     .route("/v1/traces", post(traces))
                     .route("/v1/metrics", post(metrics))
+                    .with_state(state);
+                axum::serve(listener, app).await.expect("served");
+            })
+        })
+    }
+
+    /// Over HTTP/protobuf, taking every export without decoding it (what a collector in
+    /// another process would do with it costs this one nothing): only the requests and their
+    /// bytes are counted ([`requests`](Self::requests), [`bytes`](Self::bytes)).
+    pub(crate) fn start_discarding() -> Self {
+        Self::serve(|listener, state| {
+            Box::pin(async move {
+                let app = Router::new()
+                    .route("/v1/traces", post(discard))
+                    .route("/v1/metrics", post(discard))
                     .with_state(state);
                 axum::serve(listener, app).await.expect("served");
             })
@@ -333,7 +362,12 @@ impl Receiver {
     /// How many export requests arrived.
     pub(crate) fn requests(&self) -> usize {
         let received = self.received.lock().expect("received");
-        received.traces.len() + received.metrics.len()
+        received.traces.len() + received.metrics.len() + received.discarded.0
+    }
+
+    /// The bytes of the requests taken without decoding.
+    pub(crate) fn bytes(&self) -> usize {
+        self.received.lock().expect("received").discarded.1
     }
 
     /// Waits until `check` holds for the spans received, or `patience` passes (a bound
