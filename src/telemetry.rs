@@ -1,4 +1,4 @@
-//! Logging and trace export.
+//! Logging, trace export and metrics.
 //!
 //! `tracing` events go to stderr, filtered by `RUST_LOG` (or a default), so a command's own
 //! output on stdout stays clean.
@@ -13,6 +13,11 @@
 //! Spans are exported in batches from a bounded queue on a thread of their own: a slow or dead
 //! collector never slows a run. A span that finds the queue full, or whose batch the collector
 //! did not take, is dropped and counted ([`Telemetry::dropped_spans`], [`dropped_spans_total`]).
+//!
+//! The process's metrics are OpenTelemetry instruments kept once (`meters`): `/metrics`
+//! renders them, and when an OTLP metrics endpoint is configured (`OTEL_EXPORTER_OTLP_ENDPOINT`
+//! or `OTEL_EXPORTER_OTLP_METRICS_ENDPOINT`, unless `OTEL_METRICS_EXPORTER=none`) a thread
+//! exports the same values every `OTEL_METRIC_EXPORT_INTERVAL`, and a last time at shutdown.
 
 use std::collections::HashMap;
 use std::io::IsTerminal;
@@ -613,12 +618,17 @@ fn stack(
 ) -> impl tracing::Subscriber + Send + Sync + for<'a> tracing_subscriber::registry::LookupSpan<'a> {
     // One global filter, so spans nobody wants are never made; exporting, it also admits what
     // is exported, and the events layer keeps to what `RUST_LOG` admits.
-    let export = telemetry.otel_layer().map(stats::Exported::new);
+    let export = telemetry
+        .otel_layer()
+        .map(|layer| stats::Judged::new(layer, stats::Exported));
     let events = match export {
         Some(_) => {
             let logged =
                 EnvFilter::try_new(filter.to_string()).unwrap_or_else(|_| EnvFilter::new("warn"));
-            (None, Some(stats::Logged::new(fmt_layer(), logged)))
+            (
+                None,
+                Some(stats::Judged::new(fmt_layer(), stats::Logged(logged))),
+            )
         }
         None => (Some(fmt_layer()), None),
     };

@@ -157,8 +157,7 @@ where
 /// up ([`exported`]). A global filter rather than one per layer: with per-layer filters every
 /// span a run makes costs bookkeeping on every entry and exit (about a third of a trivial
 /// node's time) even when no layer wants it; a global filter leaves unwanted callsites
-/// disabled once and for all, and the layers judge for themselves what they see ([`Logged`],
-/// [`Exported`]).
+/// disabled once and for all, and the layers behind it see what they want of it ([`Judged`]).
 #[derive(Debug)]
 pub(crate) struct Admit {
     env: EnvFilter,
@@ -223,28 +222,59 @@ where
     }
 }
 
-/// The events layer behind [`Admit`]: it formats the events `RUST_LOG` admits, and the fields
-/// of the spans it admits (which those events show), nothing of what only export wanted.
-/// `RUST_LOG`'s span-field directives are not applied here.
-#[derive(Debug)]
-pub(crate) struct Logged<L> {
-    inner: L,
-    env: EnvFilter,
+/// What a layer behind [`Admit`] wants to see of what the global filter admits.
+pub(crate) trait Judge<S> {
+    /// Whether the layer sees this span or event.
+    fn admits(&self, meta: &Metadata<'_>, cx: &Context<'_, S>) -> bool;
 }
 
-impl<L> Logged<L> {
-    pub(crate) fn new(inner: L, env: EnvFilter) -> Self {
-        Self { inner, env }
+/// What `RUST_LOG` admits, for the events layer: the events it formats, and the fields of the
+/// spans those events show. `RUST_LOG`'s span-field directives are not applied here.
+#[derive(Debug)]
+pub(crate) struct Logged(pub(crate) EnvFilter);
+
+impl<S> Judge<S> for Logged
+where
+    S: Subscriber + for<'a> LookupSpan<'a>,
+{
+    fn admits(&self, meta: &Metadata<'_>, cx: &Context<'_, S>) -> bool {
+        Layer::<S>::enabled(&self.0, meta, cx.clone())
     }
 }
 
-impl<S, L> Layer<S> for Logged<L>
+/// What is exported ([`exported`]), for the OpenTelemetry layer.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Exported;
+
+impl<S> Judge<S> for Exported {
+    fn admits(&self, meta: &Metadata<'_>, _cx: &Context<'_, S>) -> bool {
+        exported(meta)
+    }
+}
+
+/// A layer behind [`Admit`], seeing the spans and events its [`Judge`] admits, nothing of what
+/// only another layer wanted: neither their creation, their fields nor their events. Entering,
+/// leaving and closing a span it did not see is nothing to it, and is passed on as is.
+#[derive(Debug)]
+pub(crate) struct Judged<L, J> {
+    inner: L,
+    judge: J,
+}
+
+impl<L, J> Judged<L, J> {
+    pub(crate) fn new(inner: L, judge: J) -> Self {
+        Self { inner, judge }
+    }
+}
+
+impl<S, L, J> Layer<S> for Judged<L, J>
 where
     S: Subscriber + for<'a> LookupSpan<'a>,
     L: Layer<S>,
+    J: Judge<S> + 'static,
 {
     fn on_new_span(&self, attrs: &Attributes<'_>, id: &Id, cx: Context<'_, S>) {
-        if Layer::<S>::enabled(&self.env, attrs.metadata(), cx.clone()) {
+        if self.judge.admits(attrs.metadata(), &cx) {
             self.inner.on_new_span(attrs, id, cx);
         }
     }
@@ -252,57 +282,8 @@ where
     fn on_record(&self, id: &Id, values: &Record<'_>, cx: Context<'_, S>) {
         if cx
             .metadata(id)
-            .is_some_and(|meta| Layer::<S>::enabled(&self.env, meta, cx.clone()))
+            .is_some_and(|meta| self.judge.admits(meta, &cx))
         {
-            self.inner.on_record(id, values, cx);
-        }
-    }
-
-    fn on_event(&self, event: &tracing::Event<'_>, cx: Context<'_, S>) {
-        if Layer::<S>::enabled(&self.env, event.metadata(), cx.clone()) {
-            self.inner.on_event(event, cx);
-        }
-    }
-
-    fn on_enter(&self, id: &Id, cx: Context<'_, S>) {
-        self.inner.on_enter(id, cx);
-    }
-
-    fn on_exit(&self, id: &Id, cx: Context<'_, S>) {
-        self.inner.on_exit(id, cx);
-    }
-
-    fn on_close(&self, id: Id, cx: Context<'_, S>) {
-        self.inner.on_close(id, cx);
-    }
-}
-
-/// The OpenTelemetry layer behind [`Admit`]: it sees the spans and events it exports
-/// ([`exported`]), nothing of what only `RUST_LOG` wanted.
-#[derive(Debug)]
-pub(crate) struct Exported<L> {
-    inner: L,
-}
-
-impl<L> Exported<L> {
-    pub(crate) fn new(inner: L) -> Self {
-        Self { inner }
-    }
-}
-
-impl<S, L> Layer<S> for Exported<L>
-where
-    S: Subscriber + for<'a> LookupSpan<'a>,
-    L: Layer<S>,
-{
-    fn on_new_span(&self, attrs: &Attributes<'_>, id: &Id, cx: Context<'_, S>) {
-        if exported(attrs.metadata()) {
-            self.inner.on_new_span(attrs, id, cx);
-        }
-    }
-
-    fn on_record(&self, id: &Id, values: &Record<'_>, cx: Context<'_, S>) {
-        if cx.metadata(id).is_some_and(exported) {
             self.inner.on_record(id, values, cx);
         }
     }
@@ -312,13 +293,11 @@ where
     }
 
     fn on_event(&self, event: &tracing::Event<'_>, cx: Context<'_, S>) {
-        if exported(event.metadata()) {
+        if self.judge.admits(event.metadata(), &cx) {
             self.inner.on_event(event, cx);
         }
     }
 
-    // A span the inner layer did not see has nothing of its own: entering, leaving and
-    // closing it is nothing to it.
     fn on_enter(&self, id: &Id, cx: Context<'_, S>) {
         self.inner.on_enter(id, cx);
     }

@@ -367,6 +367,17 @@ fn sleepy() -> serde_json::Value {
     ], "edges": [{"from": "start", "to": "a"}, {"from": "a", "to": "b"}]})
 }
 
+/// Runs [`sleepy`] for 1 ms on `server`, to its end.
+async fn run_to_the_end(server: &Server) {
+    let done = server
+        .post(
+            "/v1/runs",
+            serde_json::json!({"workflow": sleepy(), "inputs": {"query": "1ms"}, "wait": true}),
+        )
+        .await;
+    assert_eq!(done.body["status"], "succeeded", "{done:?}");
+}
+
 /// A scrape of `/metrics`: each family's type, and each sample by name and label pairs
 /// (sorted, as OTLP has them).
 #[derive(Debug, Default)]
@@ -432,13 +443,7 @@ async fn exported_metrics_are_those_scraped(receiver: Receiver, protocol: &str) 
             ("OTEL_SERVICE_NAME", "runvisor-metrics-test"),
         ],
     );
-    let done = server
-        .post(
-            "/v1/runs",
-            serde_json::json!({"workflow": sleepy(), "inputs": {"query": "1ms"}, "wait": true}),
-        )
-        .await;
-    assert_eq!(done.body["status"], "succeeded", "{done:?}");
+    run_to_the_end(&server).await;
     let started = server
         .post(
             "/v1/runs",
@@ -608,13 +613,7 @@ async fn metrics_export_can_be_turned_off() {
             ("OTEL_METRIC_EXPORT_INTERVAL", "10"),
         ],
     );
-    let done = server
-        .post(
-            "/v1/runs",
-            serde_json::json!({"workflow": sleepy(), "inputs": {"query": "1ms"}, "wait": true}),
-        )
-        .await;
-    assert_eq!(done.body["status"], "succeeded", "{done:?}");
+    run_to_the_end(&server).await;
     let (status, log) = server.terminate();
     assert!(status.success(), "{log}");
     assert!(
