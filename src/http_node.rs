@@ -48,7 +48,6 @@
 //! **Allowed hosts.** Only hosts on the [`AllowList`] may be called: loopback by default. A
 //! literal URL is checked when the workflow is validated, every URL again when the node runs.
 
-use crate::standard::duration_input;
 use std::fmt;
 use std::net::IpAddr;
 use std::str::FromStr;
@@ -62,7 +61,7 @@ use reqwest::header::{HeaderMap, HeaderName, HeaderValue};
 use reqwest::{Method, StatusCode, Url};
 use runvisor_actors::{
     Map, Message, NodeContext, NodeError, NodeHandler, NodeOutput, ParamIssue, ParamSchema,
-    ParamType, Value, async_trait, input_bool,
+    ParamType, Value, async_trait, input_bool, input_duration,
 };
 use serde::{Deserialize, Serialize};
 
@@ -582,7 +581,7 @@ impl Call {
                 ));
             }
         }
-        let timeout = duration_input(input, "timeout")?.unwrap_or(DEFAULT_TIMEOUT);
+        let timeout = input_duration(input, "timeout")?.unwrap_or(DEFAULT_TIMEOUT);
         if timeout.is_zero() {
             return Err(NodeError::invalid_input(
                 "timeout",
@@ -609,10 +608,10 @@ impl Call {
                             )
                         })?,
                 },
-                backoff: duration_input(retry, "backoff")
+                backoff: input_duration(retry, "backoff")
                     .map_err(|e| nested("retry", e))?
                     .unwrap_or(DEFAULT_BACKOFF),
-                max_backoff: duration_input(retry, "max_backoff")
+                max_backoff: input_duration(retry, "max_backoff")
                     .map_err(|e| nested("retry", e))?
                     .unwrap_or(DEFAULT_MAX_BACKOFF),
             },

@@ -13,11 +13,11 @@ use std::future::Future;
 use std::num::NonZeroUsize;
 use std::time::Duration;
 
-use runvisor_actors::input_bool;
 use runvisor_actors::{
     Message, NodeContext, NodeError, NodeHandler, NodeOutput, ParamSchema, ParamType,
     RuntimeBuilder, StopRequested, Value, async_trait,
 };
+use runvisor_actors::{input_bool, input_duration};
 
 use crate::http_node::{HTTP, HttpConfig, HttpNode};
 
@@ -82,7 +82,7 @@ impl NodeHandler for StreamText {
             None => return Err(NodeError::invalid_input("text", "is required")),
         };
         let chunking = Chunking::from_input(input.get("chunk"))?;
-        let interval = duration_input(&input, "interval")?.unwrap_or(DEFAULT_INTERVAL);
+        let interval = input_duration(&input, "interval")?.unwrap_or(DEFAULT_INTERVAL);
         let append = input_bool(&input, "append_message", true)?;
 
         stream(&ctx, chunking.split(&text), interval).await?;
@@ -110,7 +110,7 @@ impl NodeHandler for Sleep {
     }
 
     async fn run(&self, input: Value, ctx: NodeContext) -> Result<NodeOutput, NodeError> {
-        let duration = duration_input(&input, "duration")?
+        let duration = input_duration(&input, "duration")?
             .ok_or_else(|| NodeError::invalid_input("duration", "is required"))?;
         pause(duration, ctx.stopped()).await?;
         let ms = i64::try_from(duration.as_millis()).unwrap_or(i64::MAX);
@@ -177,24 +177,6 @@ impl Chunking {
             chunks.push(&text[start..]);
         }
         chunks
-    }
-}
-
-/// Reads an optional humantime duration field of a resolved input (shared by the standard
-/// kinds and `http`).
-pub(crate) fn duration_input(input: &Value, field: &str) -> Result<Option<Duration>, NodeError> {
-    match input.get(field) {
-        None | Some(Value::Null) => Ok(None),
-        Some(Value::String(s)) => humantime::parse_duration(s)
-            .map(Some)
-            .map_err(|e| NodeError::invalid_input(field, format!("{s:?} is not a duration ({e})"))),
-        Some(other) => Err(NodeError::invalid_input(
-            field,
-            format!(
-                "expected a duration such as \"250ms\" or \"30s\", found {}",
-                other.type_name()
-            ),
-        )),
     }
 }
 
@@ -308,12 +290,12 @@ mod tests {
     fn durations_are_humantime_text() {
         let input = |v: Value| Value::from_iter([("d", v)]);
         assert_eq!(
-            duration_input(&input(Value::from("1s 250ms")), "d"),
+            input_duration(&input(Value::from("1s 250ms")), "d"),
             Ok(Some(Duration::from_millis(1250)))
         );
-        assert_eq!(duration_input(&Value::Object(Map::new()), "d"), Ok(None));
-        assert!(duration_input(&input(Value::from("soon")), "d").is_err());
-        assert!(duration_input(&input(Value::Int(5)), "d").is_err());
+        assert_eq!(input_duration(&Value::Object(Map::new()), "d"), Ok(None));
+        assert!(input_duration(&input(Value::from("soon")), "d").is_err());
+        assert!(input_duration(&input(Value::Int(5)), "d").is_err());
     }
 
     /// A sink that records chunks and is stopped through a watch channel.

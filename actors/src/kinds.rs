@@ -12,7 +12,7 @@ mod switch;
 
 pub(crate) use engine::EngineKind;
 pub(crate) use handler::RunScope;
-pub use handler::{NodeContext, NodeHandler, input_bool, input_str};
+pub use handler::{NodeContext, NodeHandler, input_bool, input_duration, input_str};
 pub use probe::{Probe, ProbeStop};
 
 use std::collections::BTreeMap;

@@ -24,7 +24,7 @@ mod workflow;
 pub use exec::{LeaseConfig, RuntimeConfig};
 pub use kinds::{
     ELSE, KindError, Kinds, NodeContext, NodeHandler, Probe, ProbeStop, Switch, input_bool,
-    input_str,
+    input_duration, input_str,
 };
 pub use model::{
     ActorTree, AnswerError, CheckpointError, CheckpointId, Fence, FieldType, FinishedRun,

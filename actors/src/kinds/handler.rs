@@ -8,6 +8,7 @@
 
 use std::fmt;
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
+use std::time::Duration;
 
 use async_trait::async_trait;
 use imbl::Vector;
@@ -287,6 +288,24 @@ pub fn input_str<'a>(input: &'a Value, field: &str) -> Result<&'a str, NodeError
             format!("expected a string, found {}", other.type_name()),
         )),
         None => Err(NodeError::invalid_input(field, "is required")),
+    }
+}
+
+/// Reads an optional duration field from a resolved input, written as humantime reads it
+/// (`"250ms"`, `"1m 30s"`).
+pub fn input_duration(input: &Value, field: &str) -> Result<Option<Duration>, NodeError> {
+    match input.get(field) {
+        None | Some(Value::Null) => Ok(None),
+        Some(Value::String(s)) => humantime::parse_duration(s)
+            .map(Some)
+            .map_err(|e| NodeError::invalid_input(field, format!("{s:?} is not a duration ({e})"))),
+        Some(other) => Err(NodeError::invalid_input(
+            field,
+            format!(
+                "expected a duration such as \"250ms\" or \"30s\", found {}",
+                other.type_name()
+            ),
+        )),
     }
 }
 
