@@ -2,18 +2,18 @@
 //!
 //! When the durability mode asks for it (`sync`, or `async` with too much waiting for the
 //! store), nodes made ready by a completion wait until a snapshot holding that completion is
-//! stored. The gate holds them, says when to write the awaited snapshot, releases them when it
+//! stored; in `sync` mode, so do loops and parallels (at any depth) before their next
+//! iteration or item begins. The gate is generic in what it holds (nodes, bodies): it only
+//! says which of them a stored snapshot covers. The gate holds them, says when to write the awaited snapshot, releases them when it
 //! is stored, and, when the store fails, keeps them held (the run waits for the store rather than
 //! going on unsaved) and says when the wait starts and ends. In `async` mode it also coalesces
 //! background snapshots: one per window, armed by the first completion in it.
 
-use super::dag::NodeIndex;
-
 /// What to do with newly ready nodes.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) enum ReadyStep {
+pub(crate) enum ReadyStep<T> {
     /// Start them now.
-    Launch(Vec<NodeIndex>),
+    Launch(Vec<T>),
     /// Write the awaited snapshot now (the nodes are held until it is stored).
     Save,
     /// Hold them: an awaited snapshot is being written; another follows it.
@@ -21,10 +21,10 @@ pub(crate) enum ReadyStep {
 }
 
 /// What an awaited snapshot's answer means.
-#[derive(Debug, Clone, PartialEq, Eq, Default)]
-pub(crate) struct SavedStep {
-    /// The nodes it held, to start now.
-    pub(crate) launch: Vec<NodeIndex>,
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct SavedStep<T> {
+    /// What it held, to start now.
+    pub(crate) launch: Vec<T>,
     /// More nodes were held meanwhile: write another awaited snapshot.
     pub(crate) save_again: bool,
     /// The store had been failing and is back.
@@ -35,18 +35,42 @@ pub(crate) struct SavedStep {
     pub(crate) retry: bool,
 }
 
-/// The gate between a node's completion and its dependents' start.
-#[derive(Debug, Default)]
-pub(crate) struct SaveGate {
-    held: Vec<NodeIndex>,
-    saving: Option<Vec<NodeIndex>>,
+impl<T> Default for SavedStep<T> {
+    fn default() -> Self {
+        Self {
+            launch: Vec::new(),
+            save_again: false,
+            wait_over: false,
+            wait_begins: false,
+            retry: false,
+        }
+    }
+}
+
+/// The gate between a completion and what follows it.
+#[derive(Debug)]
+pub(crate) struct SaveGate<T> {
+    held: Vec<T>,
+    saving: Option<Vec<T>>,
     waiting: bool,
     armed: bool,
 }
 
-impl SaveGate {
-    /// Nodes became ready; `save_first` says whether they must wait for a stored snapshot.
-    pub(crate) fn ready(&mut self, nodes: Vec<NodeIndex>, save_first: bool) -> ReadyStep {
+impl<T> Default for SaveGate<T> {
+    fn default() -> Self {
+        Self {
+            held: Vec::new(),
+            saving: None,
+            waiting: false,
+            armed: false,
+        }
+    }
+}
+
+impl<T> SaveGate<T> {
+    /// Nodes became ready (or a body waits to go on); `save_first` says whether they must wait
+    /// for a stored snapshot.
+    pub(crate) fn ready(&mut self, nodes: Vec<T>, save_first: bool) -> ReadyStep<T> {
         if !save_first {
             return ReadyStep::Launch(nodes);
         }
@@ -61,7 +85,7 @@ impl SaveGate {
 
     /// The awaited snapshot came back. `running` says whether the run still starts nodes (a
     /// stopping run starts none, and retries nothing).
-    pub(crate) fn saved(&mut self, stored: bool, running: bool) -> SavedStep {
+    pub(crate) fn saved(&mut self, stored: bool, running: bool) -> SavedStep<T> {
         let covered = self.saving.take().unwrap_or_default();
         let mut step = SavedStep::default();
         if stored {
@@ -124,7 +148,7 @@ mod tests {
 
     #[test]
     fn sync_holds_until_stored_and_batches_what_came_meanwhile() {
-        let mut gate = SaveGate::default();
+        let mut gate = SaveGate::<u32>::default();
         assert_eq!(gate.ready(vec![1], true), ReadyStep::Save);
         assert!(gate.busy());
         assert_eq!(gate.ready(vec![2], true), ReadyStep::Hold);
@@ -140,7 +164,7 @@ mod tests {
 
     #[test]
     fn a_failing_store_holds_everything_and_retries() {
-        let mut gate = SaveGate::default();
+        let mut gate = SaveGate::<u32>::default();
         assert_eq!(gate.ready(vec![1], true), ReadyStep::Save);
         assert_eq!(gate.ready(vec![2], true), ReadyStep::Hold);
         let step = gate.saved(false, true);
@@ -158,7 +182,7 @@ mod tests {
 
     #[test]
     fn a_stopping_run_starts_nothing_and_retries_nothing() {
-        let mut gate = SaveGate::default();
+        let mut gate = SaveGate::<u32>::default();
         gate.ready(vec![1], true);
         let step = gate.saved(true, false);
         assert!(step.launch.is_empty() && !step.save_again);
@@ -169,7 +193,7 @@ mod tests {
 
     #[test]
     fn async_launches_at_once_and_arms_one_save_per_window() {
-        let mut gate = SaveGate::default();
+        let mut gate = SaveGate::<u32>::default();
         assert_eq!(gate.ready(vec![4], false), ReadyStep::Launch(vec![4]));
         assert!(gate.arm());
         assert!(!gate.arm());

@@ -56,13 +56,19 @@ pub(crate) enum BodyMsg {
     Deadline,
     /// The coalescing window passed: hand the run the progress made since the last report.
     ReportProgress,
-    /// A loop or parallel running in one of this body's executions made progress.
+    /// A loop or parallel running in one of this body's executions made progress; in `sync`
+    /// mode, `waiters` go on once a snapshot holding it is stored (passed up with this body's
+    /// report, and told by the run).
     ChildProgress {
         child: ractor::ActorId,
         node: NodeIndex,
         frame: Box<FrameState>,
         messages: Vector<Message>,
+        waiters: Vec<ActorRef<BodyMsg>>,
     },
+    /// A snapshot holding the progress this body reported is stored (`sync`): its next
+    /// iteration or items may begin.
+    Saved,
 }
 
 pub(crate) struct BodyActor;
@@ -92,6 +98,8 @@ struct LoopWork {
     exec: Option<GraphExec>,
     /// The current iteration's saved progress, until the iteration starts again.
     saved_body: Option<GraphState>,
+    /// The next iteration, held until the progress of the one before is stored (`sync`).
+    held: Option<LoopStep>,
 }
 
 /// A parallel: its machine (once begun) and the graphs of the items in flight.
@@ -143,6 +151,11 @@ pub(crate) struct BodyState {
     report_waiting: bool,
     /// Where progress goes: the hosting body, or the run's supervisor when `None`.
     parent: Option<ActorRef<BodyMsg>>,
+    /// Progress reports this body waits to hear are stored (`sync`): until none is left, no
+    /// iteration or item begins.
+    unsaved: u32,
+    /// Nested bodies waiting for their progress to be stored, to hand up with the next report.
+    pass_on: Vec<ActorRef<BodyMsg>>,
     span: tracing::Span,
 }
 
@@ -162,6 +175,7 @@ impl Actor for BodyActor {
                 machine: None,
                 exec: None,
                 saved_body: None,
+                held: None,
             })),
             NodeSpec::Parallel(spec) => Work::Parallel(Box::new(ParWork {
                 spec,
@@ -197,6 +211,8 @@ impl Actor for BodyActor {
             reported_at: None,
             report_waiting: false,
             parent: args.parent,
+            unsaved: 0,
+            pass_on: Vec::new(),
             span,
         })
     }
@@ -238,7 +254,7 @@ impl Actor for BodyActor {
             BodyMsg::ReportProgress => {
                 if state.report_waiting && !state.stopping && state.end.is_none() {
                     state.report_waiting = false;
-                    state.send_progress(&myself);
+                    state.send_progress(&myself, Vec::new());
                 }
             }
             BodyMsg::ChildProgress {
@@ -246,15 +262,22 @@ impl Actor for BodyActor {
                 node,
                 frame,
                 messages,
+                waiters,
             } => {
                 let noted = !state.stopping
                     && state.end.is_none()
                     && state
                         .exec_of(&child)
                         .is_some_and(|(_, exec)| exec.note_nested_progress(node, *frame, messages));
+                // Not noted: this body is stopping, and so are the waiting ones.
                 if noted {
-                    state.report_progress(&myself.get_cell());
+                    state.pass_on.extend(waiters);
+                    state.report_progress(&myself.get_cell(), false);
                 }
+            }
+            BodyMsg::Saved => {
+                state.unsaved = state.unsaved.saturating_sub(1);
+                state.settle(&myself).await;
             }
             BodyMsg::Deadline => {
                 let cell = myself.get_cell();
@@ -706,6 +729,14 @@ impl BodyState {
         let Work::Loop(l) = &mut self.work else {
             return None;
         };
+        if l.held.is_some() {
+            // The next iteration begins once the one before is stored.
+            if self.unsaved > 0 {
+                return None;
+            }
+            let step = l.held.take()?;
+            return Some(self.loop_step(cell, step).await);
+        }
         if !l.exec.as_ref().is_some_and(GraphExec::is_done) {
             return None;
         }
@@ -743,8 +774,12 @@ impl BodyState {
         };
         let machine = l.machine.as_mut()?;
         let step = machine.iteration_done(end);
-        if matches!(step, LoopStep::Start { .. }) {
-            self.report_progress(cell);
+        if matches!(step, LoopStep::Start { .. }) && self.report_progress(cell, true) {
+            // `sync`: the next iteration waits until this one is stored.
+            if let Work::Loop(l) = &mut self.work {
+                l.held = Some(step);
+            }
+            return None;
         }
         Some(self.loop_step(cell, step).await)
     }

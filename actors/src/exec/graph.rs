@@ -655,13 +655,16 @@ impl GraphExec {
     }
 
     /// The messages this execution's finished nodes produced, then those its running loops
-    /// and parallels produced so far: what a progress report of its body carries.
-    pub(crate) fn progress_messages(&self) -> impl Iterator<Item = &Message> {
+    /// and parallels produced so far: what a progress report of its body carries. Joined as
+    /// persistent vectors, so the cost does not grow with what nested bodies produced.
+    pub(crate) fn progress_messages(&self) -> Vector<Message> {
         let mut running: Vec<_> = self.running_messages.iter().collect();
         running.sort_by_key(|(node, _)| **node);
-        self.produced
-            .iter()
-            .chain(running.into_iter().flat_map(|(_, m)| m.iter()))
+        let mut messages = self.produced.clone();
+        for (_, more) in running {
+            messages.append(more.clone());
+        }
+        messages
     }
 
     /// The nodes running now.

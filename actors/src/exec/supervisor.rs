@@ -23,6 +23,7 @@ use tracing::Instrument;
 
 mod ending;
 
+use super::body::BodyMsg;
 use super::graph::{Ended, ExecEvent, GraphExec, Host, Outer};
 use super::run::{LiveRun, RunInfo};
 use crate::core::NodeIndex;
@@ -67,13 +68,24 @@ pub(crate) enum RunMsg {
     Saved(Result<CheckpointId, CheckpointError>),
     /// Try the awaited progress snapshot again.
     RetrySave,
-    /// A top-level loop or parallel finished iterations or items: what it has finished, and
-    /// the messages they produced, for the run's progress snapshots.
+    /// A top-level loop or parallel finished iterations or items (its own, or nested
+    /// bodies'): what it has finished, and the messages they produced, for the run's progress
+    /// snapshots. In `sync` mode, `waiters` (the bodies that finished them) go on once a
+    /// snapshot holding it is stored.
     Progress {
         node: crate::core::NodeIndex,
         frame: Box<crate::persist::snapshot::FrameState>,
         messages: Vector<Message>,
+        waiters: Vec<ActorRef<BodyMsg>>,
     },
+}
+
+/// What waits at the save gate: nodes made ready by a completion, or a loop or parallel (at
+/// any depth) whose next iteration or items wait for its progress to be stored.
+#[derive(Debug)]
+enum Held {
+    Node(NodeIndex),
+    Body(ActorRef<BodyMsg>),
 }
 
 pub(crate) struct RunSupervisor;
@@ -122,7 +134,7 @@ pub(crate) struct RunState {
     /// Stop timers (escalation, deadline), cancelled when the run ends.
     timers: Vec<tokio::task::JoinHandle<()>>,
     /// What must be stored before which nodes start.
-    gate: SaveGate,
+    gate: SaveGate<Held>,
     /// Since when the run waits for a failing store, and how long earlier waits lasted.
     storage_since: Option<tokio::time::Instant>,
     storage_waited: Duration,
@@ -312,13 +324,25 @@ impl Actor for RunSupervisor {
                 node,
                 frame,
                 messages,
+                waiters,
             } => {
+                // Not noted: the run is stopping, and so are the waiting bodies.
                 if state.lifecycle.is_running() && state.exec.note_progress(node, *frame) {
                     state.body_messages.insert(node, messages);
                     match state.run.config().durability {
                         Durability::Exit => {}
                         Durability::Async => state.progress(&myself),
-                        Durability::Sync => state.save_in_background().await,
+                        // The bodies go on once a snapshot holding this is stored.
+                        Durability::Sync => {
+                            let held = waiters.into_iter().map(Held::Body).collect();
+                            match state.gate.ready(held, true) {
+                                ReadyStep::Save => state.start_save(&myself),
+                                ReadyStep::Hold => {}
+                                ReadyStep::Launch(held) => {
+                                    state.release(held);
+                                }
+                            }
+                        }
                     }
                 }
             }
@@ -440,11 +464,13 @@ impl RunState {
                     }
                     // Dependents start once the progress that made them ready is stored, when
                     // the durability mode asks for it.
+                    let ready = ready.into_iter().map(Held::Node).collect();
                     match self.gate.ready(ready, self.must_save_first()) {
                         ReadyStep::Save => self.start_save(myself),
                         ReadyStep::Hold => {}
-                        ReadyStep::Launch(ready) => {
+                        ReadyStep::Launch(held) => {
                             self.progress(myself);
+                            let ready = self.release(held);
                             queue.extend(self.launch(myself, ready).await);
                         }
                     }
@@ -460,6 +486,20 @@ impl RunState {
                 }
             }
         }
+    }
+
+    /// Lets held bodies go on (their progress is stored) and returns the held nodes, to start.
+    fn release(&self, held: Vec<Held>) -> Vec<NodeIndex> {
+        let mut nodes = Vec::new();
+        for h in held {
+            match h {
+                Held::Node(node) => nodes.push(node),
+                Held::Body(body) => {
+                    let _ = body.send_message(BodyMsg::Saved);
+                }
+            }
+        }
+        nodes
     }
 
     /// Whether dependents must wait until the run's progress is stored: always in `sync` mode;
@@ -542,8 +582,9 @@ impl RunState {
                         error: None,
                     });
                 }
-                if !step.launch.is_empty() {
-                    let events = self.launch(myself, step.launch).await;
+                let launch = self.release(step.launch);
+                if !launch.is_empty() {
+                    let events = self.launch(myself, launch).await;
                     Box::pin(self.process(myself, events)).await;
                 }
                 if step.save_again {

@@ -468,20 +468,11 @@ fn frame_delta(old: &FrameState, new: &FrameState) -> FrameDelta {
         (FrameState::Parallel(a), FrameState::Parallel(b)) => {
             let items =
                 (!(Arc::ptr_eq(&a.items, &b.items) || a.items == b.items)).then(|| b.items.clone());
-            let finished = if a.done.len() == b.done.len() && a.results.len() == b.results.len() {
-                let changed: Vec<(u32, bool, Option<Value>)> = a
-                    .done
-                    .iter()
-                    .zip(&b.done)
-                    .zip(a.results.iter().zip(&b.results))
-                    .enumerate()
-                    .filter(|(_, ((da, db), (ra, rb)))| da != db || ra != rb)
-                    .map(|(i, ((_, db), (_, rb)))| {
-                        (u32::try_from(i).unwrap_or(u32::MAX), *db, rb.clone())
-                    })
-                    .collect();
-                (!changed.is_empty()).then_some(SeqDelta::Append(changed))
-            } else {
+            // Every item that finishes (or fails) appends its entry to `assigned`, so what
+            // was appended names the items whose result or state changed: a step costs what
+            // those items hold, not the number of items.
+            let assigned = grown(&a.assigned, &b.assigned, |x, y| x == y);
+            let finished = if a.done.len() != b.done.len() || a.results.len() != b.results.len() {
                 Some(SeqDelta::Replace(
                     b.done
                         .iter()
@@ -490,31 +481,65 @@ fn frame_delta(old: &FrameState, new: &FrameState) -> FrameDelta {
                         .map(|(i, (d, r))| (u32::try_from(i).unwrap_or(u32::MAX), *d, r.clone()))
                         .collect(),
                 ))
-            };
-            let in_progress = if a.in_progress == b.in_progress {
-                None
             } else {
-                Some(
-                    b.in_progress
-                        .iter()
-                        .map(
-                            |item| match a.in_progress.iter().find(|o| o.index == item.index) {
-                                Some(old) => ItemDelta::Kept {
-                                    index: item.index,
-                                    body: graph_delta(&old.body, &item.body),
-                                },
-                                None => ItemDelta::New(item.clone()),
-                            },
-                        )
-                        .collect(),
-                )
+                match &assigned {
+                    None => None,
+                    Some(SeqDelta::Append(more)) => {
+                        let mut seen = std::collections::BTreeSet::new();
+                        let changed: Vec<(u32, bool, Option<Value>)> = more
+                            .iter()
+                            .filter(|(index, _)| seen.insert(*index))
+                            .filter_map(|(index, _)| {
+                                let i = *index as usize;
+                                Some((*index, *b.done.get(i)?, b.results.get(i)?.clone()))
+                            })
+                            .collect();
+                        (!changed.is_empty()).then_some(SeqDelta::Append(changed))
+                    }
+                    // Not one run's progress: every item whose result or state changed.
+                    Some(SeqDelta::Replace(_)) => {
+                        let changed: Vec<(u32, bool, Option<Value>)> = a
+                            .done
+                            .iter()
+                            .zip(&b.done)
+                            .zip(a.results.iter().zip(&b.results))
+                            .enumerate()
+                            .filter(|(_, ((da, db), (ra, rb)))| da != db || ra != rb)
+                            .map(|(i, ((_, db), (_, rb)))| {
+                                (u32::try_from(i).unwrap_or(u32::MAX), *db, rb.clone())
+                            })
+                            .collect();
+                        (!changed.is_empty()).then_some(SeqDelta::Append(changed))
+                    }
+                }
             };
+            // Each item in progress as a delta of its own (never compared whole: an item's
+            // progress holds its nested loops' and parallels' progress).
+            let before: HashMap<u32, &ItemState> =
+                a.in_progress.iter().map(|item| (item.index, item)).collect();
+            let items_now: Vec<ItemDelta> = b
+                .in_progress
+                .iter()
+                .map(|item| match before.get(&item.index) {
+                    Some(old) => ItemDelta::Kept {
+                        index: item.index,
+                        body: graph_delta(&old.body, &item.body),
+                    },
+                    None => ItemDelta::New(item.clone()),
+                })
+                .collect();
+            let unchanged = a.in_progress.len() == b.in_progress.len()
+                && a.in_progress.iter().zip(&items_now).all(|(old, now)| {
+                    matches!(now, ItemDelta::Kept { index, body }
+                        if *index == old.index && graph_is_same(body))
+                });
+            let in_progress = (!unchanged).then_some(items_now);
             let delta = ParallelDelta {
                 items,
                 finished,
-                errors: seq_delta(&a.errors, &b.errors, |x, y| x == y),
+                errors: grown(&a.errors, &b.errors, |x, y| x == y),
                 in_progress,
-                assigned: seq_delta(&a.assigned, &b.assigned, |x, y| x == y),
+                assigned,
             };
             let same = delta.items.is_none()
                 && delta.finished.is_none()

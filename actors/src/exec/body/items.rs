@@ -136,7 +136,11 @@ impl BodyState {
             return None;
         }
         if progressed {
-            self.report_progress(cell);
+            self.report_progress(cell, true);
+        }
+        if self.unsaved > 0 {
+            // `sync`: new items begin once the finished ones are stored.
+            return None;
         }
         let events = self.start_items(cell).await;
         if events.is_empty() && !progressed {

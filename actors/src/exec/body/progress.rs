@@ -4,18 +4,30 @@
 use super::*;
 
 impl BodyState {
-    /// Hands the run what this top-level body has finished (iterations, items) and the
-    /// messages they produced, so the run's progress snapshots hold them: a crash then reruns
-    /// only the iteration or items in flight. Nested bodies are saved by their parent's stop.
-    /// Cheap: the progress shares its vectors with the machine. In `async` mode at most one
-    /// report goes per coalescing window (a shared vector is copied on its next change, so
-    /// fewer reports also mean fewer copies); `sync` reports every step.
-    pub(super) fn report_progress(&mut self, cell: &ActorCell) {
+    /// Hands whoever hosts this body (the run, or the body it is nested in) what it has
+    /// finished (iterations, items) and the messages they produced, so the run's progress
+    /// snapshots hold them at any depth: a crash then reruns only the iterations or items in
+    /// flight. Cheap: the progress shares its vectors with the machine. In `async` mode at
+    /// most one report goes per coalescing window (a shared vector is copied on its next
+    /// change, so fewer reports also mean fewer copies); `sync` reports every step, and with
+    /// `wait` the body goes on only once the run says a snapshot holding it is stored
+    /// ([`BodyMsg::Saved`]). Returns whether the body now waits for that.
+    pub(super) fn report_progress(&mut self, cell: &ActorCell, wait: bool) -> bool {
         let config = self.run.config();
         let me: ActorRef<BodyMsg> = cell.clone().into();
         match config.durability {
-            Durability::Exit => return,
-            Durability::Sync => {}
+            Durability::Exit => return false,
+            Durability::Sync => {
+                let mut waiters = std::mem::take(&mut self.pass_on);
+                if wait {
+                    waiters.push(me.clone());
+                }
+                let sent = self.send_progress(&me, waiters);
+                if sent && wait {
+                    self.unsaved += 1;
+                }
+                return sent && wait;
+            }
             Durability::Async => {
                 let window = config.checkpoint_coalesce;
                 let now = tokio::time::Instant::now();
@@ -28,44 +40,52 @@ impl BodyState {
                             let _ = me.send_message(BodyMsg::ReportProgress);
                         });
                     }
-                    return;
+                    return false;
                 }
             }
         }
-        self.send_progress(&me);
+        self.send_progress(&me, Vec::new());
+        false
     }
 
     /// Hands this body's progress to whoever hosts it now: everything finished so far, in
     /// finished iterations and items and in the current ones (down to nested loops and
     /// parallels), with the messages they produced, so that a worker dying now costs only
-    /// what was running.
-    pub(super) fn send_progress(&mut self, myself: &ActorRef<BodyMsg>) {
+    /// what was running. `waiters`: the bodies to tell once it is stored (`sync`). Returns
+    /// whether it was sent.
+    pub(super) fn send_progress(
+        &mut self,
+        myself: &ActorRef<BodyMsg>,
+        waiters: Vec<ActorRef<BodyMsg>>,
+    ) -> bool {
         self.reported_at = Some(tokio::time::Instant::now());
         let Some(frame) = self.progress_frame() else {
-            return;
+            return false;
         };
         let mut messages = self.produced.clone();
         for exec in self.execs_mut() {
-            messages.extend(exec.progress_messages().cloned());
+            messages.append(exec.progress_messages());
         }
         match &self.parent {
-            Some(parent) => {
-                let _ = parent.send_message(BodyMsg::ChildProgress {
+            Some(parent) => parent
+                .send_message(BodyMsg::ChildProgress {
                     child: myself.get_id(),
                     node: self.node,
                     frame: Box::new(frame),
                     messages,
-                });
-            }
-            None => {
-                if let Some(supervisor) = self.run.supervisor.get() {
-                    let _ = supervisor.send_message(RunMsg::Progress {
+                    waiters,
+                })
+                .is_ok(),
+            None => self.run.supervisor.get().is_some_and(|supervisor| {
+                supervisor
+                    .send_message(RunMsg::Progress {
                         node: self.node,
                         frame: Box::new(frame),
                         messages,
-                    });
-                }
-            }
+                        waiters,
+                    })
+                    .is_ok()
+            }),
         }
     }
 
