@@ -28,7 +28,7 @@ use runvisor::{
 use serde_json::json;
 use tokio::runtime::Runtime as Tokio;
 
-use common::{ECHO, Echo, chain, chain_def, run_once};
+use common::{ECHO, Echo, chain, chain_def, counted_loop, run_once, wide_parallel};
 
 fn runtime() -> Runtime {
     Runtime::builder().handler(ECHO, Echo).build()
@@ -75,51 +75,6 @@ fn switch(runtime: &Runtime) -> Workflow {
         .branch("route", "refund", "refund")
         .branch("route", "else", "other");
     runtime.validate(def).expect("switch workflow is valid")
-}
-
-/// `begin -> l`: a condition loop of `iterations` iterations (`until` its index reaches the
-/// last one), whose body is one trivial node reading the iteration's index.
-fn counted_loop(runtime: &Runtime, iterations: u32) -> Workflow {
-    let def = WorkflowDef::new(format!("loop-{iterations}"))
-        .node(NodeDef::new("begin", "begin"))
-        .node(NodeDef {
-            params: json!({
-                "mode": "condition",
-                "max_iterations": iterations,
-                "until": {"conditions": [
-                    {"left": "{{l.index}}", "op": "gte", "right": iterations - 1}
-                ]},
-                "output": "{{b.value}}"
-            }),
-            body: Some(BodyDef {
-                nodes: vec![NodeDef::new("b", ECHO).param("x", "{{l.index}}")],
-                edges: Vec::new(),
-            }),
-            ..NodeDef::new("l", "loop")
-        })
-        .edge("begin", "l");
-    runtime.validate(def).expect("loop workflow is valid")
-}
-
-/// `begin -> p`: a parallel over `items` numbers, `concurrency` at a time, whose body is one
-/// trivial node reading the item.
-fn wide_parallel(runtime: &Runtime, items: usize, concurrency: usize) -> Workflow {
-    let def = WorkflowDef::new(format!("parallel-{items}"))
-        .node(NodeDef::new("begin", "begin"))
-        .node(NodeDef {
-            params: json!({
-                "items": (0..items).collect::<Vec<_>>(),
-                "max_concurrency": concurrency,
-                "output": "{{b.value}}"
-            }),
-            body: Some(BodyDef {
-                nodes: vec![NodeDef::new("b", ECHO).param("x", "{{p.item}}")],
-                edges: Vec::new(),
-            }),
-            ..NodeDef::new("p", "parallel")
-        })
-        .edge("begin", "p");
-    runtime.validate(def).expect("parallel workflow is valid")
 }
 
 /// `begin -> ask -> after`: `ask` is a one-field form; `after` reads the answer.

@@ -7,7 +7,8 @@
 pub(crate) mod redis_server;
 
 use runvisor::{
-    Map, NodeContext, NodeDef, NodeError, NodeHandler, NodeOutput, RunOutcome, Runtime, ThreadId,
+    BodyDef, Map, NodeContext, NodeDef, NodeError, NodeHandler, NodeOutput, RunOutcome, Runtime,
+    ThreadId,
     Value, Workflow, WorkflowDef, async_trait,
 };
 use serde_json::json;
@@ -132,4 +133,49 @@ pub(crate) async fn run_once(
         other => panic!("run did not complete as expected: {other:?}"),
     }
     std::hint::black_box(outcome);
+}
+
+/// `begin -> l`: a condition loop of `iterations` iterations (`until` its index reaches the
+/// last one), whose body is one trivial node reading the iteration's index.
+pub(crate) fn counted_loop(runtime: &Runtime, iterations: u32) -> Workflow {
+    let def = WorkflowDef::new(format!("loop-{iterations}"))
+        .node(NodeDef::new("begin", "begin"))
+        .node(NodeDef {
+            params: json!({
+                "mode": "condition",
+                "max_iterations": iterations,
+                "until": {"conditions": [
+                    {"left": "{{l.index}}", "op": "gte", "right": iterations - 1}
+                ]},
+                "output": "{{b.value}}"
+            }),
+            body: Some(BodyDef {
+                nodes: vec![NodeDef::new("b", ECHO).param("x", "{{l.index}}")],
+                edges: Vec::new(),
+            }),
+            ..NodeDef::new("l", "loop")
+        })
+        .edge("begin", "l");
+    runtime.validate(def).expect("loop workflow is valid")
+}
+
+/// `begin -> p`: a parallel over `items` numbers, `concurrency` at a time, whose body is one
+/// trivial node reading the item.
+pub(crate) fn wide_parallel(runtime: &Runtime, items: usize, concurrency: usize) -> Workflow {
+    let def = WorkflowDef::new(format!("parallel-{items}"))
+        .node(NodeDef::new("begin", "begin"))
+        .node(NodeDef {
+            params: json!({
+                "items": (0..items).collect::<Vec<_>>(),
+                "max_concurrency": concurrency,
+                "output": "{{b.value}}"
+            }),
+            body: Some(BodyDef {
+                nodes: vec![NodeDef::new("b", ECHO).param("x", "{{p.item}}")],
+                edges: Vec::new(),
+            }),
+            ..NodeDef::new("p", "parallel")
+        })
+        .edge("begin", "p");
+    runtime.validate(def).expect("parallel workflow is valid")
 }

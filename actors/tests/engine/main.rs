@@ -16,6 +16,7 @@ mod interactive;
 mod interrupt_paths;
 mod layers;
 mod loops;
+mod nested_sync;
 mod ops;
 mod orphans;
 mod parallel;
