@@ -2,6 +2,11 @@
 //!
 //! - `snapshot/encode/<size>`, `snapshot/decode/<size>`: the envelope codec on snapshots whose
 //!   node outputs total ~1 KiB, 64 KiB and 1 MiB (throughput in bytes);
+//! - `delta/<body>_<n>`: one step's delta (computed and encoded) of a snapshot holding a
+//!   parallel of `n` items (one more finished), a loop of `n` iterations (one more finished),
+//!   or a parallel item in progress whose nested loop has `n` iterations (one more finished),
+//!   for `n` of 1,000 and 100,000: a flat cost is the same time and bytes at both sizes (the
+//!   bytes are printed to stderr);
 //! - `redis/ping`: one PING round trip on a multiplexed connection, the unit the durable runs
 //!   are compared with; `redis/checkpoint_put`: one checkpoint store `put` (the Lua script)
 //!   of a real mid-chain progress snapshot, as `sync` pays it per node;
@@ -30,7 +35,11 @@ use criterion::measurement::WallTime;
 use criterion::{BenchmarkGroup, Criterion, Throughput, criterion_group, criterion_main};
 use runvisor::delta::materialize;
 use runvisor::redis::{RedisConfig, RedisStores};
-use runvisor::snapshot::{CompletedNode, GraphState, Snapshot};
+use runvisor::delta::{DeltaLink, SnapshotDelta};
+use runvisor::snapshot::{
+    CompletedNode, FrameState, GraphState, ItemState, IterationDetail, LoopState, ParallelState,
+    SavedFrame, Snapshot,
+};
 use runvisor::store::{RunStatus, StoredCheckpoint};
 use runvisor::{CheckpointId, Durability, Map, Route, RunId, RunLabels, Runtime, ThreadId, Value};
 
@@ -89,6 +98,146 @@ fn snapshot_of(bytes: usize) -> Snapshot {
         labels: RunLabels::default(),
         history_len: Some(0),
     }
+}
+
+fn node_id(id: &str) -> runvisor::NodeId {
+    runvisor::NodeId::new(id).expect("id")
+}
+
+/// A loop's progress after `n` iterations of one body node.
+fn loop_after(n: usize) -> LoopState {
+    LoopState {
+        iteration: u32::try_from(n).expect("fits"),
+        vars: Map::new(),
+        history: (0..n).map(|i| Value::Int(i as i64)).collect(),
+        details: (0..n)
+            .map(|i| IterationDetail {
+                index: u32::try_from(i).expect("fits"),
+                nodes: vec![node_id("b")],
+            })
+            .collect(),
+        items: None,
+        body: GraphState::default(),
+        assigned: Vec::new(),
+    }
+}
+
+/// The loop after one more iteration.
+fn iterate(l: &mut LoopState) {
+    l.history.push_back(Value::Int(i64::from(l.iteration)));
+    l.details.push_back(IterationDetail {
+        index: l.iteration,
+        nodes: vec![node_id("b")],
+    });
+    l.iteration += 1;
+}
+
+/// A parallel of `n` items: those before `done` finished, the 16 after them in progress.
+fn parallel_at(n: usize, done: usize) -> ParallelState {
+    ParallelState {
+        items: (0..n).map(|i| Value::Int(i as i64)).collect(),
+        results: (0..n)
+            .map(|i| (i < done).then(|| Value::Int(i as i64)))
+            .collect(),
+        done: (0..n).map(|i| i < done).collect(),
+        errors: Default::default(),
+        in_progress: (done..(done + 16).min(n))
+            .map(|i| ItemState {
+                index: u32::try_from(i).expect("fits"),
+                body: GraphState::default(),
+            })
+            .collect(),
+        assigned: (0..done)
+            .map(|i| (u32::try_from(i).expect("fits"), Vec::new()))
+            .collect(),
+    }
+}
+
+/// Item `i` of the parallel finished, and the next one started.
+fn finish_item(p: &mut ParallelState, i: usize) {
+    p.done.set(i, true);
+    p.results.set(i, Some(Value::Int(i as i64)));
+    p.assigned
+        .push_back((u32::try_from(i).expect("fits"), Vec::new()));
+    p.in_progress.retain(|item| item.index as usize != i);
+    let next = i + 16;
+    if next < p.done.len() {
+        p.in_progress.push(ItemState {
+            index: u32::try_from(next).expect("fits"),
+            body: GraphState::default(),
+        });
+    }
+}
+
+/// Two consecutive progress snapshots of a run in a body of `n`: before and after one more
+/// iteration or item finished.
+fn body_step(kind: &str, n: usize) -> (Snapshot, Snapshot) {
+    let frame = |state| SavedFrame {
+        node: node_id("x"),
+        state,
+    };
+    let mut old = snapshot_of(1024);
+    let mut new = old.clone();
+    new.sequence += 1;
+    match kind {
+        "parallel" => {
+            let half = n / 2;
+            let before = parallel_at(n, half);
+            let mut after = before.clone();
+            finish_item(&mut after, half);
+            old.graph.frames = vec![frame(FrameState::Parallel(before))];
+            new.graph.frames = vec![frame(FrameState::Parallel(after))];
+        }
+        "loop" => {
+            let before = loop_after(n);
+            let mut after = before.clone();
+            iterate(&mut after);
+            old.graph.frames = vec![frame(FrameState::Loop(before))];
+            new.graph.frames = vec![frame(FrameState::Loop(after))];
+        }
+        _ => {
+            // A parallel whose item 0 runs a loop of `n` iterations.
+            let inner = loop_after(n);
+            let mut outer = parallel_at(16, 0);
+            outer.in_progress[0].body.frames = vec![frame(FrameState::Loop(inner))];
+            let mut after = outer.clone();
+            if let FrameState::Loop(l) = &mut after.in_progress[0].body.frames[0].state {
+                iterate(l);
+            }
+            old.graph.frames = vec![frame(FrameState::Parallel(outer))];
+            new.graph.frames = vec![frame(FrameState::Parallel(after))];
+        }
+    }
+    (old, new)
+}
+
+/// One step's delta, encoded.
+fn step_delta(old: &Snapshot, new: &Snapshot) -> Vec<u8> {
+    let link = DeltaLink {
+        base: CheckpointId::new(),
+        parent: CheckpointId::new(),
+    };
+    SnapshotDelta::between(old, new, link)
+        .encode()
+        .expect("encodes")
+}
+
+fn deltas(c: &mut Criterion) {
+    let mut group = c.benchmark_group("delta");
+    configure(&mut group);
+    for kind in ["parallel", "loop", "nested_loop"] {
+        for n in [1000, 100_000] {
+            let (old, new) = body_step(kind, n);
+            eprintln!(
+                "delta {kind} of {n}: {} bytes for one more finished",
+                step_delta(&old, &new).len()
+            );
+            group.bench_function(format!("{kind}_{n}"), |b| {
+                b.iter(|| black_box(step_delta(&old, &new)));
+            });
+        }
+    }
+    group.finish();
 }
 
 fn configure(group: &mut BenchmarkGroup<'_, WallTime>) {
@@ -296,5 +445,5 @@ fn durable(c: &mut Criterion) {
     drop(server);
 }
 
-criterion_group!(checkpoint, codec, durable);
+criterion_group!(checkpoint, codec, deltas, durable);
 criterion_main!(checkpoint);

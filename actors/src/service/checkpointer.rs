@@ -1,7 +1,8 @@
 //! `Checkpointer`: one actor per runtime, the only writer of snapshots.
 //!
 //! Runs hand it snapshots in one of two ways:
-//! - **awaited** (`sync` durability after each node, and every run's final snapshot at a stop,
+//! - **awaited** (`sync` durability after each node and each iteration or item of a loop or
+//!   parallel at any depth, and every run's final snapshot at a stop,
 //!   pause, failure or finish): the caller waits until the snapshot is stored, retried with
 //!   backoff while the store fails transiently, until the caller's deadline; a permanent error
 //!   answers at once. A snapshot that was not stored is handed back, encoded, to the caller;
