@@ -231,7 +231,9 @@ fn summary(rt: &Tokio, redis: &RedisStores, con: &MultiplexedConnection) {
                 for pair in measured.windows(2) {
                     let ((a, pa), (b, pb)) = (pair[0], pair[1]);
                     let marginal = (pb * b as f64 - pa * a as f64) / (b - a) as f64;
-                    eprintln!("bodies {store} {kind} {mode} marginal {a}->{b}: {marginal:.1} µs each");
+                    eprintln!(
+                        "bodies {store} {kind} {mode} marginal {a}->{b}: {marginal:.1} µs each"
+                    );
                     marginals.push(marginal);
                 }
                 if let [first, second, ..] = marginals[..] {

@@ -34,8 +34,8 @@ use std::time::{Duration, Instant};
 use criterion::measurement::WallTime;
 use criterion::{BenchmarkGroup, Criterion, Throughput, criterion_group, criterion_main};
 use runvisor::delta::materialize;
-use runvisor::redis::{RedisConfig, RedisStores};
 use runvisor::delta::{DeltaLink, SnapshotDelta};
+use runvisor::redis::{RedisConfig, RedisStores};
 use runvisor::snapshot::{
     CompletedNode, FrameState, GraphState, ItemState, IterationDetail, LoopState, ParallelState,
     SavedFrame, Snapshot,

@@ -8,8 +8,7 @@ pub(crate) mod redis_server;
 
 use runvisor::{
     BodyDef, Map, NodeContext, NodeDef, NodeError, NodeHandler, NodeOutput, RunOutcome, Runtime,
-    ThreadId,
-    Value, Workflow, WorkflowDef, async_trait,
+    ThreadId, Value, Workflow, WorkflowDef, async_trait,
 };
 use serde_json::json;
 use tokio::sync::mpsc;

@@ -515,8 +515,11 @@ fn frame_delta(old: &FrameState, new: &FrameState) -> FrameDelta {
             };
             // Each item in progress as a delta of its own (never compared whole: an item's
             // progress holds its nested loops' and parallels' progress).
-            let before: HashMap<u32, &ItemState> =
-                a.in_progress.iter().map(|item| (item.index, item)).collect();
+            let before: HashMap<u32, &ItemState> = a
+                .in_progress
+                .iter()
+                .map(|item| (item.index, item))
+                .collect();
             let items_now: Vec<ItemDelta> = b
                 .in_progress
                 .iter()

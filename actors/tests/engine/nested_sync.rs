@@ -111,11 +111,17 @@ fn shapes() -> Vec<(&'static str, serde_json::Value)> {
         ),
         (
             "parallel in loop",
-            workflow(loop_of("o", json!({"nodes": [parallel_of("i", leaf("i"))]}))),
+            workflow(loop_of(
+                "o",
+                json!({"nodes": [parallel_of("i", leaf("i"))]}),
+            )),
         ),
         (
             "loop in parallel",
-            workflow(parallel_of("o", json!({"nodes": [loop_of("i", leaf("i"))]}))),
+            workflow(parallel_of(
+                "o",
+                json!({"nodes": [loop_of("i", leaf("i"))]}),
+            )),
         ),
     ]
 }
@@ -159,7 +165,11 @@ async fn in_sync_mode_each_nested_iteration_and_item_begins_after_what_finished_
         );
         let wf = load(&rt, json);
         let outcome = run_to_end(&rt, &wf, Default::default(), "nested-sync").await;
-        assert_eq!(outcome.status(), RunStatus::Succeeded, "{shape}: {outcome:#?}");
+        assert_eq!(
+            outcome.status(),
+            RunStatus::Succeeded,
+            "{shape}: {outcome:#?}"
+        );
         let seen = seen.lock().expect("seen").clone();
         let expected: Vec<(i64, usize)> = (0..3)
             .flat_map(|o| (0..3).map(move |i| (tag(o, i), (o + i) as usize)))
@@ -240,7 +250,11 @@ async fn a_crash_in_a_nested_body_under_sync_reruns_only_the_unit_in_flight() {
             .await
             .expect("resume");
         let outcome = finish(&resumed).await;
-        assert_eq!(outcome.status(), RunStatus::Succeeded, "{shape}: {outcome:#?}");
+        assert_eq!(
+            outcome.status(),
+            RunStatus::Succeeded,
+            "{shape}: {outcome:#?}"
+        );
         let _ = run.stop(StopMode::Force).await;
         finish(&run).await;
 
