@@ -1103,6 +1103,84 @@ mod tests {
         }
     }
 
+    /// A parallel of `n` items whose item 0 is in progress with a nested loop of `n`
+    /// iterations, the items before `n / 2` finished; then one more item finished and the
+    /// nested loop one more iteration.
+    fn parallel_step(n: u32) -> (Snapshot, Snapshot) {
+        let mut inner = loop_state();
+        for i in 0..n {
+            inner.history.push_back(Value::Int(i64::from(i)));
+            inner.iteration += 1;
+        }
+        let half = n / 2;
+        let mut old = start();
+        old.graph.frames.push(SavedFrame {
+            node: node(1),
+            state: FrameState::Parallel(ParallelState {
+                items: (0..n).map(|i| Value::Int(i64::from(i))).collect(),
+                results: (0..n).map(|i| (i < half).then_some(Value::Int(1))).collect(),
+                done: (0..n).map(|i| i < half).collect(),
+                errors: Vector::new(),
+                in_progress: vec![
+                    ItemState {
+                        index: 0,
+                        body: GraphState {
+                            frames: vec![SavedFrame {
+                                node: node(2),
+                                state: FrameState::Loop(inner),
+                            }],
+                            ..GraphState::default()
+                        },
+                    },
+                    ItemState {
+                        index: half,
+                        body: GraphState::default(),
+                    },
+                ],
+                assigned: (1..half).map(|i| (i, Vec::new())).collect(),
+            }),
+        });
+        let mut new = old.clone();
+        if let Some(FrameState::Parallel(p)) = new.graph.frames.last_mut().map(|f| &mut f.state) {
+            p.done.set(half as usize, true);
+            p.results.set(half as usize, Some(Value::Int(2)));
+            p.assigned.push_back((half, Vec::new()));
+            p.in_progress.retain(|i| i.index != half);
+            if let Some(FrameState::Loop(l)) =
+                p.in_progress[0].body.frames.last_mut().map(|f| &mut f.state)
+            {
+                l.history.push_back(Value::Int(-1));
+                l.iteration += 1;
+            }
+        }
+        (old, new)
+    }
+
+    #[test]
+    fn a_parallel_step_writes_the_same_at_a_thousand_and_a_hundred_thousand_items() {
+        let link = DeltaLink {
+            base: CheckpointId::new(),
+            parent: CheckpointId::new(),
+        };
+        let mut sizes = Vec::new();
+        for n in [1000, 100_000] {
+            let (old, new) = parallel_step(n);
+            let delta = SnapshotDelta::between(&old, &new, link);
+            let bytes = delta.encode().expect("encodes");
+            let mut restored = old.clone();
+            SnapshotDelta::decode(&bytes)
+                .expect("decodes")
+                .apply(&mut restored)
+                .expect("applies");
+            assert_eq!(restored, new, "{n} items");
+            sizes.push(bytes.len());
+        }
+        // Only the finished item and the nested loop's new iteration travel (but for a few
+        // bytes of longer varints).
+        assert!(sizes[1] <= sizes[0] + 8, "{sizes:?}");
+        assert!(sizes[1] < 200, "{sizes:?}");
+    }
+
     #[test]
     fn a_long_chain_writes_little_per_step() {
         let mut state = start();
