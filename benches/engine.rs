@@ -23,7 +23,7 @@ use criterion::{
     BatchSize, BenchmarkGroup, Criterion, Throughput, criterion_group, criterion_main,
 };
 use runvisor::{
-    BodyDef, Map, NodeDef, ResumeInput, RunOutcome, Runtime, ThreadId, Value, Workflow, WorkflowDef,
+    Map, NodeDef, ResumeInput, RunOutcome, Runtime, ThreadId, Value, Workflow, WorkflowDef,
 };
 use serde_json::json;
 use tokio::runtime::Runtime as Tokio;

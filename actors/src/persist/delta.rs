@@ -1118,7 +1118,9 @@ mod tests {
             node: node(1),
             state: FrameState::Parallel(ParallelState {
                 items: (0..n).map(|i| Value::Int(i64::from(i))).collect(),
-                results: (0..n).map(|i| (i < half).then_some(Value::Int(1))).collect(),
+                results: (0..n)
+                    .map(|i| (i < half).then_some(Value::Int(1)))
+                    .collect(),
                 done: (0..n).map(|i| i < half).collect(),
                 errors: Vector::new(),
                 in_progress: vec![
@@ -1146,8 +1148,11 @@ mod tests {
             p.results.set(half as usize, Some(Value::Int(2)));
             p.assigned.push_back((half, Vec::new()));
             p.in_progress.retain(|i| i.index != half);
-            if let Some(FrameState::Loop(l)) =
-                p.in_progress[0].body.frames.last_mut().map(|f| &mut f.state)
+            if let Some(FrameState::Loop(l)) = p.in_progress[0]
+                .body
+                .frames
+                .last_mut()
+                .map(|f| &mut f.state)
             {
                 l.history.push_back(Value::Int(-1));
                 l.iteration += 1;
