@@ -137,7 +137,7 @@ fn parallel_at(n: usize, done: usize) -> ParallelState {
     ParallelState {
         items: (0..n).map(|i| Value::Int(i as i64)).collect(),
         results: (0..n)
-            .map(|i| (i < done).then(|| Value::Int(i as i64)))
+            .map(|i| (i < done).then_some(Value::Int(i as i64)))
             .collect(),
         done: (0..n).map(|i| i < done).collect(),
         errors: Default::default(),
