@@ -241,7 +241,7 @@ async fn the_page_shows_a_running_runs_tree_and_stops_it_with_one_click() {
 
     // Resume (continue): a new run of the thread, napping in the first iteration again; a
     // force stop aborts it; resumed again, a cancel stops it with reason cancelled.
-    let resumed = resume(&browser).await;
+    let resumed = resume(&browser, &server).await;
     click(&browser, "#force").await;
     let forced = until_text(
         &browser,
@@ -253,7 +253,7 @@ async fn the_page_shows_a_running_runs_tree_and_stops_it_with_one_click() {
     assert!(forced.contains("Reason\nuser_interrupted"), "{forced}");
     let stopped = server.get(&format!("/v1/runs/{resumed}")).await;
     assert_eq!(stopped.body["outcome"]["stop"]["forced"], json!(["nap"]));
-    let resumed = resume(&browser).await;
+    let resumed = resume(&browser, &server).await;
     click(&browser, "#cancel").await;
     let cancelled = until_text(
         &browser,
@@ -288,7 +288,7 @@ async fn the_page_shows_a_running_runs_tree_and_stops_it_with_one_click() {
 
 /// Presses resume on the selected (ended) run; returns the new run's id once the page shows
 /// it napping in the loop's first iteration.
-async fn resume(browser: &Client) -> String {
+async fn resume(browser: &Client, server: &Server) -> String {
     click(browser, "#resume").await;
     let said = until_text(browser, "the resumed run", "#result", |t| {
         t.starts_with("Resumed as run ")
@@ -302,6 +302,15 @@ async fn resume(browser: &Client) -> String {
         t == format!("Run {run}")
     })
     .await;
+    // The run naps (the service says so), and the page shows it: the tree may still be the
+    // stopped run's until its next refresh, so the API is asked first.
+    server
+        .until("the resumed run to nap", &format!("/v1/runs/{run}"), |a| {
+            a.body["nodes"]
+                .as_array()
+                .is_some_and(|nodes| nodes.contains(&json!("drafts/#0/nap")))
+        })
+        .await;
     until_text(
         browser,
         "the resumed run's tree",
