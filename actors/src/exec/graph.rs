@@ -534,9 +534,15 @@ impl GraphExec {
                         .then(|| ActorRef::<BodyMsg>::from(host.cell.clone())),
                     span: self.node_span(host, node, path),
                 };
-                Actor::spawn_linked(None, BodyActor, args, host.cell.clone())
-                    .await
-                    .map(|(a, _)| ChildRef::Body(a))
+                // Boxed: a body's start is a large future that most nodes never need.
+                Box::pin(Actor::spawn_linked(
+                    None,
+                    BodyActor,
+                    args,
+                    host.cell.clone(),
+                ))
+                .await
+                .map(|(a, _)| ChildRef::Body(a))
             }
             _ => {
                 let ctx = NodeContext::new(

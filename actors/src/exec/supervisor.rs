@@ -427,7 +427,7 @@ impl Actor for RunSupervisor {
                     }
                 }
             }
-            state.end_run().await;
+            Box::pin(state.end_run()).await;
         }
         Ok(())
     }
@@ -761,7 +761,9 @@ impl RunState {
             // Ready nodes wait for their progress to be stored.
             return;
         }
-        self.end_run().await;
+        // Boxed: the end's future is large, and every handler awaits `settle`; inline, each
+        // message would move a future that size (ractor handles one message at a time).
+        Box::pin(self.end_run()).await;
         myself.stop(None);
     }
 
