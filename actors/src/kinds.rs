@@ -6,6 +6,7 @@
 //! variables). Hosts add their own kinds with [`Kinds::register`].
 
 mod engine;
+pub(crate) mod events;
 mod handler;
 mod probe;
 mod switch;

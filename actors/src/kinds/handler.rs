@@ -12,7 +12,6 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use imbl::Vector;
-use tokio::sync::broadcast;
 use tokio_util::sync::CancellationToken;
 
 use super::probe::{Probe, ProbeStop};
@@ -79,7 +78,7 @@ pub(crate) struct RunScope {
     pub(crate) run_id: RunId,
     pub(crate) thread: ThreadId,
     pub(crate) inputs: Arc<Map>,
-    pub(crate) events: broadcast::Sender<RunEvent>,
+    pub(crate) events: super::events::EventSender,
     pub(crate) probe: Option<Arc<dyn Probe>>,
     /// Set once the run's supervisor is up.
     pub(crate) stop: OnceLock<StopHook>,
@@ -97,7 +96,7 @@ impl fmt::Debug for RunScope {
 impl RunScope {
     /// Publishes an event; no subscriber is fine.
     pub(crate) fn emit(&self, event: RunEvent) {
-        let _ = self.events.send(event);
+        self.events.send(event);
     }
 
     /// Asks the run to stop; before its supervisor is up, nothing happens.
@@ -226,7 +225,7 @@ impl NodeContext {
             buffer.chunks
         };
         // No subscriber is fine: events are for whoever listens.
-        let _ = self.run.events.send(RunEvent::NodeChunk {
+        self.run.events.send(RunEvent::NodeChunk {
             path: self.path.clone(),
             text: Arc::from(chunk),
         });

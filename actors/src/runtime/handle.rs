@@ -3,10 +3,11 @@
 
 use std::sync::{Arc, Mutex};
 
-use tokio::sync::{broadcast, watch};
+use tokio::sync::watch;
 
 use super::services::Services;
 use super::stop::stop_run;
+use crate::kinds::events::{EventReceiver, EventSender, Received};
 use crate::model::{
     FinishedRun, RunError, RunEvent, RunId, RunOutcome, StopError, StopMode, StopReason, StopReply,
     ThreadId,
@@ -16,8 +17,8 @@ pub struct RunHandle {
     run_id: RunId,
     thread: ThreadId,
     workflow_id: String,
-    events: broadcast::Sender<RunEvent>,
-    first: Mutex<Option<broadcast::Receiver<RunEvent>>>,
+    events: EventSender,
+    first: Mutex<Option<EventReceiver>>,
     outcome: watch::Receiver<Option<Arc<RunOutcome>>>,
     services: Arc<Services>,
 }
@@ -37,8 +38,8 @@ impl RunHandle {
         run_id: RunId,
         thread: ThreadId,
         workflow_id: String,
-        events: broadcast::Sender<RunEvent>,
-        first: broadcast::Receiver<RunEvent>,
+        events: EventSender,
+        first: EventReceiver,
         outcome: watch::Receiver<Option<Arc<RunOutcome>>>,
         services: Arc<Services>,
     ) -> Self {
@@ -145,7 +146,7 @@ impl RunHandle {
 /// A run's events, in order.
 #[derive(Debug)]
 pub struct EventStream {
-    rx: broadcast::Receiver<RunEvent>,
+    rx: EventReceiver,
     done: bool,
 }
 
@@ -157,16 +158,14 @@ impl EventStream {
             return None;
         }
         match self.rx.recv().await {
-            Ok(event) => {
+            Received::Event(event) => {
                 if matches!(event, RunEvent::RunFinished { .. }) {
                     self.done = true;
                 }
                 Some(event)
             }
-            Err(broadcast::error::RecvError::Lagged(count)) => {
-                Some(RunEvent::EventsMissed { count })
-            }
-            Err(broadcast::error::RecvError::Closed) => {
+            Received::Missed(count) => Some(RunEvent::EventsMissed { count }),
+            Received::Closed => {
                 self.done = true;
                 None
             }

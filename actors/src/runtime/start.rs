@@ -5,7 +5,7 @@ use std::collections::HashMap;
 use std::sync::{Arc, OnceLock};
 
 use ractor::Actor;
-use tokio::sync::{broadcast, watch};
+use tokio::sync::watch;
 
 use super::errors::StartError;
 use super::facade::Runtime;
@@ -215,7 +215,7 @@ impl Runtime {
                 false
             }
         };
-        let (events, first_rx) = broadcast::channel(self.services.config.event_buffer.max(1));
+        let (events, first_rx) = crate::kinds::events::channel(self.services.config.event_buffer);
         let (outcome_tx, outcome_rx) = watch::channel(None);
         let run = Arc::new(RunInfo {
             run_id,
