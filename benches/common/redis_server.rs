@@ -83,10 +83,13 @@ pub(crate) async fn raw(url: &str) -> MultiplexedConnection {
         .expect("raw connection")
 }
 
-/// Empties the database.
+/// Empties the database. After a large run the server may take seconds to free it all: this
+/// waits up to a minute for the answer (on a clone, so the caller's timeout stays).
 pub(crate) async fn flush(con: &mut MultiplexedConnection) {
+    let mut patient = con.clone();
+    patient.set_response_timeout(Duration::from_secs(60));
     let _: () = ::redis::cmd("FLUSHDB")
-        .query_async(con)
+        .query_async(&mut patient)
         .await
         .expect("FLUSHDB");
 }
