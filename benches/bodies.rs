@@ -33,7 +33,7 @@ use runvisor::redis::{RedisConfig, RedisStores};
 use runvisor::{CheckpointObserver, Durability, Runtime, ThreadId, Value, Workflow};
 use tokio::runtime::Runtime as Tokio;
 
-use common::redis_server::{PrivateRedis, flush, raw};
+use common::redis_server::{PrivateRedis, flush, info, raw};
 use common::{ECHO, Echo, counted_loop, run_once, tokio, wide_parallel, with_durability};
 
 /// How many items of a parallel run at once.
@@ -111,19 +111,6 @@ fn status_kb(field: &str) -> u64 {
 /// Resets the peak RSS to the current RSS (Linux: writing 5 to `clear_refs`).
 fn reset_peak() {
     let _ = std::fs::write("/proc/self/clear_refs", "5");
-}
-
-/// A number from `INFO <section>`.
-async fn info(con: &mut MultiplexedConnection, section: &str, field: &str) -> u64 {
-    let text: String = ::redis::cmd("INFO")
-        .arg(section)
-        .query_async(con)
-        .await
-        .expect("INFO");
-    text.lines()
-        .find_map(|l| l.strip_prefix(&format!("{field}:")))
-        .and_then(|v| v.trim().parse().ok())
-        .unwrap_or(0)
 }
 
 /// The workflow of a kind and length, and the check of its outcome.

@@ -31,7 +31,7 @@ use runvisor::redis::{RedisConfig, RedisStores};
 use runvisor::{Durability, Runtime, ThreadId};
 use tokio::runtime::Runtime as Tokio;
 
-use common::redis_server::{PrivateRedis, flush, raw};
+use common::redis_server::{PrivateRedis, flush, info, raw};
 use common::{ECHO, Echo, chain, run_chain, tokio, with_durability};
 
 fn sizes() -> Vec<usize> {
@@ -63,19 +63,6 @@ fn modes() -> Vec<(&'static str, Durability)> {
         .into_iter()
         .filter(|(name, _)| wanted.split(',').any(|w| w.trim() == *name))
         .collect()
-}
-
-/// A number from `INFO <section>`.
-async fn info(con: &mut MultiplexedConnection, section: &str, field: &str) -> u64 {
-    let text: String = ::redis::cmd("INFO")
-        .arg(section)
-        .query_async(con)
-        .await
-        .expect("INFO");
-    text.lines()
-        .find_map(|l| l.strip_prefix(&format!("{field}:")))
-        .and_then(|v| v.trim().parse().ok())
-        .unwrap_or(0)
 }
 
 /// The mean PING round trip over `n` pings.

@@ -36,7 +36,7 @@ use serde_json::json;
 use tokio::runtime::Runtime as Tokio;
 use tokio::sync::mpsc;
 
-use common::redis_server::{PrivateRedis, flush, raw};
+use common::redis_server::{PrivateRedis, flush, info, raw};
 use common::{tokio, with_durability};
 
 const TURN: &str = "turn";
@@ -163,19 +163,6 @@ impl Agent {
         self.waiting.recv().await.expect("the next turn runs");
         resumed
     }
-}
-
-/// A number from `INFO <section>`.
-async fn info(con: &mut MultiplexedConnection, section: &str, field: &str) -> u64 {
-    let text: String = ::redis::cmd("INFO")
-        .arg(section)
-        .query_async(con)
-        .await
-        .expect("INFO");
-    text.lines()
-        .find_map(|l| l.strip_prefix(&format!("{field}:")))
-        .and_then(|v| v.trim().parse().ok())
-        .unwrap_or(0)
 }
 
 /// `MEMORY USAGE` of every key, summed by the kind its name gives (`<prefix>:<kind>:...`), with

@@ -93,3 +93,16 @@ pub(crate) async fn flush(con: &mut MultiplexedConnection) {
         .await
         .expect("FLUSHDB");
 }
+
+/// A number from `INFO <section>`.
+pub(crate) async fn info(con: &mut MultiplexedConnection, section: &str, field: &str) -> u64 {
+    let text: String = ::redis::cmd("INFO")
+        .arg(section)
+        .query_async(con)
+        .await
+        .expect("INFO");
+    text.lines()
+        .find_map(|l| l.strip_prefix(&format!("{field}:")))
+        .and_then(|v| v.trim().parse().ok())
+        .unwrap_or(0)
+}
