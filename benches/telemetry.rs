@@ -24,7 +24,9 @@
 //! time, which a process without an endpoint never does. So the exporting subscriber is built
 //! only for the second phase.
 //!
-//! Run with `cargo bench --bench telemetry`.
+//! Run with `cargo bench --bench telemetry`. For a profiler, `TELEMETRY_PROFILE=<setup>`
+//! (`off`, `no_endpoint` or `exporting`) runs only that setup, 300 runs (`TELEMETRY_RUNS`),
+//! and prints its median: `TELEMETRY_PROFILE=exporting perf record -g target/release/deps/telemetry-*`.
 
 #[path = "../tests/telemetry/receiver.rs"]
 mod receiver;
@@ -203,6 +205,35 @@ impl Bench {
     }
 }
 
+/// One setup alone, `runs` times (for a profiler): its median wall time.
+fn profile(bench: &Bench, name: &str) {
+    let runs: usize = std::env::var("TELEMETRY_RUNS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(300);
+    let receiver = receiver::Receiver::start();
+    let (_, dispatch, telemetry) = match name {
+        "off" => off(),
+        "no_endpoint" => no_endpoint(),
+        "exporting" => exporting("exporting", &receiver),
+        other => panic!("TELEMETRY_PROFILE={other}: expected off, no_endpoint or exporting"),
+    };
+    let mut wall = Vec::with_capacity(runs);
+    for _ in 0..runs {
+        within(dispatch.as_ref(), || {
+            let start = Instant::now();
+            bench.run();
+            wall.push(start.elapsed());
+            telemetry.flush();
+        });
+    }
+    wall.sort();
+    println!(
+        "telemetry profile {name}: {runs} runs of chain/{LEN}, median {:.3} ms",
+        wall[runs / 2].as_secs_f64() * 1e3
+    );
+}
+
 fn benches(c: &mut Criterion) {
     let runtime = runtime();
     let bench = Bench {
@@ -211,6 +242,10 @@ fn benches(c: &mut Criterion) {
         runtime,
         thread: ThreadId::new("bench").expect("valid thread id"),
     };
+    if let Ok(name) = std::env::var("TELEMETRY_PROFILE") {
+        profile(&bench, &name);
+        return;
+    }
     bench.phase(c, &[off(), no_endpoint()], &["off", "no_endpoint"]);
     let receiver = receiver::Receiver::start();
     let discarding = receiver::Receiver::start_discarding();

@@ -68,9 +68,12 @@ fn spawn_worker(server: &RedisServer, dir: &Path, name: &str) -> Worker {
             "--concurrency",
             "16",
         ])
+        // Node spans (exec::graph) inside their run's span (runtime::start), which names the
+        // run, thread and fencing token; the node's start and end events (exec::node).
         .env(
             "RUST_LOG",
-            "warn,runvisor_actors::exec::node=debug,runvisor_actors::exec::graph=info",
+            "warn,runvisor_actors::exec::node=debug,runvisor_actors::exec::graph=info,\
+             runvisor_actors::runtime::start=info",
         )
         .env_remove("RUNVISOR_REDIS_URL")
         .stdin(Stdio::null())
@@ -131,13 +134,18 @@ fn parse_time(text: &str) -> Option<i64> {
     Some(((days * 86_400 + h * 3_600 + min * 60 + s) * 1_000_000) + micros)
 }
 
-/// The fields of the `node{...}` span of a log line.
+/// The fields of a log line's spans that say who ran a node: its `node{...}` span (the
+/// innermost) and the `run{...}` span it descends from (its run, thread and fencing token).
 fn node_fields(line: &str) -> Option<HashMap<&str, &str>> {
-    let start = line.find("node{")? + "node{".len();
-    let end = start + line[start..].find('}')?;
+    let group = |start: usize| -> Option<&str> {
+        let end = start + line[start..].find('}')?;
+        Some(&line[start..end])
+    };
+    let node = group(line.rfind("node{")? + "node{".len())?;
+    let run = group(line.find("run{")? + "run{".len())?;
     Some(
-        line[start..end]
-            .split(' ')
+        run.split(' ')
+            .chain(node.split(' '))
             .filter_map(|pair| pair.split_once('='))
             .collect(),
     )

@@ -148,6 +148,12 @@ async fn a_run_exports_its_span_tree_and_a_resume_links_back() {
     assert_eq!(run1.attr("gen_ai.operation.name"), Some("invoke_workflow"));
     assert_eq!(run1.attr("runvisor.workflow.id"), Some("traced"));
     assert_eq!(run1.attr("gen_ai.conversation.id"), Some("traced-1"));
+    assert!(
+        run1.attr("runvisor.lease.fence")
+            .is_some_and(|f| f.parse::<u64>().is_ok_and(|f| f > 0)),
+        "the run span names its lease's fencing token: {:?}",
+        run1.attr("runvisor.lease.fence")
+    );
     assert_eq!(run1.attr("runvisor.run.status"), Some("awaiting_input"));
 
     let each = node(&spans, run1, "each");

@@ -20,7 +20,6 @@ use std::time::Duration;
 use imbl::Vector;
 use ractor::{Actor, ActorCell, ActorProcessingErr, ActorRef, RpcReplyPort, SupervisionEvent};
 use tokio::sync::oneshot;
-use tracing::Instrument;
 
 mod items;
 mod progress;
@@ -312,10 +311,9 @@ impl Actor for BodyActor {
             cell: &me,
             run: &run,
         };
-        let span = state.span.clone();
         let mut events = Vec::new();
         if let Some((item, exec)) = state.exec_of(&ended.id)
-            && let Some(more) = exec.child_ended(&host, &ended).instrument(span).await
+            && let Some(more) = exec.child_ended(&host, &ended).await
         {
             events.extend(more.into_iter().map(|e| (item, e)));
         }
@@ -586,10 +584,8 @@ impl BodyState {
         let Some(exec) = l.exec.as_mut() else {
             return Vec::new();
         };
-        let span = exec.span().clone();
         let ready = exec.first_ready(restored);
         exec.launch(&host, ready)
-            .instrument(span)
             .await
             .into_iter()
             .map(|e| (None, e))

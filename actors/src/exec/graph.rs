@@ -201,32 +201,25 @@ impl GraphExec {
         self
     }
 
-    /// The span this execution's nodes are children of.
-    pub(crate) fn span(&self) -> &tracing::Span {
-        &self.span
-    }
-
     /// A node's span, a child of this execution's: its kind, id and path, and, for the kinds
-    /// the GenAI conventions name, their operation. The outcome is recorded when it ends.
-    fn node_span(&self, host: &Host<'_>, node: NodeIndex, path: &NodePath) -> tracing::Span {
+    /// the GenAI conventions name, their operation. The outcome is recorded when it ends. The
+    /// run, thread and fencing token are the run span's: every node span descends from it, and
+    /// a node's span is made once per execution, so each field here costs every node.
+    fn node_span(&self, node: NodeIndex, path: &NodePath) -> tracing::Span {
         let planned = &self.graph.nodes[node];
-        let (id, kind) = (planned.id.as_ref(), &*planned.kind);
-        let operation = operation_of(kind);
+        let (id, kind, operation) = (planned.id.as_ref(), &*planned.kind, planned.operation);
         // Field values are computed only when the span is enabled: nothing is formatted for a
         // span no subscriber wants.
         tracing::info_span!(
             parent: &self.span,
             "node",
-            otel.name = format!("{} {id}", operation.unwrap_or("node")),
+            otel.name = &*planned.span_name,
             gen_ai.operation.name = operation,
             gen_ai.tool.name = (operation == Some("execute_tool")).then_some(id),
             gen_ai.agent.name = (operation == Some("invoke_agent")).then_some(id),
             runvisor.node.id = id,
             runvisor.node.kind = kind,
             runvisor.node.path = %path,
-            runvisor.run.id = %host.run.run_id,
-            runvisor.thread.id = %host.run.thread,
-            runvisor.lease.fence = host.run.lease.fence.0,
             runvisor.node.outcome = tracing::field::Empty,
             error.type = tracing::field::Empty,
             otel.status_code = tracing::field::Empty,
@@ -451,7 +444,7 @@ impl GraphExec {
                         }
                     };
                     self.halted = true;
-                    let span = self.node_span(host, node, &path);
+                    let span = self.node_span(node, &path);
                     span.record("runvisor.node.outcome", "paused");
                     host.run.emit(RunEvent::Paused { path: path.clone() });
                     events.push(ExecEvent::Paused(Interaction {
@@ -532,7 +525,7 @@ impl GraphExec {
                     // The workflow's graph runs in the run's supervisor; a body's in its actor.
                     parent: (!self.prefix.frames().is_empty())
                         .then(|| ActorRef::<BodyMsg>::from(host.cell.clone())),
-                    span: self.node_span(host, node, path),
+                    span: self.node_span(node, path),
                 };
                 // Boxed: a body's start is a large future that most nodes never need.
                 Box::pin(Actor::spawn_linked(
@@ -552,7 +545,7 @@ impl GraphExec {
                     stop.clone(),
                     history,
                 );
-                let span = self.node_span(host, node, path);
+                let span = self.node_span(node, path);
                 let args = NodeArgs {
                     node,
                     handler,
@@ -822,7 +815,7 @@ impl GraphExec {
             path: path.clone(),
             forced: true,
         });
-        tracing::error!(node = %path, why, "node output lost");
+        tracing::error!(parent: &self.span, node = %path, why, "node output lost");
         if self.halted {
             self.interrupted.push(Interrupted {
                 path,
@@ -951,14 +944,4 @@ impl GraphExec {
 
 fn probe(run: &RunInfo, ask: impl FnOnce(&dyn crate::kinds::Probe) -> ProbeStop) -> ProbeStop {
     run.scope.probe.as_deref().and_then(ask)
-}
-
-/// The operation the OpenTelemetry GenAI conventions name for a node kind, when one fits: an
-/// agent or model call is `invoke_agent`, a tool or a call out is `execute_tool`.
-fn operation_of(kind: &str) -> Option<&'static str> {
-    match kind {
-        "agent" | "llm" | "chat" | "ai_chat" => Some("invoke_agent"),
-        "tool" | "http" | "code" | "mcp" => Some("execute_tool"),
-        _ => None,
-    }
 }

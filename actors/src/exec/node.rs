@@ -231,8 +231,8 @@ impl Actor for NodeActor {
         let aborting = state.aborting.clone();
         state.task = Some(tokio::spawn(
             async move {
-                // Each execution of a node, with its run, thread and fencing token (in the
-                // span): what an audit of who ran what, and when, reads.
+                // Each execution of a node, within its run's span (run, thread and fencing
+                // token): what an audit of who ran what, and when, reads.
                 tracing::debug!("node started");
                 let result = AssertUnwindSafe(handler.run(input, ctx.clone()))
                     .catch_unwind()

@@ -19,7 +19,6 @@ use std::time::Duration;
 use imbl::Vector;
 use ractor::{Actor, ActorProcessingErr, ActorRef, RpcReplyPort, SupervisionEvent};
 use tokio::sync::watch;
-use tracing::Instrument;
 
 mod ending;
 
@@ -384,8 +383,7 @@ impl Actor for RunSupervisor {
             cell: &me,
             run: &run,
         };
-        let span = state.span.clone();
-        let Some(events) = state.exec.child_ended(&host, &ended).instrument(span).await else {
+        let Some(events) = state.exec.child_ended(&host, &ended).await else {
             return Ok(());
         };
         state.process(&myself, events).await;
@@ -446,10 +444,7 @@ impl RunState {
             cell: &cell,
             run: &run,
         };
-        self.exec
-            .launch(&host, ready)
-            .instrument(self.span.clone())
-            .await
+        self.exec.launch(&host, ready).await
     }
 
     /// Acts on what the graph reported: failures, pauses and stops end the run; ready nodes

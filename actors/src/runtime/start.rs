@@ -153,6 +153,7 @@ impl Runtime {
             runvisor.thread.id = %thread,
             runvisor.workflow.id = %workflow_id,
             runvisor.worker.id = %self.services.worker.id,
+            runvisor.lease.fence = lease.fence.0,
             runvisor.run.resumed_from = restore.as_ref().map(|r| r.parent_run_id.to_string()),
             runvisor.run.status = tracing::field::Empty,
             otel.status_code = tracing::field::Empty,

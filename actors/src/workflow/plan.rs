@@ -46,10 +46,25 @@ pub(crate) struct GraphPlan {
 pub(crate) struct PlannedNode {
     pub(crate) id: NodeId,
     pub(crate) kind: Arc<str>,
+    /// The GenAI operation its kind performs (`invoke_agent`, `execute_tool`), if any.
+    pub(crate) operation: Option<&'static str>,
+    /// The name of its spans: `<operation or "node"> <id>`, made once here rather than per
+    /// execution.
+    pub(crate) span_name: Box<str>,
     /// Parameters resolved when the node starts (for loops and parallels: all but `until`
     /// and `output`, which belong to the body's scope).
     pub(crate) params: Template,
     pub(crate) spec: NodeSpec,
+}
+
+/// The operation the OpenTelemetry GenAI conventions name for a node kind, when one fits: an
+/// agent or model call is `invoke_agent`, a tool or a call out is `execute_tool`.
+pub(crate) fn operation_of(kind: &str) -> Option<&'static str> {
+    match kind {
+        "agent" | "llm" | "chat" | "ai_chat" => Some("invoke_agent"),
+        "tool" | "http" | "code" | "mcp" => Some("execute_tool"),
+        _ => None,
+    }
 }
 
 /// How a node runs.

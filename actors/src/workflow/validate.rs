@@ -287,8 +287,12 @@ impl<'d> Checker<'d, '_> {
             .entry(&node.kind)
             .or_insert_with(|| Arc::from(node.kind.as_str()))
             .clone();
+        let id = id?;
+        let operation = super::plan::operation_of(&kind);
         Some(PlannedNode {
-            id: id?,
+            span_name: format!("{} {id}", operation.unwrap_or("node")).into(),
+            operation,
+            id,
             kind,
             params: params?,
             spec: spec?,

@@ -67,8 +67,7 @@ impl BodyState {
             let run = self.run.clone();
             let host = Host { cell, run: &run };
             let ready = exec.first_ready(restored);
-            let span = exec.span().clone();
-            let launched = exec.launch(&host, ready).instrument(span).await;
+            let launched = exec.launch(&host, ready).await;
             if let Work::Parallel(p) = &mut self.work {
                 p.in_flight.insert(index, exec);
             }
