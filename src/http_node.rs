@@ -21,7 +21,8 @@
 //!   `data: [DONE]` ends the stream): a stream of items. A JSON string, or an object with a
 //!   string `text`, is a chunk: it is streamed as the node's output at once. An object with
 //!   an `output` object gives the final fields of the output; one with `usage` (names to
-//!   numbers) reports what the call consumed; one with `error` (or an SSE event named
+//!   numbers) reports what the call consumed; one with `model` (a string) names the model the
+//!   host called (the node span's `gen_ai.request.model`); one with `error` (or an SSE event named
 //!   `error`) fails the node with the host's message. The node's output is the `output`
 //!   fields with `text`, the chunks concatenated, added unless the host set `text` itself.
 //! - `text/plain`: `{"text": body}`.
@@ -893,6 +894,7 @@ struct Streamed {
     chunks: u64,
     output: Option<serde_json::Map<String, serde_json::Value>>,
     usage: Vec<(String, f64)>,
+    model: Option<String>,
 }
 
 impl Streamed {
@@ -945,11 +947,20 @@ impl Streamed {
                     }
                     known = true;
                 }
+                if let Some(model) = object.remove("model") {
+                    let J::String(model) = model else {
+                        return Err(Failure::Malformed(
+                            "a stream item's `model` is not a string".into(),
+                        ));
+                    };
+                    self.model = Some(model);
+                    known = true;
+                }
                 if known {
                     Ok(())
                 } else {
                     Err(Failure::Malformed(format!(
-                        "a stream item has none of `text`, `output`, `usage` or `error` \
+                        "a stream item has none of `text`, `output`, `usage`, `model` or `error` \
                          (keys: {})",
                         object.keys().cloned().collect::<Vec<_>>().join(", ")
                     )))
@@ -982,6 +993,7 @@ impl Streamed {
         for (name, amount) in self.usage.drain(..) {
             output = output.with_usage(name, amount);
         }
+        output.model = self.model.take();
         Ok(output)
     }
 }

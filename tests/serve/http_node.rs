@@ -98,6 +98,7 @@ async fn ndjson() -> Response {
         "\"Hel\"\n",
         "\n",
         "{\"text\": \"lo\"}\n",
+        "{\"model\": \"model-7b\"}\n",
         "{\"output\": {\"n\": 2}, \"usage\": {\"tokens\": 5}}\n",
     ] {
         let _ = tx.unbounded_send(line.into());

@@ -232,6 +232,59 @@ async fn a_run_exports_its_span_tree_and_a_resume_links_back() {
 
 /// Without an endpoint no OpenTelemetry layer is built: spans carry no trace context, run
 /// records keep none, and nothing reaches a receiver.
+/// An `llm` node that names the model it called and reports its tokens, as a host's model
+/// call would.
+struct Model;
+
+#[runvisor::async_trait]
+impl runvisor::NodeHandler for Model {
+    async fn run(
+        &self,
+        _input: Value,
+        _ctx: runvisor::NodeContext,
+    ) -> Result<runvisor::NodeOutput, runvisor::NodeError> {
+        Ok(runvisor::NodeOutput::new(Value::from("an answer"))
+            .with_model("model-7b")
+            .with_usage("prompt_tokens", 12.0)
+            .with_usage("completion_tokens", 5.0))
+    }
+}
+
+#[tokio::test(flavor = "current_thread")]
+async fn a_model_call_reports_its_model_and_tokens_under_the_genai_names() {
+    let receiver = Receiver::start();
+    let telemetry = Telemetry::new(&exporting_to(&receiver)).expect("built");
+    let _default =
+        tracing::subscriber::set_default(tracing_subscriber::registry().with(telemetry.layer()));
+    let runtime = Runtime::builder().handler("llm", Model).build();
+    let workflow = runtime
+        .load_json(
+            r#"{"id": "asks", "nodes": [{"id": "start", "kind": "begin"},
+                {"id": "think", "kind": "llm"}], "edges": [{"from": "start", "to": "think"}]}"#,
+        )
+        .expect("valid");
+    let run = runtime
+        .start(&workflow, Map::new(), ThreadId::new("asks-1").expect("id"))
+        .await
+        .expect("started");
+    assert!(matches!(run.wait().await, RunOutcome::Completed { .. }));
+    telemetry.flush();
+
+    let spans = receiver.wait_for(PATIENCE, |spans| {
+        spans.iter().any(|s| s.name == "invoke_agent think")
+    });
+    let think = one(&spans, "model call", |s| s.name == "invoke_agent think");
+    assert_eq!(think.attr("gen_ai.operation.name"), Some("invoke_agent"));
+    assert_eq!(think.attr("gen_ai.agent.name"), Some("think"));
+    assert_eq!(think.attr("gen_ai.request.model"), Some("model-7b"));
+    assert_eq!(think.attr("gen_ai.usage.input_tokens"), Some("12"));
+    assert_eq!(think.attr("gen_ai.usage.output_tokens"), Some("5"));
+    assert_eq!(think.attr("runvisor.node.outcome"), Some("completed"));
+    // A node that names no model reports none.
+    let start = one(&spans, "begin", |s| s.name == "node start");
+    assert_eq!(start.attr("gen_ai.request.model"), None);
+}
+
 #[tokio::test(flavor = "current_thread")]
 async fn without_an_endpoint_nothing_is_exported() {
     let receiver = Receiver::start();

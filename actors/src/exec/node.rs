@@ -347,7 +347,7 @@ impl Actor for NodeActor {
 }
 
 /// Records how a node ended on its span: the outcome, the error (with the span's status),
-/// and the tokens it reports, under the GenAI conventions' names.
+/// and the model and tokens it reports, under the GenAI conventions' names.
 pub(crate) fn record_end(span: &tracing::Span, end: &NodeEnd, usage: &Usage) {
     let outcome = match end {
         NodeEnd::Completed(_) => "completed",
@@ -356,6 +356,12 @@ pub(crate) fn record_end(span: &tracing::Span, end: &NodeEnd, usage: &Usage) {
         NodeEnd::Interrupted { .. } => "stopped",
     };
     span.record("runvisor.node.outcome", outcome);
+    if let NodeEnd::Completed(NodeOutput {
+        model: Some(model), ..
+    }) = end
+    {
+        span.record("gen_ai.request.model", model.as_str());
+    }
     if let NodeEnd::Failed { error, .. } = end {
         let kind = match error {
             NodeError::Failed(_) => "failed",

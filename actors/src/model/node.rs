@@ -21,6 +21,9 @@ pub struct NodeOutput {
     /// What the node consumed (tokens, calls, credits...), summed per run. A node restored
     /// from a checkpoint is not counted again.
     pub usage: Usage,
+    /// The model the node called, when it called one (an LLM's name, as the provider gives
+    /// it): its span reports it as the GenAI conventions' `gen_ai.request.model`.
+    pub model: Option<String>,
 }
 
 impl NodeOutput {
@@ -31,6 +34,7 @@ impl NodeOutput {
             route: Route::All,
             variables: Vec::new(),
             usage: Usage::new(),
+            model: None,
         }
     }
 
@@ -47,6 +51,12 @@ impl NodeOutput {
     /// Records an amount consumed (added to what the run reports in its outcome).
     pub fn with_usage(mut self, name: impl Into<String>, amount: f64) -> Self {
         *self.usage.entry(name.into()).or_insert(0.0) += amount;
+        self
+    }
+
+    /// Names the model the node called (reported on its span as `gen_ai.request.model`).
+    pub fn with_model(mut self, model: impl Into<String>) -> Self {
+        self.model = Some(model.into());
         self
     }
 
