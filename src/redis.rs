@@ -85,7 +85,8 @@
 //! refreshed by each write to it, but the record of a run that ended (and its pointer) gets
 //! [`RedisConfig::finished_run_ttl`] (default 7 days); a running run's lease renewals refresh
 //! its record. Each thread keeps its newest [`RedisConfig::keep_checkpoints`] checkpoints
-//! (default 20): see [`retention`].
+//! (default 20): see [`retention`]; and the records of its newest
+//! [`RedisConfig::keep_ended_runs`] ended runs (default 20), older ones going when a run ends.
 //!
 //! # Atomicity and fencing
 //!
@@ -170,7 +171,7 @@ pub use checkpoint::RedisCheckpointStore;
 pub use history::RedisHistoryStore;
 pub use keys::{Keys, SLOTS, hash_slot};
 pub use lease::RedisLeaseStore;
-pub use retention::KeepCheckpoints;
+pub use retention::{Keep, KeepCheckpoints};
 pub use run::RedisRunStore;
 pub use signal::RedisSignalSource;
 
@@ -213,6 +214,10 @@ pub struct RedisConfig {
     /// `checkpoint_ttl`, and a running run's lease renewals keep its record alive.
     #[serde(with = "humantime_serde")]
     pub finished_run_ttl: Duration,
+    /// How many ended runs' records each thread keeps: a number (at least 1), or `"all"`. When
+    /// a run ends, the records of the thread's older ended runs past it go in the same script
+    /// (with their index entries); open runs' records are never pruned.
+    pub keep_ended_runs: Keep,
 }
 
 impl RedisConfig {
@@ -257,8 +262,11 @@ impl RedisConfig {
         if self.finished_run_ttl < Duration::from_millis(1) {
             return invalid("finished_run_ttl must be at least 1ms".to_owned());
         }
-        if self.keep_checkpoints == KeepCheckpoints::Newest(0) {
+        if self.keep_checkpoints == Keep::Newest(0) {
             return invalid("keep_checkpoints must be at least 1, or \"all\"".to_owned());
+        }
+        if self.keep_ended_runs == Keep::Newest(0) {
+            return invalid("keep_ended_runs must be at least 1, or \"all\"".to_owned());
         }
         Ok(())
     }
@@ -276,6 +284,7 @@ impl Default for RedisConfig {
             spill_dir: None,
             keep_checkpoints: KeepCheckpoints::default(),
             finished_run_ttl: Duration::from_secs(7 * 24 * 60 * 60),
+            keep_ended_runs: Keep::default(),
         }
     }
 }
@@ -292,6 +301,7 @@ impl fmt::Debug for RedisConfig {
             .field("spill_dir", &self.spill_dir)
             .field("keep_checkpoints", &self.keep_checkpoints)
             .field("finished_run_ttl", &self.finished_run_ttl)
+            .field("keep_ended_runs", &self.keep_ended_runs)
             .finish()
     }
 }
@@ -428,6 +438,7 @@ impl RedisStores {
                 keys.clone(),
                 ttl,
                 config.finished_run_ttl,
+                config.keep_ended_runs.limit(),
             )),
             history: Arc::new(RedisHistoryStore::new(conn.clone(), keys.clone(), ttl)),
             leases: Arc::new(RedisLeaseStore::new(conn.clone(), keys.clone(), ttl)),

@@ -146,6 +146,11 @@ impl Keys {
         format!("{}:run:{{{}}}:{run}", self.prefix, tag(thread))
     }
 
+    /// `<p>:run:{<thread>}:`: what the record keys of the thread's runs begin with.
+    pub(crate) fn run_prefix(&self, thread: &ThreadId) -> String {
+        format!("{}:run:{{{}}}:", self.prefix, tag(thread))
+    }
+
     /// `<p>:runthread:<run_id>`: the thread of a run (STRING), so a run is found by its id.
     pub fn run_thread(&self, run: RunId) -> String {
         format!("{}:runthread:{run}", self.prefix)

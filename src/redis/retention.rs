@@ -43,17 +43,20 @@ pub use report::{
     CleanupReport, Stats, SystemStats, ThreadCleanup, ThreadCount, UserStats, UserSummary,
 };
 
-/// How many checkpoints each thread keeps: the newest `n`, or all of them. In config files a
-/// number or `"all"`; the default is 20.
+/// How many of its checkpoints, or of its ended runs' records, each thread keeps: the newest
+/// `n`, or all of them. In config files a number or `"all"`; the default is 20.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum KeepCheckpoints {
+pub enum Keep {
     /// The newest `n` (at least 1).
     Newest(usize),
-    /// Every checkpoint, until it expires.
+    /// Every one, until it expires.
     All,
 }
 
-impl KeepCheckpoints {
+/// How many checkpoints each thread keeps ([`RedisConfig::keep_checkpoints`](super::RedisConfig::keep_checkpoints)).
+pub type KeepCheckpoints = Keep;
+
+impl Keep {
     /// The default: the newest 20.
     pub const DEFAULT: Self =
         Self::Newest(runvisor_actors::store::memory::DEFAULT_KEEP_CHECKPOINTS);
@@ -67,13 +70,13 @@ impl KeepCheckpoints {
     }
 }
 
-impl Default for KeepCheckpoints {
+impl Default for Keep {
     fn default() -> Self {
         Self::DEFAULT
     }
 }
 
-impl fmt::Display for KeepCheckpoints {
+impl fmt::Display for Keep {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             Self::Newest(n) => write!(f, "{n}"),
@@ -82,7 +85,7 @@ impl fmt::Display for KeepCheckpoints {
     }
 }
 
-impl Serialize for KeepCheckpoints {
+impl Serialize for Keep {
     fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
         match self {
             Self::Newest(n) => serializer.serialize_u64(*n as u64),
@@ -91,37 +94,34 @@ impl Serialize for KeepCheckpoints {
     }
 }
 
-impl<'de> Deserialize<'de> for KeepCheckpoints {
+impl<'de> Deserialize<'de> for Keep {
     fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
         struct Visitor;
         impl serde::de::Visitor<'_> for Visitor {
-            type Value = KeepCheckpoints;
+            type Value = Keep;
 
             fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-                f.write_str("a number of checkpoints or \"all\"")
+                f.write_str("a number or \"all\"")
             }
 
             fn visit_u64<E: serde::de::Error>(self, n: u64) -> Result<Self::Value, E> {
                 usize::try_from(n)
-                    .map(KeepCheckpoints::Newest)
-                    .map_err(|_| E::custom("too many checkpoints"))
+                    .map(Keep::Newest)
+                    .map_err(|_| E::custom("too many to keep"))
             }
 
             fn visit_i64<E: serde::de::Error>(self, n: i64) -> Result<Self::Value, E> {
                 u64::try_from(n)
-                    .map_err(|_| E::custom("a number of checkpoints cannot be negative"))
+                    .map_err(|_| E::custom("a number to keep cannot be negative"))
                     .and_then(|n| self.visit_u64(n))
             }
 
             fn visit_str<E: serde::de::Error>(self, text: &str) -> Result<Self::Value, E> {
                 match text {
-                    "all" => Ok(KeepCheckpoints::All),
-                    other => other
-                        .parse::<usize>()
-                        .map(KeepCheckpoints::Newest)
-                        .map_err(|_| {
-                            E::custom(format!("expected a number or \"all\", got {other:?}"))
-                        }),
+                    "all" => Ok(Keep::All),
+                    other => other.parse::<usize>().map(Keep::Newest).map_err(|_| {
+                        E::custom(format!("expected a number or \"all\", got {other:?}"))
+                    }),
                 }
             }
         }

@@ -13,7 +13,12 @@
 //! A record lives for the data TTL while its run is open (running or awaiting input; a running
 //! run's lease renewals refresh it), and for the shorter finished-run TTL once the run ended
 //! ([`RedisConfig::finished_run_ttl`](super::RedisConfig::finished_run_ttl)); the pointer lives
-//! as long as the record.
+//! as long as the record. A thread keeps the records of its newest ended runs only
+//! ([`RedisConfig::keep_ended_runs`](super::RedisConfig::keep_ended_runs)): in the thread's
+//! index an open run scores 0 and an ended one 1, and the script that records a run's end
+//! removes the oldest ended runs past the limit (hash and index entry) in the same step; their
+//! pointers and their entries in the open and recent indexes go with the index updates after
+//! it.
 //!
 //! Across threads, two ZSETs with members `<run_id> <thread>` scored by start time list runs
 //! for operators: `<p>:open` (running or awaiting input) and `<p>:recent` (every run, entries
@@ -36,12 +41,20 @@ use super::keys::ttl_ms;
 use super::lease::{fenced, fenced_script, token_arg};
 use super::reply::{self, Fields, corrupt};
 
-/// Indexes a run and sets and deletes fields of its hash, refreshing both TTLs.
+/// Indexes a run and sets and deletes fields of its hash, refreshing both TTLs; when the run
+/// ended, prunes the thread's older ended runs past the retention.
 ///
 /// KEYS: the run hash, the thread's run index, the thread's fence counter. ARGV: data TTL in ms
-/// (the index's), fencing token (empty: unfenced), run id, the record's TTL in ms, the number N
-/// of field/value pairs to set, the N pairs, then the fields to delete. Returns `{"ok"}`,
-/// `{"fenced", current}` or `{"wrongtype", key}`.
+/// (the index's), fencing token (empty: unfenced), run id, the record's TTL in ms, `1` when the
+/// run ended (else `0`), how many ended runs the thread keeps (`0`: all), the prefix of the
+/// thread's run hashes, the number N of field/value pairs to set, the N pairs, then the fields
+/// to delete. Returns `{"ok", pruned run ids...}`, `{"fenced", current}` or
+/// `{"wrongtype", key}`.
+///
+/// In the index an open run's entry scores 0 and an ended run's 1 (members of one score sort
+/// by id, which is start order for UUIDv7), so the oldest ended runs are the first of score 1.
+/// Only members that are run ids (36 characters) become key names: the script stays in the
+/// thread's slot.
 const PUT: &str = r#"
 local kinds = {'hash', 'zset', 'string'}
 for i, key in ipairs(KEYS) do
@@ -50,17 +63,34 @@ for i, key in ipairs(KEYS) do
 end
 local refused = fence_refused(KEYS[3], ARGV[2], ARGV[1])
 if refused then return {'fenced', refused} end
-local n = tonumber(ARGV[5])
+local ended = ARGV[5] == '1'
+local n = tonumber(ARGV[8])
 local set = {}
-for i = 6, 5 + 2 * n do set[#set + 1] = ARGV[i] end
+for i = 9, 8 + 2 * n do set[#set + 1] = ARGV[i] end
 local del = {}
-for i = 6 + 2 * n, #ARGV do del[#del + 1] = ARGV[i] end
-redis.call('ZADD', KEYS[2], 0, ARGV[3])
+for i = 9 + 2 * n, #ARGV do del[#del + 1] = ARGV[i] end
+redis.call('ZADD', KEYS[2], ended and 1 or 0, ARGV[3])
 redis.call('PEXPIRE', KEYS[2], ARGV[1])
 redis.call('HSET', KEYS[1], unpack(set))
 if #del > 0 then redis.call('HDEL', KEYS[1], unpack(del)) end
 redis.call('PEXPIRE', KEYS[1], ARGV[4])
-return {'ok'}
+local reply = {'ok'}
+local keep = tonumber(ARGV[6])
+if ended and keep > 0 then
+  local over = redis.call('ZCOUNT', KEYS[2], 1, 1) - keep
+  if over > 0 then
+    for _, id in ipairs(redis.call('ZRANGEBYSCORE', KEYS[2], 1, 1, 'LIMIT', 0, over)) do
+      if id ~= ARGV[3] then
+        redis.call('ZREM', KEYS[2], id)
+        if #id == 36 and string.match(id, '^%x+%-%x+%-%x+%-%x+%-%x+$') then
+          redis.call('UNLINK', ARGV[7] .. id)
+          reply[#reply + 1] = id
+        end
+      end
+    end
+  end
+end
+return reply
 "#;
 
 /// How many records `list_thread` reads per round trip.
@@ -74,6 +104,8 @@ pub struct RedisRunStore {
     ttl_ms: u64,
     /// How long the record of a run that ended lives.
     finished_ttl_ms: u64,
+    /// How many ended runs' records a thread keeps; `None`: all.
+    keep_ended: Option<usize>,
     put: ::redis::Script,
 }
 
@@ -83,17 +115,25 @@ impl fmt::Debug for RedisRunStore {
             .field("keys", &self.keys)
             .field("ttl_ms", &self.ttl_ms)
             .field("finished_ttl_ms", &self.finished_ttl_ms)
+            .field("keep_ended", &self.keep_ended)
             .finish_non_exhaustive()
     }
 }
 
 impl RedisRunStore {
-    pub(crate) fn new(conn: Conn, keys: Keys, ttl: Duration, finished_ttl: Duration) -> Self {
+    pub(crate) fn new(
+        conn: Conn,
+        keys: Keys,
+        ttl: Duration,
+        finished_ttl: Duration,
+        keep_ended: Option<usize>,
+    ) -> Self {
         Self {
             conn,
             keys,
             ttl_ms: ttl_ms(ttl),
             finished_ttl_ms: ttl_ms(finished_ttl),
+            keep_ended,
             put: fenced_script(PUT),
         }
     }
@@ -229,6 +269,9 @@ impl RunStore for RedisRunStore {
             .arg(token_arg(fence))
             .arg(record.run_id.to_string())
             .arg(record_ttl_ms)
+            .arg(if record.status.is_open() { "0" } else { "1" })
+            .arg(self.keep_ended.unwrap_or(0))
+            .arg(self.keys.run_prefix(thread))
             .arg(set.len());
         for (name, value) in &set {
             invocation.arg(*name).arg(value.as_str());
@@ -239,7 +282,17 @@ impl RunStore for RedisRunStore {
         let reply = self.conn.script("run record", &key, &invocation).await?;
         let items = reply::array(&reply, &key)?;
         match items.first().map(|s| reply::text(s, &key)).transpose()? {
-            Some("ok") => self.index(record).await,
+            Some("ok") => {
+                let pruned = items[1..]
+                    .iter()
+                    .map(|id| {
+                        let id = reply::text(id, &key)?;
+                        id.parse::<RunId>()
+                            .map_err(|_| corrupt(&key, format!("pruned {id:?} is not a run id")))
+                    })
+                    .collect::<Result<Vec<_>, _>>()?;
+                self.index(record, &pruned).await
+            }
             Some("fenced") => {
                 let current = items.get(1).map(|c| reply::text(c, &key)).transpose()?;
                 Err(fenced(thread, fence, current, &key))
@@ -436,8 +489,9 @@ impl RedisRunStore {
     }
 
     /// Files a record written just now in the open and recent indexes, and its thread in the
-    /// thread indexes (every thread's, and its user's).
-    async fn index(&self, record: &RunRecord) -> Result<(), StoreError> {
+    /// thread indexes (every thread's, and its user's); the runs its write pruned leave the
+    /// indexes, and their pointers go.
+    async fn index(&self, record: &RunRecord, pruned: &[RunId]) -> Result<(), StoreError> {
         let entry = member(record.run_id, &record.thread);
         let (open, recent) = (self.keys.open_runs(), self.keys.recent_runs());
         let now_ms = std::time::SystemTime::now()
@@ -445,7 +499,7 @@ impl RedisRunStore {
             .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX));
         let oldest = now_ms.saturating_sub(self.ttl_ms);
         // Each command with the key it writes, for errors.
-        let mut cmds: Vec<(String, ::redis::Cmd)> = Vec::with_capacity(11);
+        let mut cmds: Vec<(String, ::redis::Cmd)> = Vec::with_capacity(11 + 3 * pruned.len());
         let mut push = |key: &str, name: &str, args: &[&str]| {
             let mut cmd = ::redis::cmd(name);
             cmd.arg(key).arg(args);
@@ -474,6 +528,12 @@ impl RedisRunStore {
         for (set, member) in &sets {
             push(set, "SADD", &[member]);
             push(set, "PEXPIRE", &[&ttl]);
+        }
+        for run in pruned {
+            let gone = member(*run, &record.thread);
+            push(&recent, "ZREM", &[&gone]);
+            push(&open, "ZREM", &[&gone]);
+            push(&self.keys.run_thread(*run), "DEL", &[]);
         }
         let (keys, cmds): (Vec<String>, Vec<::redis::Cmd>) = cmds.into_iter().unzip();
         // The indexes may live on several nodes: one round trip to each.

@@ -1,7 +1,8 @@
 //! Bounded storage on a real `redis-server`: 200 stop+resume cycles of one thread leave its
 //! newest 20 checkpoints (and the base and deltas the oldest of them builds on) and at most 20
-//! sequence keys (and the in-memory stores keep the same bound); ended runs' records get the shorter TTL while running ones are kept alive by their
-//! lease; run indexes drop entries whose record expired; the user label files threads per user;
+//! sequence keys (and the in-memory stores keep the same bound) and the records of its newest
+//! 20 ended runs (every open run's); ended runs' records get the shorter TTL while running ones
+//! are kept alive by their lease; run indexes drop entries whose record expired; the user label files threads per user;
 //! checkpoint stats and cleanup on the native layout go through the indexes (no `SCAN` is
 //! issued) and on the `checkpoint:<user>:<timestamp>:<id>` layout by `SCAN` with escaped
 //! patterns; and `runvisor checkpoints` prints and exits as documented.
@@ -14,7 +15,7 @@ use std::time::Duration;
 
 use ::redis::aio::MultiplexedConnection;
 use runvisor::redis::retention::{Layout, RetentionError, Scope, Stats};
-use runvisor::redis::{RedisConfig, RedisStores};
+use runvisor::redis::{Keep, RedisConfig, RedisStores};
 use runvisor::store::{CheckpointStore, RunRecord, RunStatus, StoredCheckpoint};
 use runvisor::{
     CheckpointId, Lease, LeaseHolder, Map, NodeContext, NodeError, NodeHandler, NodeOutput,
@@ -162,8 +163,13 @@ async fn two_hundred_stop_and_resume_cycles_keep_twenty_checkpoints_and_sequence
         .expect("a checkpoint");
     assert_eq!(index.last(), Some(&latest.id.to_string()));
     assert_eq!(stores.checkpoints.list(&t).await, Ok(ids));
-    // 201 runs, all recorded (the records outlive the checkpoints).
-    assert_eq!(stores.runs.list_thread(&t).await.map(|r| r.len()), Ok(201));
+    // 201 runs: the thread keeps the records of its newest 20 ended runs, and of any open one.
+    let runs = stores.runs.list_thread(&t).await.expect("thread runs");
+    let ended = runs.iter().filter(|r| !r.status.is_open()).count();
+    assert_eq!(ended, 20, "{runs:#?}");
+    assert!(runs.len() <= 21, "{} records", runs.len());
+    let records = keys(&mut con, "runvisor:run:{cycles}:*").await;
+    assert_eq!(records.len(), runs.len(), "{records:?}");
 
     // The in-memory stores keep the same bound.
     let kinds = Kinds::default();
@@ -411,6 +417,130 @@ async fn ended_runs_records_expire_sooner_and_running_ones_live_with_their_lease
     );
     let members: Vec<String> = cmd(&mut con, &["ZRANGE", "runvisor:runs:{ttl}", "0", "-1"]).await;
     assert_eq!(members, [running.to_string()]);
+}
+
+#[tokio::test]
+async fn a_thread_keeps_the_records_of_its_newest_ended_runs_and_every_open_one() {
+    let server = RedisServer::start();
+    let stores = within(
+        "connect",
+        RedisStores::connect(RedisConfig {
+            keep_ended_runs: Keep::Newest(3),
+            ..config(&server)
+        }),
+    )
+    .await
+    .expect("connect");
+    let mut con = raw(&server).await;
+    let t = thread("kept");
+    // Ids in start order (UUIDv7 is ordered to the millisecond; sorted to be sure).
+    let mut ids: Vec<RunId> = (0..8).map(|_| RunId::new()).collect();
+    ids.sort();
+    let (open, waiting, ended) = (ids[0], ids[1], &ids[2..]);
+    // Started now: the recent runs keep only those of the data TTL.
+    let now_ms = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .expect("clock after 1970")
+        .as_millis() as u64;
+    let labelled = |run: RunId, t: &ThreadId, user: Option<&str>, status: RunStatus| RunRecord {
+        started_at_ms: now_ms,
+        ..labelled(run, t, user, status)
+    };
+    for (run, status) in [
+        (open, RunStatus::Running),
+        (waiting, RunStatus::AwaitingInput),
+    ] {
+        stores
+            .runs
+            .put(&labelled(run, &t, None, status), None)
+            .await
+            .expect("put open");
+    }
+    for (i, run) in ended.iter().enumerate() {
+        // Each ended run is first recorded running, as a run is.
+        stores
+            .runs
+            .put(&labelled(*run, &t, None, RunStatus::Running), None)
+            .await
+            .expect("put running");
+        let status = if i % 2 == 0 {
+            RunStatus::Succeeded
+        } else {
+            RunStatus::Stopped
+        };
+        stores
+            .runs
+            .put(&labelled(*run, &t, None, status), None)
+            .await
+            .expect("put ended");
+    }
+
+    let (pruned, kept) = ended.split_at(ended.len() - 3);
+    let mut listed: Vec<RunId> = stores
+        .runs
+        .list_thread(&t)
+        .await
+        .expect("thread runs")
+        .iter()
+        .map(|r| r.run_id)
+        .collect();
+    listed.sort();
+    let mut expected = vec![open, waiting];
+    expected.extend(kept);
+    assert_eq!(listed, expected, "the open runs and the newest three ended");
+    for run in pruned {
+        assert_eq!(stores.runs.get(*run).await.expect("get"), None, "{run}");
+        let exists: i64 = cmd(
+            &mut con,
+            &[
+                "EXISTS",
+                &format!("runvisor:run:{{kept}}:{run}"),
+                &format!("runvisor:runthread:{run}"),
+            ],
+        )
+        .await;
+        assert_eq!(exists, 0, "the record of {run} and its pointer are gone");
+    }
+    let recent: Vec<String> = cmd(&mut con, &["ZRANGE", "runvisor:recent", "0", "-1"]).await;
+    for run in pruned {
+        assert!(
+            recent.iter().all(|m| !m.starts_with(&run.to_string())),
+            "{run} left the recent runs: {recent:?}"
+        );
+    }
+    assert_eq!(recent.len(), 5, "{recent:?}");
+    for run in kept.iter().chain([&open, &waiting]) {
+        assert!(stores.runs.get(*run).await.expect("get").is_some(), "{run}");
+    }
+    // An old run that ends now is pruned at once only if three newer ended runs are kept:
+    // the open one ends, and is the oldest ended run.
+    stores
+        .runs
+        .put(&labelled(open, &t, None, RunStatus::Succeeded), None)
+        .await
+        .expect("end the oldest");
+    let after: Vec<RunId> = stores
+        .runs
+        .list_thread(&t)
+        .await
+        .expect("thread runs")
+        .iter()
+        .map(|r| r.run_id)
+        .collect();
+    assert!(
+        after.contains(&open),
+        "the run written is never pruned by its own write: {after:?}"
+    );
+    assert!(after.contains(&waiting), "an open run is never pruned");
+
+    let bad = RedisConfig {
+        keep_ended_runs: Keep::Newest(0),
+        ..config(&server)
+    };
+    let Err(e) = RedisStores::connect(bad).await else {
+        panic!("keeping no ended run is refused");
+    };
+    assert!(e.to_string().contains("keep_ended_runs"), "{e}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
