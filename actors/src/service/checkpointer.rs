@@ -11,7 +11,9 @@
 //!   that failed transiently stays pending and is retried with backoff, so when the store comes
 //!   back the newest state lands; the store's sequence check refuses anything older than what
 //!   it holds. One refused for good is dropped (logged): the run's final snapshot, awaited,
-//!   meets the same refusal and reports it.
+//!   meets the same refusal and reports it. However many flushes a write takes, it is one
+//!   write: one span (each failed attempt an event on it) and one report to the
+//!   [`CheckpointObserver`] when it ends, stored, refused, or superseded by a newer snapshot.
 //!
 //! Background writes are paced by their cost: after a run's snapshot took `t` to encode and
 //! store, its next one waits `PACE × t` (at most [`MAX_PACE`]), newer snapshots replacing it
@@ -256,11 +258,39 @@ struct Pending {
     /// checkpoint it is a delta of, if it is one.
     bytes: Option<(Vec<u8>, Option<DeltaLink>)>,
     id: CheckpointId,
+    /// Once attempted: the write's span (one however many flushes it takes), when its first
+    /// attempt began, and how many attempts it made.
+    tried: Option<Tried>,
+}
+
+/// A background write's attempts so far.
+struct Tried {
+    span: WriteSpan,
+    started: Instant,
+    attempts: u64,
+    ended: bool,
+}
+
+impl Tried {
+    /// Ends the write's span (once): stored, or not and why.
+    fn end(&mut self, error: Option<&str>) {
+        if !self.ended {
+            self.ended = true;
+            self.span.end(self.started, self.attempts, error);
+        }
+    }
 }
 
 impl Pending {
     fn held(&self) -> usize {
         self.bytes.as_ref().map_or(0, |(bytes, _)| bytes.len())
+    }
+
+    /// Ends the write's span if it is still open: a newer snapshot of its run replaced it.
+    fn superseded(mut self) {
+        if let Some(tried) = &mut self.tried {
+            tried.end(Some("superseded by a newer snapshot of the run"));
+        }
     }
 }
 
@@ -342,6 +372,7 @@ impl Actor for Checkpointer {
                         write,
                         bytes: None,
                         id: CheckpointId::new(),
+                        tried: None,
                     },
                 );
                 state.schedule(&myself);
@@ -396,6 +427,7 @@ impl CheckpointerState {
     fn drop_pending(&mut self, run: &RunId) {
         if let Some(old) = self.pending.remove(run) {
             self.backlog.bytes.fetch_sub(old.held(), Ordering::Relaxed);
+            old.superseded();
         }
     }
 
@@ -421,7 +453,7 @@ impl CheckpointerState {
             let chains = chains.clone();
             let observer = observer.clone();
             async move {
-                let started = Instant::now();
+                let attempt_started = Instant::now();
                 let held = p.held();
                 let (bytes, link) = match p.bytes.take() {
                     Some(encoded) => encoded,
@@ -440,19 +472,30 @@ impl CheckpointerState {
                     bytes,
                     link,
                 };
-                let span = WriteSpan::new(&p.write, &stored, observer.clone());
+                let tried = p.tried.get_or_insert_with(|| Tried {
+                    span: WriteSpan::new(&p.write, &stored, observer.clone()),
+                    started: attempt_started,
+                    attempts: 0,
+                    ended: false,
+                });
+                tried.attempts += 1;
                 let result = store
                     .put(&p.write.thread, stored.clone(), p.write.fence)
                     .await;
-                let error = result.as_ref().err().map(ToString::to_string);
-                span.end(started, 1, error.as_deref());
+                match &result {
+                    // The write goes on: an event on its span, which ends when it does.
+                    Err(e @ StoreError::MissingParent { .. }) => tried.span.retrying(tried.attempts, e),
+                    Err(e) if e.is_transient() => tried.span.retrying(tried.attempts, e),
+                    Err(e) => tried.end(Some(&e.to_string())),
+                    Ok(()) => tried.end(None),
+                }
                 if let Err(StoreError::MissingParent { .. }) = &result {
                     // Written again, whole, on the next flush.
                     chains.broken(&p.write.run);
                 } else {
                     p.bytes = Some((stored.bytes, link));
                 }
-                (p, held, Some((result, started.elapsed())))
+                (p, held, Some((result, attempt_started.elapsed())))
             }
         }))
         .await;
@@ -504,6 +547,7 @@ impl CheckpointerState {
                     // Superseded (a newer snapshot is stored) or refused for good.
                     self.backlog.bytes.fetch_sub(held, Ordering::Relaxed);
                     self.due.insert(p.write.run, done);
+                    p.superseded();
                 }
                 Some((Err(e), _)) => {
                     self.failures += 1;
@@ -516,6 +560,7 @@ impl CheckpointerState {
                     let run = p.write.run;
                     if self.pending.contains_key(&run) {
                         self.backlog.bytes.fetch_sub(held, Ordering::Relaxed);
+                        p.superseded();
                     } else {
                         self.backlog
                             .bytes

@@ -567,3 +567,79 @@ async fn progress_inside_nested_bodies_is_stored_while_running_so_a_crash_costs_
             .expect("stop");
     }
 }
+
+/// Tells the test each checkpoint write as it ends: its mode and whether it was stored.
+#[derive(Debug, Default)]
+struct Writes(std::sync::Mutex<Vec<(&'static str, bool)>>);
+
+impl runvisor_actors::CheckpointObserver for Writes {
+    fn written(&self, mode: &'static str, _bytes: usize, _took: Duration, stored: bool) {
+        self.0
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .push((mode, stored));
+    }
+}
+
+/// Finishes once told to.
+struct Gate(Arc<tokio::sync::Notify>);
+
+#[async_trait]
+impl NodeHandler for Gate {
+    async fn run(&self, _input: Value, _ctx: NodeContext) -> Result<NodeOutput, NodeError> {
+        self.0.notified().await;
+        Ok(NodeOutput::new(Value::from("open")))
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_background_write_retried_over_many_flushes_is_one_write() {
+    let flaky = Arc::new(Flaky::default());
+    flaky.broken.store(true, Ordering::SeqCst);
+    let writes = Arc::new(Writes::default());
+    let gate = Arc::new(tokio::sync::Notify::new());
+    let rt = Runtime::builder()
+        .lease_store(Arc::new(MemoryLeaseStore::new()))
+        .checkpoint_store(flaky.clone())
+        .checkpoint_observer(writes.clone())
+        .handler("gate", Gate(gate.clone()))
+        .config(RuntimeConfig {
+            durability: Durability::Async,
+            store_deadline: Duration::from_millis(200),
+            ..RuntimeConfig::default()
+        })
+        .build();
+    let workflow = load(
+        &rt,
+        json!({"id": "w", "nodes": [
+            {"id": "start", "kind": "begin"},
+            {"id": "wait", "kind": "gate"}
+        ], "edges": [{"from": "start", "to": "wait"}]}),
+    );
+    let run = rt
+        .start(&workflow, inputs([]), thread("retried"))
+        .await
+        .expect("start");
+    // `start`'s snapshot waits in the background while the store is down: it is attempted
+    // again and again (backing off from 50 ms), over several seconds.
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    assert!(
+        writes
+            .0
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .is_empty(),
+        "a write still being retried has not ended: {:?}",
+        writes.0.lock().unwrap_or_else(|e| e.into_inner())
+    );
+    flaky.broken.store(false, Ordering::SeqCst);
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    assert_eq!(
+        *writes.0.lock().unwrap_or_else(|e| e.into_inner()),
+        [("async", true)],
+        "one write, stored, however many attempts it took"
+    );
+    gate.notify_one();
+    let outcome = finish(&run).await;
+    assert_eq!(outcome.status(), RunStatus::Succeeded, "{outcome:#?}");
+}
