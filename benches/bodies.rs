@@ -9,7 +9,8 @@
 //! `/proc/self/clear_refs`), the checkpoint writes (count, median and largest size, total
 //! bytes; a delta is the median, a compacted base the largest), and on Redis the memory the
 //! thread's keys take after the run (`used_memory` growth; the final checkpoint, the chain
-//! kept by retention and the run's records); then the marginal cost per iteration from the
+//! kept by retention and the run's records) and `MEMORY USAGE` of those keys by the kind in
+//! their names (`cp`, `cpidx`, `hist`, `run`...); then the marginal cost per iteration from the
 //! first N to the second and from the second to the third, and their ratio (flat cost: close
 //! to 1).
 //!
@@ -33,7 +34,7 @@ use runvisor::redis::{RedisConfig, RedisStores};
 use runvisor::{CheckpointObserver, Durability, Runtime, ThreadId, Value, Workflow};
 use tokio::runtime::Runtime as Tokio;
 
-use common::redis_server::{PrivateRedis, flush, info, raw};
+use common::redis_server::{PrivateRedis, by_kind, flush, info, raw};
 use common::{ECHO, Echo, counted_loop, run_once, tokio, wide_parallel, with_durability};
 
 /// How many items of a parallel run at once.
@@ -173,6 +174,7 @@ fn summary(rt: &Tokio, redis: &RedisStores, con: &MultiplexedConnection) {
     eprintln!("bodies: load average {}", load.trim());
     for store in stores() {
         for kind in kinds() {
+            let kind_of_body = kind.as_str();
             for (mode, durability) in modes() {
                 let writes = Arc::new(Writes::default());
                 let runtime = runtime(&store, durability, redis, &writes);
@@ -180,7 +182,7 @@ fn summary(rt: &Tokio, redis: &RedisStores, con: &MultiplexedConnection) {
                 for n in sizes("BODIES_SIZES", "1000,10000,100000") {
                     let workflow = body(&runtime, &kind, n);
                     let mut con = con.clone();
-                    let (took, held) = rt.block_on(async {
+                    let (took, held, kinds) = rt.block_on(async {
                         flush(&mut con).await;
                         let _ = runtime.checkpoint_store().prune(&thread, 0).await;
                         let mem_before = info(&mut con, "memory", "used_memory").await;
@@ -190,7 +192,12 @@ fn summary(rt: &Tokio, redis: &RedisStores, con: &MultiplexedConnection) {
                         run_body(&runtime, &workflow, &thread, &kind, n).await;
                         let took = started.elapsed();
                         let mem_after = info(&mut con, "memory", "used_memory").await;
-                        (took, mem_after.saturating_sub(mem_before))
+                        let kinds = if store == "redis" {
+                            by_kind(&mut con).await
+                        } else {
+                            Default::default()
+                        };
+                        (took, mem_after.saturating_sub(mem_before), kinds)
                     });
                     let peak_mb = status_kb("VmHWM") as f64 / 1024.0;
                     let mut sizes = writes.take();
@@ -212,6 +219,15 @@ fn summary(rt: &Tokio, redis: &RedisStores, con: &MultiplexedConnection) {
                         sizes.len(),
                         total as f64 / 1e6,
                     );
+                    for (kind, (bytes, keys)) in &kinds {
+                        eprintln!(
+                            "bodies {store} {kind_name} {mode} {n}:   {kind:>10}: {:.2} MB in \
+                             {keys} keys ({:.0} B per iteration)",
+                            *bytes as f64 / 1e6,
+                            *bytes as f64 / n as f64,
+                            kind_name = kind_of_body,
+                        );
+                    }
                     measured.push((n, per));
                 }
                 let mut marginals = Vec::new();

@@ -21,7 +21,7 @@
 
 mod common;
 
-use std::collections::{BTreeMap, HashSet};
+use std::collections::HashSet;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -36,7 +36,7 @@ use serde_json::json;
 use tokio::runtime::Runtime as Tokio;
 use tokio::sync::mpsc;
 
-use common::redis_server::{PrivateRedis, flush, info, raw};
+use common::redis_server::{PrivateRedis, by_kind, flush, info, raw};
 use common::{tokio, with_durability};
 
 const TURN: &str = "turn";
@@ -163,41 +163,6 @@ impl Agent {
         self.waiting.recv().await.expect("the next turn runs");
         resumed
     }
-}
-
-/// `MEMORY USAGE` of every key, summed by the kind its name gives (`<prefix>:<kind>:...`), with
-/// the number of keys of each kind.
-async fn by_kind(con: &mut MultiplexedConnection) -> BTreeMap<String, (u64, u64)> {
-    let mut kinds = BTreeMap::new();
-    let mut cursor = 0u64;
-    loop {
-        let (next, keys): (u64, Vec<String>) = ::redis::cmd("SCAN")
-            .arg(cursor)
-            .arg("COUNT")
-            .arg(1000)
-            .query_async(con)
-            .await
-            .expect("SCAN");
-        for key in keys {
-            let bytes: Option<u64> = ::redis::cmd("MEMORY")
-                .arg("USAGE")
-                .arg(&key)
-                .arg("SAMPLES")
-                .arg(0)
-                .query_async(con)
-                .await
-                .expect("MEMORY USAGE");
-            let kind = key.split(':').nth(1).unwrap_or("?").to_owned();
-            let entry = kinds.entry(kind).or_insert((0, 0));
-            entry.0 += bytes.unwrap_or(0);
-            entry.1 += 1;
-        }
-        cursor = next;
-        if cursor == 0 {
-            break;
-        }
-    }
-    kinds
 }
 
 fn summary(rt: &Tokio, stores: &RedisStores, con: &MultiplexedConnection) {

@@ -1,6 +1,7 @@
 //! A private `redis-server` for the benches that need one: no persistence, a free loopback
 //! port (never 6379), killed and reaped when dropped. `redis-server` must be on the PATH.
 
+use std::collections::BTreeMap;
 use std::io::{Read, Write};
 use std::net::{Ipv4Addr, SocketAddrV4, TcpListener, TcpStream};
 use std::process::{Child, Command, Stdio};
@@ -105,4 +106,39 @@ pub(crate) async fn info(con: &mut MultiplexedConnection, section: &str, field: 
         .find_map(|l| l.strip_prefix(&format!("{field}:")))
         .and_then(|v| v.trim().parse().ok())
         .unwrap_or(0)
+}
+
+/// `MEMORY USAGE` of every key, summed by the kind its name gives (`<prefix>:<kind>:...`), with
+/// the number of keys of each kind.
+pub(crate) async fn by_kind(con: &mut MultiplexedConnection) -> BTreeMap<String, (u64, u64)> {
+    let mut kinds = BTreeMap::new();
+    let mut cursor = 0u64;
+    loop {
+        let (next, keys): (u64, Vec<String>) = ::redis::cmd("SCAN")
+            .arg(cursor)
+            .arg("COUNT")
+            .arg(1000)
+            .query_async(con)
+            .await
+            .expect("SCAN");
+        for key in keys {
+            let bytes: Option<u64> = ::redis::cmd("MEMORY")
+                .arg("USAGE")
+                .arg(&key)
+                .arg("SAMPLES")
+                .arg(0)
+                .query_async(con)
+                .await
+                .expect("MEMORY USAGE");
+            let kind = key.split(':').nth(1).unwrap_or("?").to_owned();
+            let entry = kinds.entry(kind).or_insert((0, 0));
+            entry.0 += bytes.unwrap_or(0);
+            entry.1 += 1;
+        }
+        cursor = next;
+        if cursor == 0 {
+            break;
+        }
+    }
+    kinds
 }

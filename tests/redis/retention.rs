@@ -182,6 +182,59 @@ async fn two_hundred_stop_and_resume_cycles_keep_twenty_checkpoints_and_sequence
     );
 }
 
+/// A chain longer than what one write may prune (1,000 entries) is still pruned once a newer
+/// base is kept: the bound is the base of the oldest checkpoint the thread keeps, not of the
+/// one just past the write's budget (which would sit in the old chain and stop every prune).
+#[tokio::test]
+async fn a_chain_longer_than_one_writes_prune_budget_is_pruned_once_a_newer_base_is_kept() {
+    let server = RedisServer::start();
+    let stores = stores(&server).await;
+    let t = thread("long-chain");
+    let run = RunId::new();
+    let mut sequence = 0;
+    let mut chain = |base: Option<CheckpointId>, parent: CheckpointId| {
+        sequence += 1;
+        StoredCheckpoint {
+            link: base.map(|base| runvisor::store::DeltaLink { base, parent }),
+            ..checkpoint(run, sequence)
+        }
+    };
+    let mut put_chain = Vec::new();
+    let first = chain(None, CheckpointId::new());
+    let mut last = first.id;
+    put_chain.push(first.clone());
+    for _ in 0..1100 {
+        let delta = chain(Some(first.id), last);
+        last = delta.id;
+        put_chain.push(delta);
+    }
+    let second = chain(None, CheckpointId::new());
+    last = second.id;
+    put_chain.push(second.clone());
+    for _ in 0..30 {
+        let delta = chain(Some(second.id), last);
+        last = delta.id;
+        put_chain.push(delta);
+    }
+    for checkpoint in put_chain {
+        stores
+            .checkpoints
+            .put(&t, checkpoint, None)
+            .await
+            .expect("put");
+    }
+    let ids = stores.checkpoints.list(&t).await.expect("list");
+    assert_eq!(
+        ids.len(),
+        31,
+        "the newer base and its 30 deltas: the newest 20 need nothing older"
+    );
+    assert_eq!(ids.first(), Some(&second.id));
+    let mut con = raw(&server).await;
+    let payloads = keys(&mut con, "runvisor:cp:{long-chain}:*").await;
+    assert_eq!(payloads.len(), 31, "the old chain's payloads went with it");
+}
+
 /// A thread stopped and resumed again and again keeps one chain of checkpoints: a resumed
 /// run's checkpoints continue the chain of the checkpoint it resumed from, and a run's final
 /// checkpoint is a delta too, so a stop costs a delta rather than a whole snapshot; a new

@@ -10,12 +10,14 @@
 
 /// Lua shared by the scripts below.
 ///
-/// - `prune_oldest(index, count, cp_prefix, seq_prefix, spare)` removes the `count` oldest
-///   entries of the index with their payloads, and the sequence keys of the runs that wrote
-///   them, except run `spare` (the run writing, or holding the thread's lease): only a live run
-///   writes checkpoints, so only its sequence is needed to refuse a stale write. It stops at
-///   the base of the oldest entry it keeps (a delta's `base` field): what a kept checkpoint
-///   builds on stays. Returns how many entries went.
+/// - `prune_oldest(index, excess, budget, cp_prefix, seq_prefix, spare)` removes up to
+///   `budget` of the `excess` oldest entries of the index with their payloads, and the
+///   sequence keys of the runs that wrote them, except run `spare` (the run writing, or holding
+///   the thread's lease): only a live run writes checkpoints, so only its sequence is needed to
+///   refuse a stale write. It stops at the base of the oldest entry the thread keeps (the entry
+///   at rank `excess`; a delta's `base` field): what a kept checkpoint builds on stays. The
+///   bound is found from the entries kept in the end, not from the first `budget`: a chain
+///   longer than the budget is pruned over several calls. Returns how many entries went.
 /// - `drop_missing(index, ids, cp_prefix)` removes the entries among `ids` whose payload does
 ///   not exist (it expired); returns how many went.
 /// - `drop_expired_oldest(index, budget, cp_prefix)` removes the oldest entries whose payload
@@ -31,8 +33,9 @@ local function unlink_all(keys)
     redis.call('UNLINK', unpack(keys, i, math.min(i + 499, #keys)))
   end
 end
-local function prune_oldest(index, count, cp_prefix, seq_prefix, spare)
-  if count <= 0 then return 0 end
+local function prune_oldest(index, excess, budget, cp_prefix, seq_prefix, spare)
+  if excess <= 0 then return 0 end
+  local count = excess
   local kept = redis.call('ZRANGE', index, count, count)
   if #kept == 1 and is_id(kept[1]) then
     local base = redis.pcall('HGET', cp_prefix .. kept[1], 'base')
@@ -41,6 +44,7 @@ local function prune_oldest(index, count, cp_prefix, seq_prefix, spare)
       if rank and rank < count then count = rank end
     end
   end
+  count = math.min(count, budget)
   if count <= 0 then return 0 end
   local doomed = redis.call('ZRANGE', index, 0, count - 1)
   if #doomed == 0 then return 0 end
@@ -153,7 +157,7 @@ local keep = tonumber(ARGV[7])
 if keep then
   local excess = redis.call('ZCARD', KEYS[2]) - keep
   if excess > 0 then
-    prune_oldest(KEYS[2], math.min(excess, tonumber(ARGV[10])), ARGV[8], ARGV[9], ARGV[2])
+    prune_oldest(KEYS[2], excess, tonumber(ARGV[10]), ARGV[8], ARGV[9], ARGV[2])
   end
 end
 return {'ok'}
@@ -180,7 +184,7 @@ if redis.call('TYPE', KEYS[2])['ok'] == 'hash' then
 end
 local pruned = 0
 if n > keep then
-  pruned = prune_oldest(KEYS[1], math.min(n - keep, budget), ARGV[1], ARGV[2], spare)
+  pruned = prune_oldest(KEYS[1], n - keep, budget, ARGV[1], ARGV[2], spare)
 end
 local dropped = 0
 if n - pruned <= keep and n - pruned > 0 then
