@@ -528,19 +528,26 @@ async fn a_thread_keeps_the_records_of_its_newest_ended_runs_and_every_open_one(
             .expect("put ended");
     }
 
+    let listed = async || {
+        let mut ids: Vec<RunId> = stores
+            .runs
+            .list_thread(&t)
+            .await
+            .expect("thread runs")
+            .iter()
+            .map(|r| r.run_id)
+            .collect();
+        ids.sort();
+        ids
+    };
     let (pruned, kept) = ended.split_at(ended.len() - 3);
-    let mut listed: Vec<RunId> = stores
-        .runs
-        .list_thread(&t)
-        .await
-        .expect("thread runs")
-        .iter()
-        .map(|r| r.run_id)
-        .collect();
-    listed.sort();
     let mut expected = vec![open, waiting];
     expected.extend(kept);
-    assert_eq!(listed, expected, "the open runs and the newest three ended");
+    assert_eq!(
+        listed().await,
+        expected,
+        "the open runs and the newest three ended"
+    );
     for run in pruned {
         assert_eq!(stores.runs.get(*run).await.expect("get"), None, "{run}");
         let exists: i64 = cmd(
@@ -565,21 +572,14 @@ async fn a_thread_keeps_the_records_of_its_newest_ended_runs_and_every_open_one(
     for run in kept.iter().chain([&open, &waiting]) {
         assert!(stores.runs.get(*run).await.expect("get").is_some(), "{run}");
     }
-    // An old run that ends now is pruned at once only if three newer ended runs are kept:
-    // the open one ends, and is the oldest ended run.
+    // The oldest run ends now: it is the oldest ended run, past the three kept, yet its own
+    // write never prunes it.
     stores
         .runs
         .put(&labelled(open, &t, None, RunStatus::Succeeded), None)
         .await
         .expect("end the oldest");
-    let after: Vec<RunId> = stores
-        .runs
-        .list_thread(&t)
-        .await
-        .expect("thread runs")
-        .iter()
-        .map(|r| r.run_id)
-        .collect();
+    let after = listed().await;
     assert!(
         after.contains(&open),
         "the run written is never pruned by its own write: {after:?}"
