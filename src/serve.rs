@@ -152,7 +152,7 @@ impl Service {
     /// A service for `runtime`; `redis` when its stores are on Redis (runs of other workers
     /// are then listed, shown and stopped through their control mailboxes).
     pub fn new(runtime: Runtime, redis: Option<RedisStores>, config: &ServeConfig) -> Self {
-        Self {
+        let service = Self {
             shared: Arc::new(Shared {
                 runtime,
                 redis,
@@ -164,7 +164,19 @@ impl Service {
                 metrics: metrics::Metrics::new(),
                 changes: events::Changes::new(),
             }),
-        }
+        };
+        metrics::keep_fresh(&service);
+        service
+    }
+
+    /// A handle that does not keep the service alive.
+    fn downgrade(&self) -> std::sync::Weak<Shared> {
+        Arc::downgrade(&self.shared)
+    }
+
+    /// The service, if it still lives.
+    fn upgrade(weak: &std::sync::Weak<Shared>) -> Option<Self> {
+        weak.upgrade().map(|shared| Self { shared })
     }
 
     /// The HTTP routes, with authentication, the body limit and JSON errors.

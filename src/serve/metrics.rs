@@ -5,10 +5,10 @@
 //! values are exported, under the same names.
 //!
 //! - `runvisor_runs{status}` (gauge): open runs in the stores, every worker's, by status
-//!   (`running`, `awaiting_input`, `orphaned`), read when scraped (OTLP carries the last
-//!   scrape's values).
+//!   (`running`, `awaiting_input`, `orphaned`), read when scraped and, while the metrics are
+//!   exported over OTLP, every export interval.
 //! - `runvisor_leases_held` (gauge): threads whose lease this process holds (its live runs),
-//!   read when scraped.
+//!   read likewise.
 //! - `runvisor_runs_started_total` and `runvisor_runs_ended_total{status}` (counters): runs
 //!   this service started or resumed, and how they ended.
 //! - `runvisor_node_executions_total{kind}` (counter): nodes those runs started.
@@ -314,6 +314,16 @@ impl Metrics {
     /// Reads what is read when scraped (the open runs, the leases held) and renders every
     /// metric.
     async fn render(&self, service: &Service) -> Result<String, ApiError> {
+        self.refresh(service).await;
+        meters()
+            .render()
+            .map_err(|e| ApiError::internal(format!("cannot collect the metrics: {e}")))
+    }
+
+    /// Reads what is read rather than recorded (the open runs, the leases held) into the
+    /// gauges: when scraped, and every OTLP export interval while the metrics are exported,
+    /// so an export carries values at most one interval old even when nobody scrapes.
+    async fn refresh(&self, service: &Service) {
         let instruments = self.inner.instruments;
         let runtime = service.runtime();
         let query = RunQuery {
@@ -340,10 +350,31 @@ impl Metrics {
         instruments
             .leases
             .record(i64::try_from(live).unwrap_or(i64::MAX), &[]);
-        meters()
-            .render()
-            .map_err(|e| ApiError::internal(format!("cannot collect the metrics: {e}")))
     }
+}
+
+/// While the process exports its metrics over OTLP, refreshes `service`'s read gauges every
+/// export interval, for as long as the service lives (the task holds it weakly). Nothing
+/// when the metrics are not exported, or outside a tokio runtime.
+pub(super) fn keep_fresh(service: &Service) {
+    let Some(interval) = meters().export_interval() else {
+        return;
+    };
+    let Ok(handle) = tokio::runtime::Handle::try_current() else {
+        return;
+    };
+    let weak = service.downgrade();
+    handle.spawn(async move {
+        let mut ticks = tokio::time::interval(interval);
+        ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            ticks.tick().await;
+            let Some(service) = Service::upgrade(&weak) else {
+                return;
+            };
+            service.metrics().refresh(&service).await;
+        }
+    });
 }
 
 /// `GET /metrics`.

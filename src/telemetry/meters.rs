@@ -56,6 +56,9 @@ pub(crate) struct Meters {
     reader: Arc<ManualReader>,
     meter: Meter,
     families: Mutex<Vec<Family>>,
+    /// How often the metrics are exported over OTLP, once an export started: what is read
+    /// rather than recorded (gauges of open runs, leases) is read that often too.
+    export_interval: std::sync::OnceLock<Duration>,
 }
 
 impl std::fmt::Debug for Meters {
@@ -110,6 +113,7 @@ pub(crate) fn meters_with(resource: impl FnOnce() -> Resource) -> &'static Meter
             reader,
             meter,
             families: Mutex::new(Vec::new()),
+            export_interval: std::sync::OnceLock::new(),
         }
     })
 }
@@ -120,6 +124,12 @@ pub(crate) fn meters() -> &'static Meters {
 }
 
 impl Meters {
+    /// How often the metrics are exported over OTLP, if they are (the first export's
+    /// interval).
+    pub(crate) fn export_interval(&self) -> Option<Duration> {
+        self.export_interval.get().copied()
+    }
+
     fn describe(&self, family: Family) {
         let mut families = self.families.lock().unwrap_or_else(|e| e.into_inner());
         match families.iter_mut().find(|f| f.name == family.name) {
@@ -474,6 +484,7 @@ impl MetricsExport {
         exporter: E,
         interval: Duration,
     ) -> std::io::Result<Self> {
+        let _ = meters.export_interval.set(interval);
         let (commands, rx) = mpsc::channel();
         let failed = Arc::new(std::sync::atomic::AtomicU64::new(0));
         let counted = failed.clone();

@@ -649,6 +649,67 @@ async fn exported_metrics_are_those_scraped(receiver: Receiver, protocol: &str) 
     );
 }
 
+/// With the metrics exported over OTLP and nobody scraping `/metrics`, the gauges read from
+/// the stores (open runs, leases held) are read every export interval: an export shows the
+/// run running now, and, once it stopped, none.
+#[tokio::test]
+async fn exported_gauges_follow_the_runs_without_a_scrape() {
+    let receiver = Receiver::start();
+    let server = Server::start_with_env(
+        &[],
+        &[],
+        &[
+            ("OTEL_EXPORTER_OTLP_ENDPOINT", receiver.base.as_str()),
+            ("OTEL_METRIC_EXPORT_INTERVAL", "100"),
+            ("OTEL_TRACES_EXPORTER", "none"),
+        ],
+    );
+    let gauge = |name: &str, labels: &[(&str, &str)]| {
+        let labels: Vec<(String, String)> = labels
+            .iter()
+            .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+            .collect();
+        receiver
+            .last_metrics()
+            .iter()
+            .find(|p| p.name == name && p.attributes == labels)
+            .map(|p| p.value)
+    };
+    let until = async |what: &str, check: &dyn Fn() -> bool| {
+        let start = std::time::Instant::now();
+        while !check() {
+            assert!(start.elapsed() < PATIENCE, "no export showed {what}");
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    };
+    let started = server
+        .post(
+            "/v1/runs",
+            serde_json::json!({"workflow": sleepy(), "inputs": {"query": "60s"}}),
+        )
+        .await;
+    let run = started.body["run_id"]
+        .as_str()
+        .expect("a run id")
+        .to_owned();
+    until("the run running and its lease held", &|| {
+        gauge("runvisor_runs", &[("status", "running")]) == Some(1.0)
+            && gauge("runvisor_leases_held", &[]) == Some(1.0)
+    })
+    .await;
+    let stopped = server
+        .post(&format!("/v1/runs/{run}/stop"), serde_json::json!({}))
+        .await;
+    assert_eq!(stopped.status, 200, "{stopped:?}");
+    until("no run running and no lease held", &|| {
+        gauge("runvisor_runs", &[("status", "running")]) == Some(0.0)
+            && gauge("runvisor_leases_held", &[]) == Some(0.0)
+    })
+    .await;
+    let (status, log) = server.terminate();
+    assert!(status.success(), "{log}");
+}
+
 #[tokio::test]
 async fn metrics_exported_over_http_are_those_scraped() {
     exported_metrics_are_those_scraped(Receiver::start(), "http/protobuf").await;
