@@ -552,7 +552,7 @@ impl Runtime {
         // from the oldest kept one's base on.
         let continues = seed.is_some();
         if let Some(seed) = seed {
-            self.services.continue_chain(run_id, seed).await;
+            self.services.continue_chain(run_id, seed);
         }
         let launching = span.clone();
         let launched = self

@@ -22,7 +22,7 @@ use crate::persist::{
 use crate::service::CheckpointObserver;
 use crate::service::RunRegistry;
 use crate::service::checkpointer::{
-    Backlog, ChainSeed, CheckpointMsg, Checkpointer, CheckpointerArgs,
+    Backlog, ChainSeed, Chains, CheckpointMsg, Checkpointer, CheckpointerArgs, write_awaited,
 };
 use crate::service::keeper::{KeeperArgs, KeeperMsg, LeaseKeeper};
 use crate::service::watcher::{StopWatcher, WatchMsg, WatcherArgs};
@@ -36,6 +36,9 @@ pub(crate) struct Services {
     pub(crate) config: RuntimeConfig,
     pub(crate) registry: RunRegistry,
     checkpointer: tokio::sync::OnceCell<ActorRef<CheckpointMsg>>,
+    /// Each running run's chain of checkpoints, shared by the checkpointer (background
+    /// writes) and the awaited writes, which run in their callers' tasks.
+    chains: Chains,
     backlog: Arc<Backlog>,
     watcher: tokio::sync::OnceCell<ActorRef<WatchMsg>>,
     pub(crate) signal_errors: Arc<AtomicU64>,
@@ -76,6 +79,10 @@ impl Services {
             leases,
             spill,
         } = stores;
+        let chains = Chains::new(
+            config.checkpoint_compact_every,
+            config.checkpoint_compact_percent,
+        );
         Self {
             leases,
             spill,
@@ -89,6 +96,7 @@ impl Services {
             registry: RunRegistry::new(config.finished_outcomes),
             config,
             checkpointer: tokio::sync::OnceCell::new(),
+            chains,
             backlog: Arc::default(),
             watcher: tokio::sync::OnceCell::new(),
             signal_errors: Arc::default(),
@@ -162,14 +170,10 @@ impl Services {
 
     /// The checkpoints of `run`, which continues a thread from its newest checkpoint, continue
     /// that checkpoint's chain (called before the run starts).
-    pub(crate) async fn continue_chain(&self, run: RunId, seed: Box<ChainSeed>) {
-        match self.checkpointer().await {
-            Ok(checkpointer) => {
-                let _ = checkpointer.send_message(CheckpointMsg::Continue(run, seed));
-            }
-            // Its first checkpoint is then whole, and the error shows at its first write.
-            Err(e) => tracing::debug!(run = %run, error = %e, "checkpoint chain not continued"),
-        }
+    pub(crate) fn continue_chain(&self, run: RunId, seed: Box<ChainSeed>) {
+        // Into the shared chains at once: the run's first write, awaited in its own task or
+        // in the background, finds it.
+        self.chains.continue_from(run, *seed);
     }
 
     /// `run` writes no more checkpoints: its chain, if the checkpointer still follows one,
@@ -188,8 +192,7 @@ impl Services {
                     store: self.checkpoints.clone(),
                     observer: self.checkpoint_observer.clone(),
                     backlog: self.backlog.clone(),
-                    compact_every: self.config.checkpoint_compact_every,
-                    compact_percent: self.config.checkpoint_compact_percent,
+                    chains: self.chains.clone(),
                 };
                 Actor::spawn(None, Checkpointer, args)
                     .await
@@ -246,23 +249,26 @@ impl RunServices for Services {
             .checkpointer()
             .await
             .map_err(|reason| CheckpointError::Unreachable { reason })?;
-        // The checkpointer answers by the deadline, plus one store call that began before it.
+        // A background snapshot of the run still waiting is older than this one: it goes.
+        // (One already being written is refused by the store's sequence check if it lands
+        // after this one.)
+        let _ = checkpointer.send_message(CheckpointMsg::Superseded(write.run));
+        // Written here, in the caller's task. Answered by the deadline, plus one store call
+        // that began before it.
         let timeout = deadline.saturating_duration_since(tokio::time::Instant::now())
             + self.config.store_deadline.min(Duration::from_secs(5))
             + Duration::from_secs(1);
-        match checkpointer
-            .call(
-                |reply| CheckpointMsg::Awaited(write, deadline, reply),
-                Some(timeout),
-            )
-            .await
-        {
-            Ok(ractor::rpc::CallResult::Success(result)) => result,
-            Ok(other) => Err(SaveFailed::from(CheckpointError::Unreachable {
-                reason: format!("{other:?}"),
-            })),
-            Err(e) => Err(SaveFailed::from(CheckpointError::Unreachable {
-                reason: e.to_string(),
+        let writing = write_awaited(
+            self.checkpoints.clone(),
+            self.chains.clone(),
+            self.checkpoint_observer.clone(),
+            deadline,
+            write,
+        );
+        match tokio::time::timeout(timeout, writing).await {
+            Ok(result) => result,
+            Err(_) => Err(SaveFailed::from(CheckpointError::Unreachable {
+                reason: format!("the checkpoint write did not end within {timeout:?}"),
             })),
         }
     }

@@ -1,9 +1,12 @@
-//! `Checkpointer`: one actor per runtime, the only writer of snapshots.
+//! `Checkpointer`: one actor per runtime, writing snapshots in the background; with it, the
+//! awaited writes its runs make themselves ([`write_awaited`]), against the chains it shares.
 //!
-//! Runs hand it snapshots in one of two ways:
+//! Snapshots are written in one of two ways:
 //! - **awaited** (`sync` durability after each node and each iteration or item of a loop or
 //!   parallel at any depth, and every run's final snapshot at a stop,
-//!   pause, failure or finish): the caller waits until the snapshot is stored, retried with
+//!   pause, failure or finish): written in the caller's task (no hop through this actor's
+//!   mailbox; it is only told, so a background snapshot of the run still waiting goes), which
+//!   waits until the snapshot is stored, retried with
 //!   backoff while the store fails transiently, until the caller's deadline; a permanent error
 //!   answers at once. A snapshot that was not stored is handed back, encoded, to the caller;
 //! - **background** (`async` durability): the newest pending snapshot of each run replaces any
@@ -22,7 +25,7 @@
 //!
 //! Incremental checkpoints: a run's first checkpoint is a whole snapshot (a base), unless the
 //! run continues a thread from its newest checkpoint (a resume): then its chain is that
-//! checkpoint's ([`CheckpointMsg::Continue`]). Each checkpoint after the base is a delta of the
+//! checkpoint's (`Chains::continue_from`, before its first write). Each checkpoint after the base is a delta of the
 //! chain's last stored checkpoint (see
 //! [`delta`](crate::delta)), holding only what changed since: a node's output, its
 //! messages, the frame's cursor and variables, one iteration's or item's result. Deltas are
@@ -48,7 +51,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
-use ractor::{Actor, ActorProcessingErr, ActorRef, RpcReplyPort};
+use ractor::{Actor, ActorProcessingErr, ActorRef};
 use tokio::time::Instant;
 
 use dashmap::DashMap;
@@ -73,19 +76,13 @@ impl Backlog {
 /// Messages the checkpointer handles.
 #[derive(Debug)]
 pub(crate) enum CheckpointMsg {
-    /// Write now and answer when stored, refused, or still failing at the deadline.
-    Awaited(
-        SnapshotWrite,
-        Instant,
-        RpcReplyPort<Result<CheckpointId, SaveFailed>>,
-    ),
+    /// An awaited write of the run is being made (by its caller, [`write_awaited`]): a
+    /// background snapshot of the run still pending is older, and goes.
+    Superseded(RunId),
     /// Write in the background; a newer snapshot of the same run replaces this one.
     Background(SnapshotWrite),
     /// Write what is pending (what is due).
     Flush,
-    /// A run continues a thread from its newest checkpoint: its checkpoints continue that
-    /// checkpoint's chain. Sent before the run starts, so before any of its writes.
-    Continue(RunId, Box<ChainSeed>),
     /// A run ended: forget its chain, if it still has one.
     Forget(RunId),
 }
@@ -115,11 +112,8 @@ pub(crate) struct CheckpointerArgs {
     pub(crate) store: Arc<dyn CheckpointStore>,
     pub(crate) observer: Option<Arc<dyn CheckpointObserver>>,
     pub(crate) backlog: Arc<Backlog>,
-    /// Deltas after a base before the next base at most (0: every checkpoint whole).
-    pub(crate) compact_every: u32,
-    /// Delta bytes, in percent of the base's, past which the next checkpoint is a base (0:
-    /// every checkpoint whole).
-    pub(crate) compact_percent: u32,
+    /// The runs' chains, shared with the awaited writes ([`write_awaited`]).
+    pub(crate) chains: Chains,
 }
 
 /// The chain of checkpoints a running run writes: its base, and its last stored checkpoint
@@ -135,15 +129,26 @@ struct Chain {
     base_bytes: usize,
 }
 
-/// Each running run's chain, shared by the checkpointer and its awaited writes.
+/// Each running run's chain, shared by the checkpointer and the awaited writes.
 #[derive(Clone)]
-struct Chains {
+pub(crate) struct Chains {
     runs: Arc<DashMap<RunId, Chain>>,
     compact_every: u32,
     compact_percent: u32,
 }
 
 impl Chains {
+    /// No chain yet. `compact_every`: deltas after a base before the next base at most (0:
+    /// every checkpoint whole); `compact_percent`: delta bytes, in percent of the base's,
+    /// past which the next checkpoint is a base (0: every checkpoint whole).
+    pub(crate) fn new(compact_every: u32, compact_percent: u32) -> Self {
+        Self {
+            runs: Arc::new(DashMap::new()),
+            compact_every,
+            compact_percent,
+        }
+    }
+
     /// Encodes a write: a delta of the run's last stored checkpoint when its chain allows
     /// one, otherwise whole.
     fn encode(&self, write: &SnapshotWrite) -> Result<(Vec<u8>, Option<DeltaLink>), SnapshotError> {
@@ -226,7 +231,7 @@ impl Chains {
     }
 
     /// The run's checkpoints continue the chain of the checkpoint it resumed from.
-    fn continue_from(&self, run: RunId, seed: ChainSeed) {
+    pub(crate) fn continue_from(&self, run: RunId, seed: ChainSeed) {
         if !self.incremental() {
             return;
         }
@@ -328,11 +333,7 @@ impl Actor for Checkpointer {
         Ok(CheckpointerState {
             store: args.store,
             observer: args.observer,
-            chains: Chains {
-                runs: Arc::new(DashMap::new()),
-                compact_every: args.compact_every,
-                compact_percent: args.compact_percent,
-            },
+            chains: args.chains,
             backlog: args.backlog,
             pending: HashMap::new(),
             due: HashMap::new(),
@@ -349,18 +350,9 @@ impl Actor for Checkpointer {
         state: &mut Self::State,
     ) -> Result<(), ActorProcessingErr> {
         match message {
-            CheckpointMsg::Awaited(write, deadline, reply) => {
-                // Anything older of the same run is superseded by this write. The write runs
-                // in its own task so one run's retries never hold up another's.
-                state.drop_pending(&write.run);
-                state.due.remove(&write.run);
-                let store = state.store.clone();
-                let chains = state.chains.clone();
-                let observer = state.observer.clone();
-                tokio::spawn(async move {
-                    let result = write_until(store, chains, observer, deadline, write).await;
-                    let _ = reply.send(result);
-                });
+            CheckpointMsg::Superseded(run) => {
+                state.drop_pending(&run);
+                state.due.remove(&run);
             }
             CheckpointMsg::Background(write) => {
                 // Encoded when flushed: a newer snapshot of the run replaces this one unencoded.
@@ -382,7 +374,6 @@ impl Actor for Checkpointer {
                 state.flush().await;
                 state.schedule(&myself);
             }
-            CheckpointMsg::Continue(run, seed) => state.chains.continue_from(run, *seed),
             CheckpointMsg::Forget(run) => state.chains.broken(&run),
         }
         Ok(())
@@ -576,7 +567,11 @@ impl CheckpointerState {
 /// Writes one snapshot (a delta of the run's chain when it allows one), retrying with backoff
 /// while the store fails transiently, until it is stored, refused, or `deadline` passed; what
 /// was not stored is handed back.
-async fn write_until(
+///
+/// An awaited write runs here in its caller's task (no hop through the checkpointer's
+/// mailbox and another task: on a multi-threaded runtime each hop may wake a parked thread),
+/// against the chains the checkpointer shares.
+pub(crate) async fn write_awaited(
     store: Arc<dyn CheckpointStore>,
     chains: Chains,
     observer: Option<Arc<dyn CheckpointObserver>>,
