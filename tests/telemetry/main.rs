@@ -437,6 +437,20 @@ async fn run_to_the_end(server: &Server) {
     assert_eq!(done.body["status"], "succeeded", "{done:?}");
 }
 
+/// Starts [`sleepy`] for a minute on `server`; its run id.
+async fn start_sleeping(server: &Server) -> String {
+    let started = server
+        .post(
+            "/v1/runs",
+            serde_json::json!({"workflow": sleepy(), "inputs": {"query": "60s"}}),
+        )
+        .await;
+    started.body["run_id"]
+        .as_str()
+        .expect("a run id")
+        .to_owned()
+}
+
 /// A scrape of `/metrics`: each family's type, and each sample by name and label pairs
 /// (sorted, as OTLP has them).
 #[derive(Debug, Default)]
@@ -503,16 +517,7 @@ async fn exported_metrics_are_those_scraped(receiver: Receiver, protocol: &str) 
         ],
     );
     run_to_the_end(&server).await;
-    let started = server
-        .post(
-            "/v1/runs",
-            serde_json::json!({"workflow": sleepy(), "inputs": {"query": "60s"}}),
-        )
-        .await;
-    let run = started.body["run_id"]
-        .as_str()
-        .expect("a run id")
-        .to_owned();
+    let run = start_sleeping(&server).await;
     server
         .until("the run to sleep", &format!("/v1/runs/{run}"), |a| {
             a.body["nodes"] == serde_json::json!(["a"])
@@ -682,16 +687,7 @@ async fn exported_gauges_follow_the_runs_without_a_scrape() {
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
     };
-    let started = server
-        .post(
-            "/v1/runs",
-            serde_json::json!({"workflow": sleepy(), "inputs": {"query": "60s"}}),
-        )
-        .await;
-    let run = started.body["run_id"]
-        .as_str()
-        .expect("a run id")
-        .to_owned();
+    let run = start_sleeping(&server).await;
     until("the run running and its lease held", &|| {
         gauge("runvisor_runs", &[("status", "running")]) == Some(1.0)
             && gauge("runvisor_leases_held", &[]) == Some(1.0)
