@@ -300,14 +300,23 @@ async fn the_watcher_reads_flags_on_every_master_and_notices_are_sharded() {
     let flags = stores.signals.read(&keys).await.expect("read");
     assert_eq!(flags, vec![false; keys.len()]);
 
+    // Set and unset flags on every master read back in key order (keys no run watches: the
+    // watcher clears the flags of the runs it stops, which would race with this read).
+    let spare: Vec<String> = (0..24)
+        .map(|i| format!("agent_runtime_stopping:app:spare{i}"))
+        .collect();
+    for key in spare.iter().step_by(2) {
+        let _: () = cluster_cmd(&mut raw, &["SET", key, "1", "EX", "60"]).await;
+    }
+    let flags = stores.signals.read(&spare).await.expect("read");
+    let expected: Vec<bool> = (0..spare.len()).map(|i| i % 2 == 0).collect();
+    assert_eq!(flags, expected);
+
     // Flags set by a raw client, without notices, on every master: the watcher's tick sees
     // each (before, its read failed with CROSSSLOT on every tick).
     for (_, key) in runs.iter().step_by(2) {
         let _: () = cluster_cmd(&mut raw, &["SET", key, "1", "EX", "60"]).await;
     }
-    let flags = stores.signals.read(&keys).await.expect("read");
-    let expected: Vec<bool> = (0..keys.len()).map(|i| i % 2 == 0).collect();
-    assert_eq!(flags, expected);
     for (i, (run, key)) in runs.iter().enumerate() {
         if i % 2 == 0 {
             let outcome = within("a flagged run to stop", run.wait()).await;
