@@ -9,7 +9,8 @@
 //! 100 to 1,000 and from 1,000 to 10,000 nodes, each as a ratio to the PING round trip, and
 //! their ratio to one another (flat cost: close to 1). After each chain length it prints how
 //! long restoring the thread's newest delta takes (base and chain read in one script, then
-//! applied) and how many deltas that chain has.
+//! applied) and how many deltas that chain has, and the server's own time per call of the
+//! busiest commands (`INFO commandstats`), the part of a write's cost spent inside Redis.
 //!
 //! `DURABLE_SIZES` (comma-separated, default `100,1000,10000`) picks the chain lengths;
 //! `DURABLE_MODES` (default `sync,async`) the durability modes; `DURABLE_COMPACT`
@@ -31,7 +32,7 @@ use runvisor::redis::{RedisConfig, RedisStores};
 use runvisor::{Durability, Runtime, ThreadId};
 use tokio::runtime::Runtime as Tokio;
 
-use common::redis_server::{PrivateRedis, flush, info, raw};
+use common::redis_server::{PrivateRedis, command_times, flush, info, raw, reset_stats};
 use common::{ECHO, Echo, chain, run_chain, tokio, with_durability};
 
 fn sizes() -> Vec<usize> {
@@ -110,9 +111,11 @@ fn summary(rt: &Tokio, stores: &RedisStores, con: &MultiplexedConnection) {
             let tries = if len >= 10_000 { 2 } else { 3 };
             let mut best = f64::MAX;
             let (mut sent, mut held) = (0u64, 0u64);
+            let mut server = Vec::new();
             for _ in 0..tries {
                 rt.block_on(async {
                     flush(&mut con).await;
+                    reset_stats(&mut con).await;
                     let mem_before = info(&mut con, "memory", "used_memory").await;
                     let in_before = info(&mut con, "stats", "total_net_input_bytes").await;
                     let started = Instant::now();
@@ -125,6 +128,7 @@ fn summary(rt: &Tokio, stores: &RedisStores, con: &MultiplexedConnection) {
                     }
                     sent = in_after.saturating_sub(in_before);
                     held = mem_after.saturating_sub(mem_before);
+                    server = command_times(&mut con).await;
                 });
             }
             rt.block_on(restore_time(stores, &thread, name, len));
@@ -134,6 +138,16 @@ fn summary(rt: &Tokio, stores: &RedisStores, con: &MultiplexedConnection) {
                 best / rtt_us,
                 sent as f64 / len as f64,
                 held as f64 / len as f64,
+            );
+            let busiest: Vec<String> = server
+                .iter()
+                .filter(|(name, ..)| name != "info")
+                .take(3)
+                .map(|(name, calls, us)| format!("{name} {calls} calls at {us:.1} µs"))
+                .collect();
+            eprintln!(
+                "durable {name} chain {len}: server time per call: {}",
+                busiest.join(", ")
             );
             measured.push(Measured {
                 len,

@@ -108,6 +108,41 @@ pub(crate) async fn info(con: &mut MultiplexedConnection, section: &str, field: 
         .unwrap_or(0)
 }
 
+/// Server-side time per call of each command since the last `CONFIG RESETSTAT` (from `INFO
+/// commandstats`): `(command, calls, µs per call)`, busiest first.
+pub(crate) async fn command_times(con: &mut MultiplexedConnection) -> Vec<(String, u64, f64)> {
+    let text: String = ::redis::cmd("INFO")
+        .arg("commandstats")
+        .query_async(con)
+        .await
+        .expect("INFO commandstats");
+    let mut times: Vec<(String, u64, f64)> = text
+        .lines()
+        .filter_map(|line| {
+            let (name, fields) = line.strip_prefix("cmdstat_")?.split_once(':')?;
+            let field = |key: &str| {
+                fields
+                    .split(',')
+                    .find_map(|f| f.strip_prefix(&format!("{key}=")))
+            };
+            let calls = field("calls")?.parse().ok()?;
+            let per_call = field("usec_per_call")?.parse().ok()?;
+            Some((name.to_owned(), calls, per_call))
+        })
+        .collect();
+    times.sort_by(|a, b| (b.1 as f64 * b.2).total_cmp(&(a.1 as f64 * a.2)));
+    times
+}
+
+/// Resets the server's command statistics.
+pub(crate) async fn reset_stats(con: &mut MultiplexedConnection) {
+    let _: () = ::redis::cmd("CONFIG")
+        .arg("RESETSTAT")
+        .query_async(con)
+        .await
+        .expect("CONFIG RESETSTAT");
+}
+
 /// `MEMORY USAGE` of every key, summed by the kind its name gives (`<prefix>:<kind>:...`), with
 /// the number of keys of each kind.
 pub(crate) async fn by_kind(con: &mut MultiplexedConnection) -> BTreeMap<String, (u64, u64)> {

@@ -3,7 +3,7 @@
 //! type writes nothing.
 
 use runvisor::store::StoredCheckpoint;
-use runvisor::{CheckpointId, Message, RunId};
+use runvisor::{CheckpointId, Fence, Message, RunId};
 
 use super::support::{RedisServer, assert_corrupt_at, cmd, raw, run_record, stores, thread};
 
@@ -176,6 +176,19 @@ async fn junk_checkpoints_are_corrupt() {
     assert_corrupt_at(checkpoints.put(&t, cp(3), None).await, index);
     assert_corrupt_at(checkpoints.list(&t).await, index);
     for key in [&payload, &sequence] {
+        let exists: i64 = cmd(&mut con, &["EXISTS", key]).await;
+        assert_eq!(exists, 0, "{key} was not written");
+    }
+
+    // So does a sequence key, or (for a fenced write) a fencing counter, of the wrong type.
+    let _: i64 = cmd(&mut con, &["DEL", index]).await;
+    let _: i64 = cmd(&mut con, &["RPUSH", &sequence, "x"]).await;
+    assert_corrupt_at(checkpoints.put(&t, cp(4), None).await, &sequence);
+    let _: i64 = cmd(&mut con, &["DEL", &sequence]).await;
+    let fence = "runvisor:fence:{junk}";
+    let _: i64 = cmd(&mut con, &["HSET", fence, "token", "1"]).await;
+    assert_corrupt_at(checkpoints.put(&t, cp(5), Some(Fence(1))).await, fence);
+    for key in [&payload, &sequence, index] {
         let exists: i64 = cmd(&mut con, &["EXISTS", key]).await;
         assert_eq!(exists, 0, "{key} was not written");
     }

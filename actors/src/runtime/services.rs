@@ -39,6 +39,10 @@ pub(crate) struct Services {
     /// Each running run's chain of checkpoints, shared by the checkpointer (background
     /// writes) and the awaited writes, which run in their callers' tasks.
     chains: Chains,
+    /// Runs that handed the checkpointer a background write since their last awaited one:
+    /// only those have a pending write for an awaited one to supersede (the others' awaited
+    /// writes send the checkpointer nothing, so it is not woken once per node).
+    handed: dashmap::DashSet<RunId>,
     backlog: Arc<Backlog>,
     watcher: tokio::sync::OnceCell<ActorRef<WatchMsg>>,
     pub(crate) signal_errors: Arc<AtomicU64>,
@@ -97,6 +101,7 @@ impl Services {
             config,
             checkpointer: tokio::sync::OnceCell::new(),
             chains,
+            handed: dashmap::DashSet::new(),
             backlog: Arc::default(),
             watcher: tokio::sync::OnceCell::new(),
             signal_errors: Arc::default(),
@@ -179,6 +184,7 @@ impl Services {
     /// `run` writes no more checkpoints: its chain, if the checkpointer still follows one,
     /// is forgotten.
     pub(crate) fn forget_chain(&self, run: RunId) {
+        self.handed.remove(&run);
         if let Some(checkpointer) = self.checkpointer.get() {
             let _ = checkpointer.send_message(CheckpointMsg::Forget(run));
         }
@@ -232,6 +238,7 @@ impl RunServices for Services {
     async fn save_background(&self, write: SnapshotWrite) {
         match self.checkpointer().await {
             Ok(checkpointer) => {
+                self.handed.insert(write.run);
                 let _ = checkpointer.send_message(CheckpointMsg::Background(write));
             }
             Err(e) => {
@@ -251,8 +258,11 @@ impl RunServices for Services {
             .map_err(|reason| CheckpointError::Unreachable { reason })?;
         // A background snapshot of the run still waiting is older than this one: it goes.
         // (One already being written is refused by the store's sequence check if it lands
-        // after this one.)
-        let _ = checkpointer.send_message(CheckpointMsg::Superseded(write.run));
+        // after this one.) The run's background writes were all handed before this call: its
+        // actor hands them and starts awaited writes in turn.
+        if self.handed.remove(&write.run).is_some() {
+            let _ = checkpointer.send_message(CheckpointMsg::Superseded(write.run));
+        }
         // Written here, in the caller's task. Answered by the deadline, plus one store call
         // that began before it.
         let timeout = deadline.saturating_duration_since(tokio::time::Instant::now())

@@ -100,6 +100,11 @@ end
 /// the chain (from the parent back to the base, by `parent` fields) gets the full TTL again,
 /// so a chain lives as long as its newest delta.
 ///
+/// Nothing is written before every check passed (a script is not rolled back): a key of another
+/// type is found by the reads that need it anyway (`pcall`s answering an error), the payload key
+/// is deleted before it is written, whatever it held, and a delta's base is probed once for
+/// both its existence and its TTL.
+///
 /// KEYS: payload hash, index zset, sequence string, the thread's fence counter.
 /// ARGV: checkpoint id, run id, sequence (decimal, no leading zeros), bytes, TTL in ms, fencing
 /// token (empty: unfenced), how many checkpoints the thread keeps (empty: all), the thread's
@@ -108,14 +113,15 @@ end
 /// Returns `{"ok"}`, `{"fenced", current}`, `{"stale", stored}`, `{"missing", id}`,
 /// `{"wrongtype", key}` or `{"corrupt", key}`.
 pub(crate) const PUT: &str = r#"
-local kinds = {'hash', 'zset', 'string', 'string'}
-for i, key in ipairs(KEYS) do
-  local t = redis.call('TYPE', key)['ok']
-  if t ~= 'none' and t ~= kinds[i] then return {'wrongtype', key} end
-end
+local function failed(reply) return type(reply) == 'table' and reply.err ~= nil end
+local t = redis.call('TYPE', KEYS[4])['ok']
+if t ~= 'none' and t ~= 'string' then return {'wrongtype', KEYS[4]} end
+local entries = redis.pcall('ZCARD', KEYS[2])
+if failed(entries) then return {'wrongtype', KEYS[2]} end
+local stored = redis.pcall('GET', KEYS[3])
+if failed(stored) then return {'wrongtype', KEYS[3]} end
 local refused = fence_refused(KEYS[4], ARGV[6], ARGV[5])
 if refused then return {'fenced', refused} end
-local stored = redis.call('GET', KEYS[3])
 if stored then
   if not (stored == '0' or string.match(stored, '^[1-9]%d*$')) or #stored > 20 then
     return {'corrupt', KEYS[3]}
@@ -126,17 +132,20 @@ if stored then
   end
 end
 local base, parent = ARGV[11], ARGV[12]
+local ttl = tonumber(ARGV[5])
+local left = -1
 if base ~= '' then
-  for _, id in ipairs({base, parent}) do
-    if not is_id(id) or redis.call('EXISTS', ARGV[8] .. id) == 0 then return {'missing', id} end
+  if not is_id(base) then return {'missing', base} end
+  left = redis.call('PTTL', ARGV[8] .. base)
+  if left == -2 then return {'missing', base} end
+  if parent ~= base and (not is_id(parent) or redis.call('EXISTS', ARGV[8] .. parent) == 0) then
+    return {'missing', parent}
   end
 end
 redis.call('DEL', KEYS[1])
 if base ~= '' then
   redis.call('HSET', KEYS[1], 'bytes', ARGV[4], 'run', ARGV[2], 'sequence', ARGV[3],
     'base', base, 'parent', parent)
-  local ttl = tonumber(ARGV[5])
-  local left = redis.call('PTTL', ARGV[8] .. base)
   if left >= 0 and left < ttl / 2 then
     local at = parent
     for _ = 1, 100000 do
@@ -150,15 +159,12 @@ else
   redis.call('HSET', KEYS[1], 'bytes', ARGV[4], 'run', ARGV[2], 'sequence', ARGV[3])
 end
 redis.call('PEXPIRE', KEYS[1], ARGV[5])
-redis.call('ZADD', KEYS[2], 0, ARGV[1])
+entries = entries + redis.call('ZADD', KEYS[2], 0, ARGV[1])
 redis.call('PEXPIRE', KEYS[2], ARGV[5])
 redis.call('SET', KEYS[3], ARGV[3], 'PX', ARGV[5])
 local keep = tonumber(ARGV[7])
-if keep then
-  local excess = redis.call('ZCARD', KEYS[2]) - keep
-  if excess > 0 then
-    prune_oldest(KEYS[2], excess, tonumber(ARGV[10]), ARGV[8], ARGV[9], ARGV[2])
-  end
+if keep and entries > keep then
+  prune_oldest(KEYS[2], entries - keep, tonumber(ARGV[10]), ARGV[8], ARGV[9], ARGV[2])
 end
 return {'ok'}
 "#;
