@@ -16,6 +16,9 @@
 //! of runs to the floor. `THROUGHPUT_BATCHES` (default 15) sets how many batches the summary
 //! times.
 //!
+//! Both allocate with mimalloc, as the `runvisor` binary does; `--no-default-features` shows
+//! the system allocator's figures.
+//!
 //! Run with `cargo bench --bench throughput`.
 
 mod common;

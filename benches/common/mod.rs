@@ -1,8 +1,14 @@
 //! Host kinds and workflows the benchmarks share: a trivial `echo` node, chains of them, and a
-//! `cooperative` node that waits for the stop.
+//! `cooperative` node that waits for the stop; and the allocator they all use.
 
 // Each bench target uses part of this module.
 #![allow(dead_code)]
+
+/// The benches allocate as the `runvisor` binary does (feature `mimalloc`, on by default);
+/// `--no-default-features` measures the system allocator instead.
+#[cfg(feature = "mimalloc")]
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
 pub(crate) mod redis_server;
 
