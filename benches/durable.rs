@@ -2,12 +2,14 @@
 //! Redis under `sync` and `async` durability (and on the in-memory stores, the baseline), with
 //! the PING round trip measured in the same run.
 //!
-//! Before the criterion groups, a summary is printed to stderr for each mode: the PING round
-//! trip (mean of 2,000 on a multiplexed connection), then per chain length the best of a few
-//! runs in µs per node, the bytes sent to Redis per node (`total_net_input_bytes`) and the
-//! bytes Redis holds after the run (`used_memory` growth), and the marginal cost per node from
-//! 100 to 1,000 and from 1,000 to 10,000 nodes, each as a ratio to the PING round trip, and
-//! their ratio to one another (flat cost: close to 1). After each chain length it prints how
+//! Before the criterion groups, a summary is printed to stderr for each mode: per chain length
+//! the best of a few runs in µs per node, as a ratio to the PING round trip measured right
+//! before those runs (the median of their batches; a batch is the mean of 1,000 PINGs on a
+//! multiplexed connection: this machine's load moves it), the bytes sent to Redis per node
+//! (`total_net_input_bytes`) and the bytes Redis holds after the run (`used_memory` growth);
+//! then the median PING of the mode and, against it, the marginal cost per node from 100 to
+//! 1,000 and from 1,000 to 10,000 nodes, and their ratio to one another (flat cost: close
+//! to 1). After each chain length it prints how
 //! long restoring the thread's newest delta takes (base and chain read in one script, then
 //! applied) and how many deltas that chain has, and the server's own time per call of the
 //! busiest commands (`INFO commandstats`), the part of a write's cost spent inside Redis.
@@ -66,6 +68,13 @@ fn modes() -> Vec<(&'static str, Durability)> {
         .collect()
 }
 
+/// The median of some figures.
+fn median(figures: &[f64]) -> f64 {
+    let mut sorted = figures.to_vec();
+    sorted.sort_by(f64::total_cmp);
+    sorted.get(sorted.len() / 2).copied().unwrap_or(f64::NAN)
+}
+
 /// The mean PING round trip over `n` pings.
 async fn ping_rtt(con: &mut MultiplexedConnection, n: u32) -> Duration {
     for _ in 0..100 {
@@ -97,15 +106,14 @@ fn summary(rt: &Tokio, stores: &RedisStores, con: &MultiplexedConnection) {
             )
             .build();
         let mut con = con.clone();
-        let rtt = rt.block_on(ping_rtt(&mut con, 2000));
-        let rtt_us = rtt.as_secs_f64() * 1e6;
         let compact = config(durability);
         eprintln!(
-            "durable {name}: PING round trip {rtt_us:.1} µs; chains compacted after {} deltas \
-             or {}% of their base",
+            "durable {name}: chains compacted after {} deltas or {}% of their base",
             compact.checkpoint_compact_every, compact.checkpoint_compact_percent
         );
         let mut measured = Vec::new();
+        // Every PING measured in this mode, for its median.
+        let mut pings = Vec::new();
         for len in sizes() {
             let workflow = chain(&runtime, len);
             let tries = if len >= 10_000 { 2 } else { 3 };
@@ -115,6 +123,8 @@ fn summary(rt: &Tokio, stores: &RedisStores, con: &MultiplexedConnection) {
             for _ in 0..tries {
                 rt.block_on(async {
                     flush(&mut con).await;
+                    // The round trip right before each run: the machine's load changes it.
+                    pings.push(ping_rtt(&mut con, 1000).await.as_secs_f64() * 1e6);
                     reset_stats(&mut con).await;
                     let mem_before = info(&mut con, "memory", "used_memory").await;
                     let in_before = info(&mut con, "stats", "total_net_input_bytes").await;
@@ -132,9 +142,10 @@ fn summary(rt: &Tokio, stores: &RedisStores, con: &MultiplexedConnection) {
                 });
             }
             rt.block_on(restore_time(stores, &thread, name, len));
+            let rtt_us = median(&pings[pings.len() - tries..]);
             eprintln!(
-                "durable {name} chain {len}: {best:.1} µs/node ({:.2}x PING), {:.0} bytes sent \
-                 to Redis per node, {:.0} bytes held per node",
+                "durable {name} chain {len}: {best:.1} µs/node ({:.2}x PING of {rtt_us:.1} µs), \
+                 {:.0} bytes sent to Redis per node, {:.0} bytes held per node",
                 best / rtt_us,
                 sent as f64 / len as f64,
                 held as f64 / len as f64,
@@ -156,6 +167,14 @@ fn summary(rt: &Tokio, stores: &RedisStores, con: &MultiplexedConnection) {
                 held_per_node: held as f64 / len as f64,
             });
         }
+        let rtt_us = median(&pings);
+        eprintln!(
+            "durable {name}: PING round trip {rtt_us:.1} µs (median of {} batches of 1,000, \
+             from {:.1} to {:.1})",
+            pings.len(),
+            pings.iter().copied().fold(f64::MAX, f64::min),
+            pings.iter().copied().fold(0.0, f64::max),
+        );
         let mut marginals = Vec::new();
         for pair in measured.windows(2) {
             let (a, b) = (&pair[0], &pair[1]);

@@ -163,7 +163,10 @@ entries = entries + redis.call('ZADD', KEYS[2], 0, ARGV[1])
 redis.call('PEXPIRE', KEYS[2], ARGV[5])
 redis.call('SET', KEYS[3], ARGV[3], 'PX', ARGV[5])
 local keep = tonumber(ARGV[7])
-if keep and entries > keep then
+-- What the thread keeps builds on this write's base or on an older one: with that base the
+-- index's oldest entry, nothing can go.
+if keep and entries > keep
+  and (base == '' or redis.call('ZRANGE', KEYS[2], 0, 0)[1] ~= base) then
   prune_oldest(KEYS[2], entries - keep, tonumber(ARGV[10]), ARGV[8], ARGV[9], ARGV[2])
 end
 return {'ok'}
