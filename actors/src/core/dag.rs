@@ -13,6 +13,7 @@
 //! node are dead, so skips propagate transitively within the same call. Parallel edges between
 //! the same pair of nodes count as separate edges.
 
+use std::collections::BTreeSet;
 use std::fmt;
 use std::sync::Arc;
 
@@ -116,6 +117,10 @@ pub(crate) struct Schedule {
     /// Nodes pending, ready or running.
     outstanding: usize,
     completions: Vec<(NodeIndex, Route)>,
+    /// The nodes in state Ready, and those Running, kept as the states change: a snapshot
+    /// lists them at every durable step, which must not cost a scan of every node.
+    ready: BTreeSet<NodeIndex>,
+    running: BTreeSet<NodeIndex>,
 }
 
 impl Schedule {
@@ -128,6 +133,8 @@ impl Schedule {
             active: vec![0; n],
             outstanding: n,
             completions: Vec::with_capacity(n),
+            ready: BTreeSet::new(),
+            running: BTreeSet::new(),
             graph,
         }
     }
@@ -155,6 +162,7 @@ impl Schedule {
         match self.state.get_mut(entry) {
             Some(s) if *s == NodeState::Pending => {
                 *s = NodeState::Ready;
+                self.ready.insert(entry);
                 Step {
                     ready: vec![entry],
                     skipped: Vec::new(),
@@ -170,6 +178,8 @@ impl Schedule {
         match *state {
             NodeState::Ready => {
                 *state = NodeState::Running;
+                self.ready.remove(&node);
+                self.running.insert(node);
                 Ok(())
             }
             other => Err(ScheduleError::NotReady { node, state: other }),
@@ -182,6 +192,8 @@ impl Schedule {
         match *state {
             NodeState::Running => {
                 *state = NodeState::Ready;
+                self.running.remove(&node);
+                self.ready.insert(node);
                 Ok(())
             }
             other => Err(ScheduleError::NotRunning { node, state: other }),
@@ -201,6 +213,8 @@ impl Schedule {
             NodeState::Ready | NodeState::Running => *state = NodeState::Completed,
             other => return Err(ScheduleError::NotReady { node, state: other }),
         }
+        self.ready.remove(&node);
+        self.running.remove(&node);
         self.outstanding = self.outstanding.saturating_sub(1);
         self.completions.push((node, route.clone()));
 
@@ -247,12 +261,12 @@ impl Schedule {
 
     /// Ready nodes not yet running (the frontier not yet started), ascending.
     pub(crate) fn ready(&self) -> impl Iterator<Item = NodeIndex> + '_ {
-        self.in_state(NodeState::Ready)
+        self.ready.iter().copied()
     }
 
     /// Running nodes, ascending.
     pub(crate) fn running(&self) -> impl Iterator<Item = NodeIndex> + '_ {
-        self.in_state(NodeState::Running)
+        self.running.iter().copied()
     }
 
     /// Skipped nodes, ascending.
@@ -261,6 +275,7 @@ impl Schedule {
         self.in_state(NodeState::Skipped)
     }
 
+    #[cfg(test)]
     fn in_state(&self, wanted: NodeState) -> impl Iterator<Item = NodeIndex> + '_ {
         self.state
             .iter()
@@ -296,6 +311,7 @@ impl Schedule {
         }
         if *active_count > 0 {
             *state = NodeState::Ready;
+            self.ready.insert(to);
             step.ready.push(to);
         } else {
             *state = NodeState::Skipped;
@@ -873,5 +889,50 @@ mod tests {
             assert_eq!(back, route);
         }
         Ok(())
+    }
+
+    proptest::proptest! {
+        /// The ready and running nodes the schedule keeps as states change are exactly those
+        /// a scan of every node finds, whatever the graph, the routes and the order of
+        /// dispatches, requeues and completions.
+        #[test]
+        fn kept_ready_and_running_sets_match_the_states(
+            n in 2usize..12,
+            edge_bits in proptest::collection::vec(0u8..4, 66),
+            ops in proptest::collection::vec((0u8..3, 0usize..12, proptest::bool::ANY), 0..60),
+        ) {
+            // Edges go forward only (i < j), so the graph is acyclic; some are branches.
+            let mut edges = Vec::new();
+            let mut k = 0;
+            for i in 0..n {
+                for j in i + 1..n {
+                    match edge_bits.get(k) {
+                        Some(1) => edges.push(e(i, j)),
+                        Some(2) => edges.push(b(i, j, "a")),
+                        _ => {}
+                    }
+                    k += 1;
+                }
+            }
+            let Ok(graph) = graph(n, edges) else {
+                return Ok(());
+            };
+            let mut s = Schedule::new(graph);
+            s.start();
+            for (op, node, branch) in ops {
+                let node = node % n;
+                let route = if branch { Route::branches(["a"]) } else { Route::branches(["b"]) };
+                // Refused operations change nothing; the sets must agree either way.
+                let _ = match op {
+                    0 => s.mark_running(node),
+                    1 => s.requeue(node),
+                    _ => s.complete(node, &route).map(|_| ()),
+                };
+                let ready: Vec<_> = s.in_state(NodeState::Ready).collect();
+                let running: Vec<_> = s.in_state(NodeState::Running).collect();
+                proptest::prop_assert_eq!(s.ready().collect::<Vec<_>>(), ready);
+                proptest::prop_assert_eq!(s.running().collect::<Vec<_>>(), running);
+            }
+        }
     }
 }
