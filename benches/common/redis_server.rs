@@ -1,9 +1,11 @@
 //! A private `redis-server` for the benches that need one: no persistence, a free loopback
-//! port (never 6379), killed and reaped when dropped. `redis-server` must be on the PATH.
+//! port (never 6379), killed and reaped when dropped, and killed by the kernel if the bench
+//! ends without dropping it. `redis-server` must be on the PATH.
 
 use std::collections::BTreeMap;
 use std::io::{Read, Write};
 use std::net::{Ipv4Addr, SocketAddrV4, TcpListener, TcpStream};
+use std::os::unix::process::CommandExt;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
@@ -27,16 +29,36 @@ impl PrivateRedis {
                 break port;
             }
         };
-        let child = Command::new("redis-server")
+        let mut command = Command::new("redis-server");
+        command
             .args(["--port", &port.to_string(), "--bind", "127.0.0.1"])
             .args(["--save", "", "--appendonly", "no", "--daemonize", "no"])
             .arg("--dir")
             .arg(dir.path())
             .stdin(Stdio::null())
             .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("redis-server on the PATH");
+            .stderr(Stdio::null());
+        // A bench killed before it drops the server (a signal, a timeout) takes the server with
+        // it: the kernel kills the child when the thread that started it ends. Benches start
+        // their server on criterion's main thread, which lives as long as the bench.
+        let parent = std::process::id();
+        // SAFETY: between fork and exec only async-signal-safe calls are made: prctl(2) and
+        // getppid(2), touching no memory of the parent.
+        unsafe {
+            command.pre_exec(move || {
+                if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL) != 0 {
+                    return Err(std::io::Error::last_os_error());
+                }
+                // The parent may have ended before the request was made.
+                if u32::try_from(libc::getppid()).ok() != Some(parent) {
+                    return Err(std::io::Error::other(
+                        "the bench ended before its server started",
+                    ));
+                }
+                Ok(())
+            });
+        }
+        let child = command.spawn().expect("redis-server on the PATH");
         let server = Self {
             child,
             port,
