@@ -20,11 +20,13 @@ use serde_json::json;
 
 use super::support::*;
 
-/// A checkpoint store whose writes fail while `broken` is set.
+/// A checkpoint store whose writes fail while `broken` is set; it counts the writes it was
+/// asked for.
 #[derive(Debug, Default)]
 struct Flaky {
     inner: MemoryCheckpointStore,
     broken: AtomicBool,
+    puts: std::sync::atomic::AtomicUsize,
 }
 
 #[async_trait]
@@ -35,6 +37,7 @@ impl CheckpointStore for Flaky {
         checkpoint: StoredCheckpoint,
         fence: Option<Fence>,
     ) -> Result<(), StoreError> {
+        self.puts.fetch_add(1, Ordering::SeqCst);
         if self.broken.load(Ordering::SeqCst) {
             return Err(StoreError::Unavailable("checkpoint store down".into()));
         }
@@ -642,4 +645,61 @@ async fn a_background_write_retried_over_many_flushes_is_one_write() {
     gate.notify_one();
     let outcome = finish(&run).await;
     assert_eq!(outcome.status(), RunStatus::Succeeded, "{outcome:#?}");
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_final_write_supersedes_a_background_write_still_waiting() {
+    let flaky = Arc::new(Flaky::default());
+    flaky.broken.store(true, Ordering::SeqCst);
+    let writes = Arc::new(Writes::default());
+    let gate = Arc::new(tokio::sync::Notify::new());
+    let rt = Runtime::builder()
+        .lease_store(Arc::new(MemoryLeaseStore::new()))
+        .checkpoint_store(flaky.clone())
+        .checkpoint_observer(writes.clone())
+        .handler("gate", Gate(gate.clone()))
+        .config(RuntimeConfig {
+            durability: Durability::Async,
+            store_deadline: Duration::from_millis(200),
+            ..RuntimeConfig::default()
+        })
+        .build();
+    let workflow = load(
+        &rt,
+        json!({"id": "w", "nodes": [
+            {"id": "start", "kind": "begin"},
+            {"id": "wait", "kind": "gate"}
+        ], "edges": [{"from": "start", "to": "wait"}]}),
+    );
+    let t = thread("superseded");
+    let run = rt
+        .start(&workflow, inputs([]), t.clone())
+        .await
+        .expect("start");
+    // `start`'s snapshot waits in the background, retried while the store is down.
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    assert!(
+        writes
+            .0
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .is_empty()
+    );
+    // The store is back and the run ends before that write's next attempt: the run's final
+    // snapshot is newer, so the waiting one is dropped rather than written after it.
+    flaky.broken.store(false, Ordering::SeqCst);
+    let attempts_while_down = flaky.puts.load(Ordering::SeqCst);
+    gate.notify_one();
+    let outcome = finish(&run).await;
+    assert_eq!(outcome.status(), RunStatus::Succeeded, "{outcome:#?}");
+    tokio::time::sleep(Duration::from_secs(30)).await;
+    assert_eq!(
+        flaky.puts.load(Ordering::SeqCst) - attempts_while_down,
+        1,
+        "only the final snapshot is written once the store is back"
+    );
+    let mut ended = writes.0.lock().unwrap_or_else(|e| e.into_inner()).clone();
+    ended.sort_unstable();
+    assert_eq!(ended, [("async", false), ("final", true)]);
+    assert_eq!(flaky.inner.list(&t).await.map(|ids| ids.len()), Ok(1));
 }
