@@ -584,8 +584,65 @@ impl runvisor_actors::CheckpointObserver for Writes {
     }
 }
 
+impl Writes {
+    /// The writes that ended so far, in the order they ended.
+    fn ended(&self) -> Vec<(&'static str, bool)> {
+        self.0.lock().unwrap_or_else(|e| e.into_inner()).clone()
+    }
+}
+
 /// Finishes once told to.
 struct Gate(Arc<tokio::sync::Notify>);
+
+/// An `async` run of `begin -> gate` on a checkpoint store that starts down: what a test of its
+/// background writes needs at hand.
+struct GatedRun {
+    flaky: Arc<Flaky>,
+    writes: Arc<Writes>,
+    gate: Arc<tokio::sync::Notify>,
+    run: runvisor_actors::RunHandle,
+    thread: ThreadId,
+    _runtime: Runtime,
+}
+
+/// Starts a [`GatedRun`] on thread `id`; its `start` snapshot waits for the store.
+async fn gated_async_run(id: &str) -> GatedRun {
+    let flaky = Arc::new(Flaky::default());
+    flaky.broken.store(true, Ordering::SeqCst);
+    let writes = Arc::new(Writes::default());
+    let gate = Arc::new(tokio::sync::Notify::new());
+    let rt = Runtime::builder()
+        .lease_store(Arc::new(MemoryLeaseStore::new()))
+        .checkpoint_store(flaky.clone())
+        .checkpoint_observer(writes.clone())
+        .handler("gate", Gate(gate.clone()))
+        .config(RuntimeConfig {
+            durability: Durability::Async,
+            store_deadline: Duration::from_millis(200),
+            ..RuntimeConfig::default()
+        })
+        .build();
+    let workflow = load(
+        &rt,
+        json!({"id": "w", "nodes": [
+            {"id": "start", "kind": "begin"},
+            {"id": "wait", "kind": "gate"}
+        ], "edges": [{"from": "start", "to": "wait"}]}),
+    );
+    let thread = thread(id);
+    let run = rt
+        .start(&workflow, inputs([]), thread.clone())
+        .await
+        .expect("start");
+    GatedRun {
+        flaky,
+        writes,
+        gate,
+        run,
+        thread,
+        _runtime: rt,
+    }
+}
 
 #[async_trait]
 impl NodeHandler for Gate {
@@ -597,48 +654,26 @@ impl NodeHandler for Gate {
 
 #[tokio::test(start_paused = true)]
 async fn a_background_write_retried_over_many_flushes_is_one_write() {
-    let flaky = Arc::new(Flaky::default());
-    flaky.broken.store(true, Ordering::SeqCst);
-    let writes = Arc::new(Writes::default());
-    let gate = Arc::new(tokio::sync::Notify::new());
-    let rt = Runtime::builder()
-        .lease_store(Arc::new(MemoryLeaseStore::new()))
-        .checkpoint_store(flaky.clone())
-        .checkpoint_observer(writes.clone())
-        .handler("gate", Gate(gate.clone()))
-        .config(RuntimeConfig {
-            durability: Durability::Async,
-            store_deadline: Duration::from_millis(200),
-            ..RuntimeConfig::default()
-        })
-        .build();
-    let workflow = load(
-        &rt,
-        json!({"id": "w", "nodes": [
-            {"id": "start", "kind": "begin"},
-            {"id": "wait", "kind": "gate"}
-        ], "edges": [{"from": "start", "to": "wait"}]}),
-    );
-    let run = rt
-        .start(&workflow, inputs([]), thread("retried"))
-        .await
-        .expect("start");
+    let GatedRun {
+        flaky,
+        writes,
+        gate,
+        run,
+        _runtime,
+        ..
+    } = gated_async_run("retried").await;
     // `start`'s snapshot waits in the background while the store is down: it is attempted
     // again and again (backing off from 50 ms), over several seconds.
     tokio::time::sleep(Duration::from_secs(5)).await;
-    assert!(
-        writes
-            .0
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .is_empty(),
-        "a write still being retried has not ended: {:?}",
-        writes.0.lock().unwrap_or_else(|e| e.into_inner())
+    assert_eq!(
+        writes.ended(),
+        [],
+        "a write still being retried has not ended"
     );
     flaky.broken.store(false, Ordering::SeqCst);
     tokio::time::sleep(Duration::from_secs(5)).await;
     assert_eq!(
-        *writes.0.lock().unwrap_or_else(|e| e.into_inner()),
+        writes.ended(),
         [("async", true)],
         "one write, stored, however many attempts it took"
     );
@@ -649,42 +684,17 @@ async fn a_background_write_retried_over_many_flushes_is_one_write() {
 
 #[tokio::test(start_paused = true)]
 async fn a_final_write_supersedes_a_background_write_still_waiting() {
-    let flaky = Arc::new(Flaky::default());
-    flaky.broken.store(true, Ordering::SeqCst);
-    let writes = Arc::new(Writes::default());
-    let gate = Arc::new(tokio::sync::Notify::new());
-    let rt = Runtime::builder()
-        .lease_store(Arc::new(MemoryLeaseStore::new()))
-        .checkpoint_store(flaky.clone())
-        .checkpoint_observer(writes.clone())
-        .handler("gate", Gate(gate.clone()))
-        .config(RuntimeConfig {
-            durability: Durability::Async,
-            store_deadline: Duration::from_millis(200),
-            ..RuntimeConfig::default()
-        })
-        .build();
-    let workflow = load(
-        &rt,
-        json!({"id": "w", "nodes": [
-            {"id": "start", "kind": "begin"},
-            {"id": "wait", "kind": "gate"}
-        ], "edges": [{"from": "start", "to": "wait"}]}),
-    );
-    let t = thread("superseded");
-    let run = rt
-        .start(&workflow, inputs([]), t.clone())
-        .await
-        .expect("start");
+    let GatedRun {
+        flaky,
+        writes,
+        gate,
+        run,
+        thread: t,
+        _runtime,
+    } = gated_async_run("superseded").await;
     // `start`'s snapshot waits in the background, retried while the store is down.
     tokio::time::sleep(Duration::from_secs(1)).await;
-    assert!(
-        writes
-            .0
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .is_empty()
-    );
+    assert_eq!(writes.ended(), []);
     // The store is back and the run ends before that write's next attempt: the run's final
     // snapshot is newer, so the waiting one is dropped rather than written after it.
     flaky.broken.store(false, Ordering::SeqCst);
@@ -698,7 +708,7 @@ async fn a_final_write_supersedes_a_background_write_still_waiting() {
         1,
         "only the final snapshot is written once the store is back"
     );
-    let mut ended = writes.0.lock().unwrap_or_else(|e| e.into_inner()).clone();
+    let mut ended = writes.ended();
     ended.sort_unstable();
     assert_eq!(ended, [("async", false), ("final", true)]);
     assert_eq!(flaky.inner.list(&t).await.map(|ids| ids.len()), Ok(1));
