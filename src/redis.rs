@@ -62,8 +62,8 @@
 //! | `<p>:claimed:{jobs}:<worker_id>` | LIST | the jobs a worker claimed and has not settled |
 //! | `<p>:claimers:{jobs}` | SET | the workers that claimed jobs (whose lists a sweep looks at) |
 //! | `<p>:rejected:{jobs}` | LIST | jobs no worker can run, each `{"job", "worker", "error"}` |
-//! | `<p>:hist:{<thread>}` | LIST | the thread's history, one JSON message per entry, oldest first |
-//! | `<p>:histids:{<thread>}` | SET | the ids of the messages in that list |
+//! | `<p>:hist:{<thread>}` | LIST | the thread's history, one message per entry, oldest first: a format byte (`1`) and the message in postcard (entries of earlier releases: JSON) |
+//! | `<p>:histids:{<thread>}` | SET | the ids of the messages in that list, 16 bytes each (text ids from earlier releases still count) |
 //! | stop and cancel flags, named by the runtime's [`SignalConfig`](crate::SignalConfig) templates | STRING | a flag: any non-empty value, with a TTL |
 //! | `<p>:signals` (pub/sub channel) | | notices `{"key": ..., "raised": ...}` (see [`signal`]) |
 //!

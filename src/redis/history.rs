@@ -1,10 +1,16 @@
-//! Thread histories on Redis: a LIST of JSON messages (`<p>:hist:{<thread>}`, oldest first)
-//! and a SET of their ids (`<p>:histids:{<thread>}`) that makes appends idempotent.
+//! Thread histories on Redis: a LIST of messages (`<p>:hist:{<thread>}`, oldest first) and a
+//! SET of their ids (`<p>:histids:{<thread>}`) that makes appends idempotent.
 //!
 //! `append` is one Lua script: for each message in order, it adds the id to the set and, only
 //! if the id was new, pushes the message; then it refreshes both TTLs. So a retried flush (for
 //! instance after a timeout whose write did land) or a resumed run never duplicates a message,
 //! and a batch is stored entirely or not at all.
+//!
+//! Each entry is a format byte (`1`) and the message in postcard (ids as their 16 bytes, the
+//! time as a varint): about 45 bytes besides the text, where JSON took about 190. The id set
+//! holds each id's 16 bytes. Earlier releases wrote JSON entries (`{...}`) and text ids;
+//! both are still read, and an id recorded as text still counts as present, so a thread
+//! written before the change never gets a message twice.
 
 use std::fmt;
 use std::time::Duration;
@@ -22,7 +28,8 @@ use super::reply::{self, corrupt};
 /// Appends the messages whose ids are new, in order.
 ///
 /// KEYS: history list, id set, the thread's fence counter. ARGV: TTL in ms, fencing token
-/// (empty: unfenced), then id and JSON for each message.
+/// (empty: unfenced), then for each message its id (16 bytes), its id as text (how earlier
+/// releases recorded it) and its entry.
 /// Returns `{"ok", appended}`, `{"fenced", current}` or `{"wrongtype", key}`.
 const APPEND: &str = r#"
 local kinds = {'list', 'set', 'string'}
@@ -33,9 +40,10 @@ end
 local refused = fence_refused(KEYS[3], ARGV[2], ARGV[1])
 if refused then return {'fenced', refused} end
 local appended = 0
-for i = 3, #ARGV - 1, 2 do
-  if redis.call('SADD', KEYS[2], ARGV[i]) == 1 then
-    redis.call('RPUSH', KEYS[1], ARGV[i + 1])
+for i = 3, #ARGV - 2, 3 do
+  if redis.call('SISMEMBER', KEYS[2], ARGV[i + 1]) == 0
+      and redis.call('SADD', KEYS[2], ARGV[i]) == 1 then
+    redis.call('RPUSH', KEYS[1], ARGV[i + 2])
     appended = appended + 1
   end
 end
@@ -94,10 +102,13 @@ impl HistoryStore for RedisHistoryStore {
             .arg(self.ttl_ms)
             .arg(token_arg(fence));
         for message in messages {
-            let json = serde_json::to_string(message).map_err(|e| {
+            let entry = encode(message).map_err(|e| {
                 StoreError::Unavailable(format!("cannot encode message {}: {e}", message.id))
             })?;
-            invocation.arg(message.id.to_string()).arg(json);
+            invocation
+                .arg(message.id.as_uuid().as_bytes().as_slice())
+                .arg(message.id.to_string())
+                .arg(entry);
         }
         let reply = self
             .conn
@@ -133,9 +144,32 @@ impl HistoryStore for RedisHistoryStore {
             .iter()
             .enumerate()
             .map(|(i, entry)| {
-                serde_json::from_slice(reply::bytes(entry, &list)?)
+                decode(reply::bytes(entry, &list)?)
                     .map_err(|e| corrupt(&list, format!("entry {i} is not a message: {e}")))
             })
             .collect()
+    }
+}
+
+/// The format byte of a postcard entry.
+const POSTCARD: u8 = 1;
+
+/// A message as a history entry: [`POSTCARD`], then the message.
+fn encode(message: &Message) -> Result<Vec<u8>, postcard::Error> {
+    postcard::to_extend(message, vec![POSTCARD])
+}
+
+/// A history entry read back: postcard after its format byte, or JSON as earlier releases
+/// wrote it.
+fn decode(entry: &[u8]) -> Result<Message, String> {
+    match entry.split_first() {
+        Some((&POSTCARD, rest)) => match postcard::take_from_bytes::<Message>(rest) {
+            Ok((message, [])) => Ok(message),
+            Ok((_, extra)) => Err(format!("{} bytes follow the message", extra.len())),
+            Err(e) => Err(e.to_string()),
+        },
+        Some((b'{', _)) => serde_json::from_slice(entry).map_err(|e| e.to_string()),
+        Some((other, _)) => Err(format!("unknown format byte {other:#04x}")),
+        None => Err("it is empty".to_owned()),
     }
 }

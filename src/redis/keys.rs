@@ -223,7 +223,7 @@ impl Keys {
         format!("{}:runs:{{{}}}", self.prefix, tag(thread))
     }
 
-    /// `<p>:hist:{<thread>}`: the thread's history (LIST of JSON messages, oldest first).
+    /// `<p>:hist:{<thread>}`: the thread's history (LIST of messages, oldest first).
     pub fn history(&self, thread: &ThreadId) -> String {
         format!("{}:hist:{{{}}}", self.prefix, tag(thread))
     }

@@ -566,11 +566,19 @@ async fn the_binary_runs_on_a_cluster_and_another_process_stops_it() {
         "{}",
         String::from_utf8_lossy(&out.stdout)
     );
-    let history: Vec<String> =
-        cluster_cmd(&mut raw, &["LRANGE", "runvisor:hist:{k1}", "0", "-1"]).await;
+    let history = cluster_stores(&cluster)
+        .await
+        .history
+        .load(&thread("k1"))
+        .await
+        .expect("history");
     assert_eq!(
-        history.iter().filter(|m| m.contains("\"first\"")).count(),
-        1
+        history
+            .iter()
+            .filter(|m| m.content.contains("first"))
+            .count(),
+        1,
+        "{history:?}"
     );
     let checkpoints: i64 = cluster_cmd(&mut raw, &["ZCARD", "runvisor:cpidx:{k1}"]).await;
     assert!(checkpoints > 0, "the stop was checkpointed");

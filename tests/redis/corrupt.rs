@@ -109,6 +109,27 @@ async fn junk_history_is_corrupt() {
     )
     .await;
     assert_corrupt_at(history.load(&t).await, list);
+    // An entry in the compact format whose message is cut short, has bytes after it, or has a
+    // format byte no release writes.
+    let _: i64 = cmd(&mut con, &["DEL", list, ids]).await;
+    history
+        .append(&t, std::slice::from_ref(&good), None)
+        .await
+        .expect("append");
+    let mut entries: Vec<Vec<u8>> = cmd(&mut con, &["LRANGE", list, "0", "0"]).await;
+    let whole = entries.pop().expect("an entry");
+    let cut = whole[..whole.len() - 3].to_vec();
+    let mut longer = whole.clone();
+    longer.push(0);
+    let mut unknown = whole.clone();
+    unknown[0] = 7;
+    for junk in [cut, longer, unknown, Vec::new()] {
+        let _: i64 = cmd(&mut con, &["DEL", list]).await;
+        let mut rpush = ::redis::cmd("RPUSH");
+        rpush.arg(list).arg(junk);
+        let _: i64 = rpush.query_async(&mut con).await.expect("RPUSH");
+        assert_corrupt_at(history.load(&t).await, list);
+    }
 
     // The id set is not a set: the append is refused and writes nothing.
     let _: i64 = cmd(&mut con, &["DEL", list, ids]).await;

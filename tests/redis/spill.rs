@@ -188,11 +188,18 @@ async fn a_run_ending_while_redis_is_down_exits_3_and_recover_stores_it_exactly_
     assert!(spill_files(&spill).is_empty(), "the spill file is removed");
 
     let mut con = raw(&server).await;
+    let history_store = stores(&server).await.history;
     let stored = |con: &mut ::redis::aio::MultiplexedConnection| {
         let mut con = con.clone();
+        let history_store = history_store.clone();
         async move {
-            let history: Vec<String> =
-                cmd(&mut con, &["LRANGE", "runvisor:hist:{down}", "0", "-1"]).await;
+            let history: Vec<String> = history_store
+                .load(&thread("down"))
+                .await
+                .expect("history")
+                .into_iter()
+                .map(|m| m.content)
+                .collect();
             let checkpoints: Vec<String> =
                 cmd(&mut con, &["ZRANGE", "runvisor:cpidx:{down}", "0", "-1"]).await;
             let runs: Vec<String> =
@@ -201,14 +208,7 @@ async fn a_run_ending_while_redis_is_down_exits_3_and_recover_stores_it_exactly_
         }
     };
     let (history, checkpoints, runs) = stored(&mut con).await;
-    let texts: Vec<String> = history
-        .iter()
-        .map(|m| {
-            let m: serde_json::Value = serde_json::from_str(m).expect("a JSON message");
-            m["content"].as_str().expect("content").to_owned()
-        })
-        .collect();
-    assert_eq!(texts, ["one", "two", "three", "four", "five"]);
+    assert_eq!(history, ["one", "two", "three", "four", "five"]);
     assert_eq!(checkpoints.len(), 1, "the final checkpoint, once");
     assert_eq!(runs.len(), 1);
     let record_key = format!("runvisor:run:{{down}}:{}", runs[0]);
