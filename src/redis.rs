@@ -41,7 +41,7 @@
 //!
 //! | key | type | holds |
 //! |---|---|---|
-//! | `<p>:cp:{<thread>}:<checkpoint_id>` | HASH | one checkpoint: `bytes` (the snapshot envelope, raw), `run` (run id), `sequence` (decimal) |
+//! | `<p>:cp:{<thread>}:<checkpoint_id>` | STRING | one checkpoint: a text header (`rvc1`, `w` or `d` for a whole snapshot or a delta, the run id, the sequence as 20 digits, and a delta's base and parent ids), then the snapshot or delta envelope, raw. Earlier releases wrote a HASH (`bytes`, `run`, `sequence`, `base`, `parent`), still read |
 //! | `<p>:wf:{<thread>}:<hash>` | STRING | a workflow definition (JSON) the thread's snapshots name by content hash (xxh3-128) |
 //! | `<p>:cpidx:{<thread>}` | ZSET | the thread's checkpoint ids, all with score 0 |
 //! | `<p>:cpseq:{<thread>}:<run_id>` | STRING | the newest checkpoint sequence stored for a run (decimal) |

@@ -1,21 +1,29 @@
-//! Checkpoints on Redis: one HASH per checkpoint (`<p>:cp:{<thread>}:<id>`: `bytes`, `run`,
-//! `sequence`), a per-thread index ZSET (`<p>:cpidx:{<thread>}`, score 0 so members sort by
-//! id text, which is time order for UUIDv7) and a per-run sequence (`<p>:cpseq:{<thread>}:<run>`).
+//! Checkpoints on Redis: one STRING per checkpoint (`<p>:cp:{<thread>}:<id>`: a short text
+//! header naming its run, sequence, and for a delta its base and parent, then the payload; see
+//! [`encode_value`]), a per-thread index ZSET (`<p>:cpidx:{<thread>}`, score 0 so members sort
+//! by id text, which is time order for UUIDv7) and a per-run sequence
+//! (`<p>:cpseq:{<thread>}:<run>`). Earlier releases wrote each checkpoint as a HASH (`bytes`,
+//! `run`, `sequence`, and `base` and `parent` for a delta); those are still read, restored and
+//! pruned.
 //!
 //! `put` is one Lua script: it refuses a sequence not greater than the stored one (compared as
 //! decimal text, so every `u64` is exact), then writes payload, index entry and sequence with
 //! the TTL, and prunes the thread to its newest checkpoints ([`RedisConfig::keep_checkpoints`](
 //! super::RedisConfig::keep_checkpoints)): the oldest payloads, their index entries and the
 //! sequence keys of their runs (but the writer's) go in the same script, or nothing happens.
-//! A delta (see [`runvisor_actors::delta`]) also has `base` and `parent` fields; `put` of a
-//! delta checks in the same script that both are stored, pruning never removes what the
-//! oldest kept checkpoint builds on, and a chain's TTL is renewed with its newest delta.
+//! A delta (see [`runvisor_actors::delta`]) names its base and parent; `put` of a delta checks
+//! in the same script that both are stored, pruning never removes what the oldest kept
+//! checkpoint builds on, and a chain's TTL is renewed with its newest delta.
 //! `prune` trims in batches, each batch one script. Reads follow the index and drop the entries
 //! whose payload expired (checked again inside a script): `list` every one it sees, `latest`
 //! those newer than the checkpoint it returns, `get` the one asked for. `range` reads a delta's
 //! chain (the index entries from its base to its parent, with their payloads) in one script,
 //! so restoring a checkpoint is one round trip whatever its chain's length. The scripts are in
 //! [`lua`].
+//!
+//! One value instead of a hash of five fields: Redis keeps a hash whose payload field is over
+//! 64 bytes as a hash table, about 590 bytes per checkpoint besides its payload; a value with a
+//! header costs the header (61 or 133 bytes) and the key.
 
 mod lua;
 
@@ -45,7 +53,7 @@ const LATEST_BATCH: isize = 16;
 /// How many index entries one `list` script reads.
 const LIST_BATCH: usize = 1000;
 
-/// [`CheckpointStore`] on Redis: a hash per checkpoint, an index per thread, a sequence per
+/// [`CheckpointStore`] on Redis: a value per checkpoint, an index per thread, a sequence per
 /// run, and `put` as one script that keeps each thread within its retention. See the
 /// [key layout](super).
 pub struct RedisCheckpointStore {
@@ -76,6 +84,7 @@ pub(crate) struct ThreadScripts {
     list: Lua,
     drop: Lua,
     range: Lua,
+    read: Lua,
 }
 
 impl ThreadScripts {
@@ -87,6 +96,7 @@ impl ThreadScripts {
             list: with_helpers(lua::LIST),
             drop: with_helpers(lua::DROP),
             range: Lua::new(lua::RANGE.to_owned()),
+            read: Lua::new(lua::READ.to_owned()),
         }
     }
 }
@@ -170,25 +180,116 @@ impl RedisCheckpointStore {
         }
     }
 
-    /// Reads the payload hash at `key`; `None` when it does not exist.
+    /// Reads the checkpoint at `key`; `None` when it does not exist.
     async fn read(
         &self,
         key: &str,
         id: CheckpointId,
     ) -> Result<Option<StoredCheckpoint>, StoreError> {
-        let mut cmd = ::redis::cmd("HGETALL");
-        cmd.arg(key);
-        let reply = self.conn.query(key, &cmd).await?;
-        stored_from(&reply, key, id)
+        let mut invocation = self.scripts.read.script().prepare_invoke();
+        invocation.key(key);
+        let reply = self
+            .conn
+            .script("checkpoint read", key, &invocation)
+            .await?;
+        reply::server_error(&reply, "the checkpoint read script", key)?;
+        let items = reply::array(&reply, key)?;
+        match items.first().map(|s| reply::text(s, key)).transpose()? {
+            Some("value" | "hash") if items.len() == 2 => stored_from(&items[1], key, id),
+            Some("none") => Ok(None),
+            Some("wrongtype") => Err(corrupt(key, "the key holds a value of another type")),
+            _ => Err(unexpected("read", key, &reply)),
+        }
     }
 }
 
-/// A checkpoint read back from its hash (`HGETALL`'s reply); `None` when it has no fields.
+/// The header's first bytes: format 1.
+const MAGIC: &[u8; 4] = b"rvc1";
+/// Digits of the sequence in a header (every `u64`, zero-padded).
+const SEQUENCE_DIGITS: usize = 20;
+/// A whole snapshot's header: magic, `w`, run id, sequence.
+const WHOLE_HEADER: usize = MAGIC.len() + 1 + 36 + SEQUENCE_DIGITS;
+/// A delta's header: magic, `d`, run id, sequence, base id, parent id.
+const DELTA_HEADER: usize = WHOLE_HEADER + 36 + 36;
+
+/// A checkpoint's value: a text header, then its payload. The header is `rvc1`, `w` (a whole
+/// snapshot) or `d` (a delta), the run id, the sequence as 20 digits, and for a delta its base
+/// and parent ids: fixed places the scripts read with `GETRANGE` (`cp_links` in [`lua`]).
+fn encode_value(checkpoint: &StoredCheckpoint) -> Vec<u8> {
+    let header = if checkpoint.link.is_some() {
+        DELTA_HEADER
+    } else {
+        WHOLE_HEADER
+    };
+    let mut value = Vec::with_capacity(header + checkpoint.bytes.len());
+    value.extend_from_slice(MAGIC);
+    value.push(if checkpoint.link.is_some() {
+        b'd'
+    } else {
+        b'w'
+    });
+    value.extend_from_slice(checkpoint.run.to_string().as_bytes());
+    value.extend_from_slice(format!("{:020}", checkpoint.sequence).as_bytes());
+    if let Some(link) = checkpoint.link {
+        value.extend_from_slice(link.base.to_string().as_bytes());
+        value.extend_from_slice(link.parent.to_string().as_bytes());
+    }
+    value.extend_from_slice(&checkpoint.bytes);
+    value
+}
+
+/// A checkpoint read back from its value ([`encode_value`]).
+fn decode_value(value: &[u8], key: &str, id: CheckpointId) -> Result<StoredCheckpoint, StoreError> {
+    let bad = |what: &str| corrupt(key, format!("the checkpoint's header {what}"));
+    if value.len() < WHOLE_HEADER || &value[..MAGIC.len()] != MAGIC {
+        return Err(bad("is missing or of an unknown format"));
+    }
+    let text = |at: usize, len: usize, what: &str| {
+        std::str::from_utf8(&value[at..at + len])
+            .map_err(|_| bad(&format!("has a {what} that is not text")))
+    };
+    let id_at = |at: usize, what: &str| -> Result<CheckpointId, StoreError> {
+        text(at, 36, what)?
+            .parse()
+            .map_err(|_| bad(&format!("has a {what} that is not an id")))
+    };
+    let run = text(5, 36, "run id")?
+        .parse()
+        .map_err(|_| bad("has a run id that is not an id"))?;
+    let sequence = text(41, SEQUENCE_DIGITS, "sequence")?
+        .parse::<u64>()
+        .map_err(|_| bad("has a sequence that is not a number"))?;
+    let (link, payload) = match value[MAGIC.len()] {
+        b'w' => (None, WHOLE_HEADER),
+        b'd' if value.len() >= DELTA_HEADER => (
+            Some(DeltaLink {
+                base: id_at(WHOLE_HEADER, "base")?,
+                parent: id_at(WHOLE_HEADER + 36, "parent")?,
+            }),
+            DELTA_HEADER,
+        ),
+        b'd' => return Err(bad("is cut short")),
+        _ => return Err(bad("names neither a whole snapshot nor a delta")),
+    };
+    Ok(StoredCheckpoint {
+        id,
+        run,
+        sequence,
+        bytes: value[payload..].to_vec(),
+        link,
+    })
+}
+
+/// A checkpoint read back from its value, or from the hash an earlier release wrote
+/// (`HGETALL`'s reply); `None` when that hash has no fields.
 fn stored_from(
     reply: &Value,
     key: &str,
     id: CheckpointId,
 ) -> Result<Option<StoredCheckpoint>, StoreError> {
+    if let Value::BulkString(value) = reply {
+        return decode_value(value, key, id).map(Some);
+    }
     let fields = Fields::read(reply, key)?;
     if fields.is_empty() {
         return Ok(None);
@@ -305,7 +406,7 @@ impl CheckpointStore for RedisCheckpointStore {
             .arg(checkpoint.id.to_string())
             .arg(checkpoint.run.to_string())
             .arg(checkpoint.sequence.to_string())
-            .arg(checkpoint.bytes.as_slice())
+            .arg(encode_value(&checkpoint))
             .arg(self.ttl_ms)
             .arg(token_arg(fence))
             .arg(self.keep.map(|k| k.to_string()).unwrap_or_default())

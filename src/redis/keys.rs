@@ -103,7 +103,7 @@ impl Keys {
         &self.prefix
     }
 
-    /// `<p>:cp:{<thread>}:<checkpoint_id>`: one checkpoint (HASH).
+    /// `<p>:cp:{<thread>}:<checkpoint_id>`: one checkpoint (STRING: a header, then the payload).
     pub fn checkpoint(&self, thread: &ThreadId, id: CheckpointId) -> String {
         self.checkpoint_member(thread, &id.to_string())
     }

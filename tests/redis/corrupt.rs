@@ -169,6 +169,28 @@ async fn junk_checkpoints_are_corrupt() {
     };
     checkpoints.put(&t, cp(1), None).await.expect("put");
 
+    // A value whose header is missing, of another format, or names no run, sequence, kind,
+    // base or parent; each is an error naming the key, from every read.
+    let value: Vec<u8> = cmd(&mut con, &["GET", &payload]).await;
+    let header = String::from_utf8(value[..61].to_vec()).expect("a text header");
+    let delta = format!("{}d{}{id}{id}", &header[..4], &header[5..]);
+    let junk = [
+        "x".to_owned(),
+        format!("rvc9{}", &header[4..]),
+        header.replacen(&run.to_string(), "nobody-nobody-nobody-nobody-nobody-n", 1),
+        format!("{}many-many-many-many-many", &header[..41]),
+        format!("{}x{}", &header[..4], &header[5..]),
+        delta[..100].to_owned(),
+        delta.replacen(&id.to_string(), "a-parent-that-is-not-an-id-at-all-xx", 2),
+    ];
+    for value in &junk {
+        let _: () = cmd(&mut con, &["SET", &payload, value]).await;
+        assert_corrupt_at(checkpoints.get(&t, id).await, &payload);
+        assert_corrupt_at(checkpoints.latest(&t).await, &payload);
+        assert_corrupt_at(checkpoints.range(&t, id, id, 10).await, &payload);
+    }
+    // As earlier releases wrote it: a hash, whose fields are checked the same way.
+    let _: i64 = cmd(&mut con, &["DEL", &payload]).await;
     let _: i64 = cmd(&mut con, &["HSET", &payload, "sequence", "many"]).await;
     assert_corrupt_at(checkpoints.get(&t, id).await, &payload);
     assert_corrupt_at(checkpoints.latest(&t).await, &payload);
@@ -180,6 +202,12 @@ async fn junk_checkpoints_are_corrupt() {
     assert_corrupt_at(checkpoints.get(&t, id).await, &payload);
     let _: i64 = cmd(&mut con, &["HDEL", &payload, "bytes", "run"]).await;
     assert_corrupt_at(checkpoints.get(&t, id).await, &payload);
+    // A key of another type.
+    let _: i64 = cmd(&mut con, &["DEL", &payload]).await;
+    let _: i64 = cmd(&mut con, &["RPUSH", &payload, "x"]).await;
+    assert_corrupt_at(checkpoints.get(&t, id).await, &payload);
+    let _: i64 = cmd(&mut con, &["DEL", &payload]).await;
+    let _: () = cmd(&mut con, &["SET", &payload, &header]).await;
 
     let _: i64 = cmd(&mut con, &["ZADD", index, "0", "not-an-id"]).await;
     assert_corrupt_at(checkpoints.list(&t).await, index);

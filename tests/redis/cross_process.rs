@@ -202,8 +202,16 @@ async fn runvisor_cancel_cancels_a_task_run_and_resume_continues_it() {
         document["stop"]["finished"],
         serde_json::json!(["start", "first"])
     );
-    let history: Vec<String> = cmd(&mut con, &["LRANGE", "runvisor:hist:{x3}", "0", "-1"]).await;
-    let firsts = history.iter().filter(|m| m.contains("\"first\"")).count();
+    let history = stores(&server)
+        .await
+        .history
+        .load(&thread("x3"))
+        .await
+        .expect("history");
+    let firsts = history
+        .iter()
+        .filter(|m| m.content.contains("first"))
+        .count();
     assert_eq!(firsts, 1, "{history:?}");
 }
 

@@ -38,7 +38,10 @@ impl runvisor::NodeHandler for Step {
 }
 
 use super::cluster_support::{RedisCluster, cluster_config};
-use super::support::{RedisServer, cmd, config, raw, stores, thread, within};
+use super::support::{
+    RedisServer, checkpoint_payload, cmd, config, raw, set_checkpoint_payload, stores, thread,
+    within,
+};
 
 fn snapshot(run: RunId, t: &ThreadId, nodes: usize) -> Snapshot {
     Snapshot {
@@ -301,13 +304,8 @@ async fn a_damaged_delta_in_a_chain_is_an_error_naming_its_checkpoint() {
     let last = damaged.len() - 1;
     damaged[last] ^= 0x01;
     let key = format!("runvisor:cp:{{damaged}}:{}", cs[2].id);
-    let _: i64 = ::redis::cmd("HSET")
-        .arg(&key)
-        .arg("bytes")
-        .arg(damaged)
-        .query_async(&mut con)
-        .await
-        .expect("HSET");
+    assert_eq!(checkpoint_payload(&mut con, &key).await, cs[2].bytes);
+    set_checkpoint_payload(&mut con, &key, &damaged).await;
     let latest = stores
         .checkpoints
         .latest(&t)
@@ -337,13 +335,7 @@ async fn a_damaged_delta_in_a_chain_is_an_error_naming_its_checkpoint() {
         Err(MaterializeError::Snapshot(SnapshotError::Checksum { .. }))
     ));
     // A missing link (the damaged delta mended first).
-    let _: i64 = ::redis::cmd("HSET")
-        .arg(&key)
-        .arg("bytes")
-        .arg(cs[2].bytes.clone())
-        .query_async(&mut con)
-        .await
-        .expect("HSET");
+    set_checkpoint_payload(&mut con, &key, &cs[2].bytes).await;
     assert_eq!(
         materialize(&*stores.checkpoints, &t, &latest).await,
         Ok(snapshot(cs[3].run, &t, 3))
@@ -511,5 +503,104 @@ async fn a_sync_run_writes_deltas_of_flat_size_and_resumes_from_any_of_them() {
         outcome.status(),
         runvisor::RunStatus::Succeeded,
         "{outcome:?}"
+    );
+}
+
+/// A chain written by an earlier release (a hash per checkpoint): it is read, restored and
+/// continued by deltas in today's format, and pruning keeps what a kept delta builds on.
+#[tokio::test]
+async fn a_chain_of_hashes_from_an_earlier_release_restores_continues_and_prunes() {
+    let server = RedisServer::start();
+    let stores = keeping(&server, 2).await;
+    let mut con = raw(&server).await;
+    let t = thread("hashes");
+    let run = RunId::new();
+    let cs = chain(run, &t, 3);
+    // The first three as an earlier release stored them.
+    for c in &cs[..3] {
+        let key = format!("runvisor:cp:{{hashes}}:{}", c.id);
+        let mut hset = ::redis::cmd("HSET");
+        hset.arg(&key)
+            .arg("bytes")
+            .arg(c.bytes.as_slice())
+            .arg("run")
+            .arg(run.to_string())
+            .arg("sequence")
+            .arg(c.sequence);
+        if let Some(link) = c.link {
+            hset.arg("base")
+                .arg(link.base.to_string())
+                .arg("parent")
+                .arg(link.parent.to_string());
+        }
+        let _: i64 = hset.query_async(&mut con).await.expect("HSET");
+        let _: i64 = cmd(
+            &mut con,
+            &["ZADD", "runvisor:cpidx:{hashes}", "0", &c.id.to_string()],
+        )
+        .await;
+    }
+    assert_eq!(
+        stores.checkpoints.get(&t, cs[2].id).await,
+        Ok(Some(cs[2].clone()))
+    );
+    let latest = stores
+        .checkpoints
+        .latest(&t)
+        .await
+        .expect("latest")
+        .expect("one");
+    assert_eq!(
+        materialize(&*stores.checkpoints, &t, &latest).await,
+        Ok(snapshot(run, &t, 2))
+    );
+    // Today's delta on top: stored as a value, the chain restores through both formats.
+    stores
+        .checkpoints
+        .put(&t, cs[3].clone(), None)
+        .await
+        .expect("put");
+    let kind: String = cmd(
+        &mut con,
+        &["TYPE", &format!("runvisor:cp:{{hashes}}:{}", cs[3].id)],
+    )
+    .await;
+    assert_eq!(kind, "string");
+    let latest = stores
+        .checkpoints
+        .latest(&t)
+        .await
+        .expect("latest")
+        .expect("one");
+    assert_eq!(latest, cs[3]);
+    assert_eq!(
+        materialize(&*stores.checkpoints, &t, &latest).await,
+        Ok(snapshot(run, &t, 3))
+    );
+    // Keeping 2 (the newest two deltas), pruning stops at their base, a hash.
+    assert_eq!(stores.checkpoints.prune(&t, 2).await, Ok(0));
+    assert_eq!(
+        stores.checkpoints.list(&t).await,
+        Ok(cs.iter().map(|c| c.id).collect())
+    );
+    // After a new base, everything before it goes, hashes and values alike, with the
+    // sequence key of the run that wrote them.
+    let next = chain(RunId::new(), &t, 0).remove(0);
+    stores
+        .checkpoints
+        .put(&t, next.clone(), None)
+        .await
+        .expect("put");
+    assert_eq!(stores.checkpoints.prune(&t, 1).await, Ok(4));
+    assert_eq!(stores.checkpoints.list(&t).await, Ok(vec![next.id]));
+    let mut left: Vec<String> = cmd(&mut con, &["KEYS", "runvisor:cp*:{hashes}:*"]).await;
+    left.sort();
+    assert_eq!(
+        left,
+        [
+            format!("runvisor:cp:{{hashes}}:{}", next.id),
+            format!("runvisor:cpseq:{{hashes}}:{}", next.run),
+        ],
+        "the new base and its run's sequence; nothing of the pruned run"
     );
 }

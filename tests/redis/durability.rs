@@ -30,7 +30,9 @@ use runvisor::{
 };
 use tokio::sync::watch;
 
-use super::support::{RedisServer, cmd, raw, stores, thread, within};
+use super::support::{
+    RedisServer, checkpoint_payload, cmd, raw, set_checkpoint_payload, stores, thread, within,
+};
 
 /// How long a test waits for something a loaded machine may be slow to do before failing.
 pub(crate) const SLOW: Duration = Duration::from_secs(30);
@@ -223,35 +225,17 @@ async fn record(stores: &RedisStores, run: RunId) -> RunRecord {
         .unwrap_or_else(|| panic!("no record of run {run}"))
 }
 
-/// The raw fields of a checkpoint hash, as another tool reads them.
+/// The raw value of a checkpoint, as another tool reads it.
 async fn raw_checkpoint(
     con: &mut MultiplexedConnection,
     t: &ThreadId,
     id: CheckpointId,
-) -> BTreeMap<String, Vec<u8>> {
-    let key = format!("runvisor:cp:{{{t}}}:{id}");
-    within(
-        "HGETALL",
-        ::redis::cmd("HGETALL")
-            .arg(&key)
-            .query_async::<BTreeMap<String, Vec<u8>>>(con),
-    )
-    .await
-    .expect("HGETALL")
+) -> Vec<u8> {
+    cmd(con, &["GET", &format!("runvisor:cp:{{{t}}}:{id}")]).await
 }
 
 async fn set_bytes(con: &mut MultiplexedConnection, t: &ThreadId, id: CheckpointId, bytes: &[u8]) {
-    let key = format!("runvisor:cp:{{{t}}}:{id}");
-    let _: i64 = within(
-        "HSET",
-        ::redis::cmd("HSET")
-            .arg(&key)
-            .arg("bytes")
-            .arg(bytes)
-            .query_async(con),
-    )
-    .await
-    .expect("HSET");
+    set_checkpoint_payload(con, &format!("runvisor:cp:{{{t}}}:{id}"), bytes).await;
 }
 
 fn node_ids(snapshot: &Snapshot) -> Vec<&str> {
@@ -594,7 +578,7 @@ async fn a_damaged_checkpoint_is_refused_by_resume_named_and_recorded_on_its_run
     wait_until_called(&first, "b").await;
     let cp = force_stop(&run).await;
     drop(rt);
-    let original = raw_checkpoint(&mut con, &t, cp).await["bytes"].clone();
+    let original = checkpoint_payload(&mut con, &format!("runvisor:cp:{{{t}}}:{cp}")).await;
     assert!(Snapshot::decode(&original).is_ok());
 
     let work = Work::default();

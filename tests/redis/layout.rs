@@ -110,7 +110,7 @@ async fn keys_follow_the_layout_and_carry_the_thread_hash_tag() {
     assert_eq!(
         types,
         [
-            "hash", "zset", "string", "hash", "zset", "list", "set", "string", "zset", "zset",
+            "string", "zset", "string", "hash", "zset", "list", "set", "string", "zset", "zset",
             "set", "set", "set"
         ]
     );

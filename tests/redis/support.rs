@@ -313,3 +313,33 @@ pub(crate) fn assert_corrupt_at<T: std::fmt::Debug>(result: Result<T, StoreError
         other => panic!("expected corrupt data at {key}, got {other:?}"),
     }
 }
+
+/// The payload of a checkpoint's value (after its header: 61 bytes for a whole snapshot, 133
+/// for a delta, whose fifth byte is `d`), as a tool damaging it in place reads it.
+pub(crate) async fn checkpoint_payload(con: &mut MultiplexedConnection, key: &str) -> Vec<u8> {
+    let value: Vec<u8> = cmd(con, &["GET", key]).await;
+    let header = if value.get(4) == Some(&b'd') { 133 } else { 61 };
+    value[header..].to_vec()
+}
+
+/// Replaces a checkpoint's payload, keeping its header and TTL.
+pub(crate) async fn set_checkpoint_payload(
+    con: &mut MultiplexedConnection,
+    key: &str,
+    payload: &[u8],
+) {
+    let value: Vec<u8> = cmd(con, &["GET", key]).await;
+    let header = if value.get(4) == Some(&b'd') { 133 } else { 61 };
+    let mut damaged = value[..header].to_vec();
+    damaged.extend_from_slice(payload);
+    let _: () = within(
+        "SET",
+        ::redis::cmd("SET")
+            .arg(key)
+            .arg(damaged)
+            .arg("KEEPTTL")
+            .query_async(con),
+    )
+    .await
+    .expect("SET");
+}

@@ -10,6 +10,9 @@
 
 /// Lua shared by the scripts below.
 ///
+/// - `cp_links(key)` reads a checkpoint's run, base and parent (base and parent `nil` for a
+///   whole snapshot) from the header of its value ([`super::Header`]), or from the fields of
+///   the hash earlier releases wrote; `nil` when the key holds neither.
 /// - `prune_oldest(index, excess, budget, cp_prefix, seq_prefix, spare)` removes up to
 ///   `budget` of the `excess` oldest entries of the index with their payloads, and the
 ///   sequence keys of the runs that wrote them, except run `spare` (the run writing, or holding
@@ -28,6 +31,22 @@ local function is_id(text)
   return type(text) == 'string' and #text == 36
     and string.match(text, '^%x+%-%x+%-%x+%-%x+%-%x+$') ~= nil
 end
+local function cp_links(key)
+  local head = redis.pcall('GETRANGE', key, 0, 132)
+  if type(head) == 'string' then
+    if string.sub(head, 1, 4) ~= 'rvc1' then return nil end
+    local run = string.sub(head, 6, 41)
+    if string.sub(head, 5, 5) == 'd' then
+      return run, string.sub(head, 62, 97), string.sub(head, 98, 133)
+    end
+    return run, nil, nil
+  end
+  local fields = redis.pcall('HMGET', key, 'run', 'base', 'parent')
+  if type(fields) == 'table' and fields.err == nil then
+    return fields[1], fields[2], fields[3]
+  end
+  return nil
+end
 local function unlink_all(keys)
   for i = 1, #keys, 500 do
     redis.call('UNLINK', unpack(keys, i, math.min(i + 499, #keys)))
@@ -38,7 +57,7 @@ local function prune_oldest(index, excess, budget, cp_prefix, seq_prefix, spare)
   local count = excess
   local kept = redis.call('ZRANGE', index, count, count)
   if #kept == 1 and is_id(kept[1]) then
-    local base = redis.pcall('HGET', cp_prefix .. kept[1], 'base')
+    local _, base = cp_links(cp_prefix .. kept[1])
     if is_id(base) then
       local rank = redis.call('ZRANK', index, base)
       if rank and rank < count then count = rank end
@@ -54,7 +73,7 @@ local function prune_oldest(index, excess, budget, cp_prefix, seq_prefix, spare)
     if is_id(id) then
       local key = cp_prefix .. id
       payloads[#payloads + 1] = key
-      local run = redis.pcall('HGET', key, 'run')
+      local run = cp_links(key)
       if is_id(run) and run ~= spare then runs[run] = true end
     end
   end
@@ -95,18 +114,19 @@ end
 /// Writes one checkpoint if its sequence is newer than the run's stored one, then prunes the
 /// thread to its newest `keep` checkpoints. Prepended with the fence check and [`HELPERS`].
 ///
-/// A delta (a base id given) is written only while its base and parent are stored, with
-/// them as its `base` and `parent` fields. When the base has less than half its TTL left,
-/// the chain (from the parent back to the base, by `parent` fields) gets the full TTL again,
-/// so a chain lives as long as its newest delta.
+/// A delta (a base id given) is written only while its base and parent are stored (its value's
+/// header names both). When the base has less than half its TTL left, the chain (from the
+/// parent back to the base, by the parents the headers name) gets the full TTL again, so a
+/// chain lives as long as its newest delta.
 ///
 /// Nothing is written before every check passed (a script is not rolled back): a key of another
 /// type is found by the reads that need it anyway (`pcall`s answering an error), the payload key
-/// is deleted before it is written, whatever it held, and a delta's base is probed once for
-/// both its existence and its TTL.
+/// is set whatever it held, and a delta's base is probed once for both its existence and its
+/// TTL.
 ///
-/// KEYS: payload hash, index zset, sequence string, the thread's fence counter.
-/// ARGV: checkpoint id, run id, sequence (decimal, no leading zeros), bytes, TTL in ms, fencing
+/// KEYS: payload string, index zset, sequence string, the thread's fence counter.
+/// ARGV: checkpoint id, run id, sequence (decimal, no leading zeros), the value (header and
+/// payload, see `encode_value`), TTL in ms, fencing
 /// token (empty: unfenced), how many checkpoints the thread keeps (empty: all), the thread's
 /// checkpoint key prefix, its sequence key prefix, the most one write may prune, the base id
 /// and the parent id (both empty: a whole snapshot).
@@ -142,23 +162,17 @@ if base ~= '' then
     return {'missing', parent}
   end
 end
-redis.call('DEL', KEYS[1])
-if base ~= '' then
-  redis.call('HSET', KEYS[1], 'bytes', ARGV[4], 'run', ARGV[2], 'sequence', ARGV[3],
-    'base', base, 'parent', parent)
-  if left >= 0 and left < ttl / 2 then
-    local at = parent
-    for _ = 1, 100000 do
-      redis.call('PEXPIRE', ARGV[8] .. at, ttl)
-      if at == base then break end
-      at = redis.pcall('HGET', ARGV[8] .. at, 'parent')
-      if not is_id(at) then break end
-    end
+redis.call('SET', KEYS[1], ARGV[4], 'PX', ARGV[5])
+if base ~= '' and left >= 0 and left < ttl / 2 then
+  local at = parent
+  for _ = 1, 100000 do
+    redis.call('PEXPIRE', ARGV[8] .. at, ttl)
+    if at == base then break end
+    local _, _, up = cp_links(ARGV[8] .. at)
+    if not is_id(up) then break end
+    at = up
   end
-else
-  redis.call('HSET', KEYS[1], 'bytes', ARGV[4], 'run', ARGV[2], 'sequence', ARGV[3])
 end
-redis.call('PEXPIRE', KEYS[1], ARGV[5])
 entries = entries + redis.call('ZADD', KEYS[2], 0, ARGV[1])
 redis.call('PEXPIRE', KEYS[2], ARGV[5])
 redis.call('SET', KEYS[3], ARGV[3], 'PX', ARGV[5])
@@ -253,11 +267,12 @@ return drop_missing(KEYS[1], ids, ARGV[1])
 "#;
 
 /// Reads a run of checkpoints at once (a delta's chain): the index entries from id `from` to
-/// id `to` (both included; members sort by id text), at most `max`, each with its payload
-/// hash; entries whose payload expired are left out.
+/// id `to` (both included; members sort by id text), at most `max`, each with its value (a
+/// hash's fields and values as earlier releases wrote it); entries whose payload expired are
+/// left out.
 ///
 /// KEYS: index zset. ARGV: the thread's checkpoint key prefix, from, to, max.
-/// Returns `{"ok", id, {hash fields and values}, id, {…}, …}` or `{"wrongtype", key}`.
+/// Returns `{"ok", id, value or {hash fields and values}, id, …}` or `{"wrongtype", key}`.
 pub(crate) const RANGE: &str = r#"
 local t = redis.call('TYPE', KEYS[1])['ok']
 if t == 'none' then return {'ok'} end
@@ -267,7 +282,10 @@ local out = {'ok'}
 for _, id in ipairs(ids) do
   local key = ARGV[1] .. id
   local kt = redis.call('TYPE', key)['ok']
-  if kt == 'hash' then
+  if kt == 'string' then
+    out[#out + 1] = id
+    out[#out + 1] = redis.call('GET', key)
+  elseif kt == 'hash' then
     out[#out + 1] = id
     out[#out + 1] = redis.call('HGETALL', key)
   elseif kt ~= 'none' then
@@ -275,4 +293,17 @@ for _, id in ipairs(ids) do
   end
 end
 return out
+"#;
+
+/// Reads one checkpoint.
+///
+/// KEYS: its key.
+/// Returns `{"value", value}`, `{"hash", {fields and values}}` (as earlier releases wrote
+/// it), `{"none"}` or `{"wrongtype", key}`.
+pub(crate) const READ: &str = r#"
+local t = redis.call('TYPE', KEYS[1])['ok']
+if t == 'string' then return {'value', redis.call('GET', KEYS[1])} end
+if t == 'hash' then return {'hash', redis.call('HGETALL', KEYS[1])} end
+if t == 'none' then return {'none'} end
+return {'wrongtype', KEYS[1]}
 "#;
