@@ -7,7 +7,7 @@
 //!
 //! - `cleanup/compat_1m`: keys `checkpoint:<user>:<timestamp>:<id>` (1,000 users of 10
 //!   threads), found by `SCAN` (1,000 keys per call) and unlinked by pipelined `UNLINK`s;
-//! - `cleanup/native_1m`: runvisor's own layout (a payload hash and an index entry per
+//! - `cleanup/native_1m`: runvisor's own layout (a value and an index entry per
 //!   checkpoint, 5 runs per thread, each with its sequence key), threads found through
 //!   `<p>:threads`, each trimmed by one script.
 //!
@@ -166,15 +166,13 @@ impl Bench {
                 let per_run = PER_THREAD / RUNS;
                 for sequence in 1..=per_run {
                     let id = CheckpointId::new();
-                    let mut hset = ::redis::cmd("HSET");
-                    hset.arg(self.keys.checkpoint(&thread, id))
-                        .arg("bytes")
-                        .arg(&[0u8; 64][..])
-                        .arg("run")
-                        .arg(run.to_string())
-                        .arg("sequence")
-                        .arg(sequence);
-                    cmds.push(hset);
+                    // A whole snapshot's value: its header (format, kind, run, sequence),
+                    // then a 64-byte payload.
+                    let mut value = format!("rvc1w{run}{sequence:020}").into_bytes();
+                    value.extend_from_slice(&[0u8; 64]);
+                    let mut set = ::redis::cmd("SET");
+                    set.arg(self.keys.checkpoint(&thread, id)).arg(value);
+                    cmds.push(set);
                     zadd.arg(0).arg(id.to_string());
                 }
                 let mut set = ::redis::cmd("SET");
