@@ -844,10 +844,12 @@ impl GraphExec {
         }
         self.forced |= force;
         for child in self.children.values() {
-            child.stop.cancel();
             if force {
+                // Not woken first: a handler that answered the stop flag before the abort
+                // reached it would end as stopped rather than aborted, depending on timing.
                 child.actor.abort();
             } else {
+                child.stop.cancel();
                 child.actor.stop_gracefully();
             }
         }

@@ -712,11 +712,13 @@ impl RunState {
                     );
                     self.stop_span = Some((span, tokio::time::Instant::now()));
                 }
-                self.exec.halt(false);
                 if force {
                     self.abort_running(myself);
-                } else if let Some(timeout) = escalate_after {
-                    self.timer(myself, timeout, || RunMsg::Escalate);
+                } else {
+                    self.exec.halt(false);
+                    if let Some(timeout) = escalate_after {
+                        self.timer(myself, timeout, || RunMsg::Escalate);
+                    }
                 }
             }
         }

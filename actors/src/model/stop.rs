@@ -16,7 +16,8 @@ pub enum StopMode {
         /// How long running nodes may take to finish.
         timeout: Duration,
     },
-    /// Running handlers are aborted at once. What they streamed and appended is still kept.
+    /// Running handlers are aborted at once, without being asked to stop first (so one that
+    /// would answer the request is still aborted). What they streamed and appended is kept.
     Force,
 }
 

@@ -843,3 +843,29 @@ async fn a_stop_at_a_chunk_stops_the_run_however_the_threads_interleave() {
         );
     }
 }
+
+/// A force stop aborts; it does not first raise the stop flag. A node in a loop that would
+/// answer the flag at once (here by finishing) is reported aborted every time, whatever runs
+/// first on the runtime's threads; raising the flag first let it finish in some runs.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_force_stop_aborts_a_nested_node_that_would_answer_the_stop_flag() {
+    for attempt in 0..20 {
+        let k = kit(Script::new());
+        let wf = load(
+            &k.rt,
+            json!({"id": "force-loop", "nodes": [
+                {"id": "start", "kind": "begin"},
+                {"id": "drafts", "kind": "loop", "params": {"mode": "array", "items": [1, 2]},
+                 "body": {"nodes": [{"id": "nap", "kind": "finish_on_stop"}],
+                          "edges": []}}
+            ], "edges": [{"from": "start", "to": "drafts"}]}),
+        );
+        let t = thread(&format!("force-loop-{attempt}"));
+        let run = k.rt.start(&wf, Default::default(), t).await.expect("start");
+        mark(&k.log, "nap:started").await;
+        run.stop(StopMode::Force).await.expect("stop");
+        let outcome = finish(&run).await;
+        let stop = stopped(&outcome);
+        assert_eq!(stop.forced, nodes(&["nap"]), "attempt {attempt}: {stop:#?}");
+    }
+}
