@@ -314,12 +314,17 @@ pub(crate) fn assert_corrupt_at<T: std::fmt::Debug>(result: Result<T, StoreError
     }
 }
 
-/// The payload of a checkpoint's value (after its header: 61 bytes for a whole snapshot, 133
-/// for a delta, whose fifth byte is `d`), as a tool damaging it in place reads it.
+/// The payload of a checkpoint's value (after its header), as a tool damaging it in place
+/// reads it.
 pub(crate) async fn checkpoint_payload(con: &mut MultiplexedConnection, key: &str) -> Vec<u8> {
     let value: Vec<u8> = cmd(con, &["GET", key]).await;
-    let header = if value.get(4) == Some(&b'd') { 133 } else { 61 };
-    value[header..].to_vec()
+    value[checkpoint_header(&value)..].to_vec()
+}
+
+/// The length of a checkpoint value's header: 133 bytes for a delta (fifth byte `d`), 61 for a
+/// whole snapshot.
+fn checkpoint_header(value: &[u8]) -> usize {
+    if value.get(4) == Some(&b'd') { 133 } else { 61 }
 }
 
 /// Replaces a checkpoint's payload, keeping its header and TTL.
@@ -329,8 +334,7 @@ pub(crate) async fn set_checkpoint_payload(
     payload: &[u8],
 ) {
     let value: Vec<u8> = cmd(con, &["GET", key]).await;
-    let header = if value.get(4) == Some(&b'd') { 133 } else { 61 };
-    let mut damaged = value[..header].to_vec();
+    let mut damaged = value[..checkpoint_header(&value)].to_vec();
     damaged.extend_from_slice(payload);
     let _: () = within(
         "SET",
