@@ -28,12 +28,13 @@
 mod lua;
 
 use std::fmt;
+use std::io::Write as _;
 use std::time::Duration;
 
 use ::redis::{Script, Value};
 use async_trait::async_trait;
 use runvisor_actors::store::{CheckpointStore, DeltaLink, StoredCheckpoint};
-use runvisor_actors::{CheckpointId, Fence, StoreError, ThreadId};
+use runvisor_actors::{CheckpointId, Fence, RunId, StoreError, ThreadId};
 
 use super::conn::Conn;
 use super::keys::{Keys, ttl_ms};
@@ -228,14 +229,26 @@ fn encode_value(checkpoint: &StoredCheckpoint) -> Vec<u8> {
     } else {
         b'w'
     });
-    value.extend_from_slice(checkpoint.run.to_string().as_bytes());
-    value.extend_from_slice(format!("{:020}", checkpoint.sequence).as_bytes());
+    push_id(&mut value, checkpoint.run.as_uuid());
+    // Writing to a Vec cannot fail.
+    let _ = write!(
+        value,
+        "{:0width$}",
+        checkpoint.sequence,
+        width = SEQUENCE_DIGITS
+    );
     if let Some(link) = checkpoint.link {
-        value.extend_from_slice(link.base.to_string().as_bytes());
-        value.extend_from_slice(link.parent.to_string().as_bytes());
+        push_id(&mut value, link.base.as_uuid());
+        push_id(&mut value, link.parent.as_uuid());
     }
     value.extend_from_slice(&checkpoint.bytes);
     value
+}
+
+/// Appends an id's 36 characters (lowercase, hyphenated), as its text form reads.
+fn push_id(value: &mut Vec<u8>, id: uuid::Uuid) {
+    let mut text = [0u8; uuid::fmt::Hyphenated::LENGTH];
+    value.extend_from_slice(id.hyphenated().encode_lower(&mut text).as_bytes());
 }
 
 /// A checkpoint read back from its value ([`encode_value`]).
@@ -244,19 +257,19 @@ fn decode_value(value: &[u8], key: &str, id: CheckpointId) -> Result<StoredCheck
     if value.len() < WHOLE_HEADER || &value[..MAGIC.len()] != MAGIC {
         return Err(bad("is missing or of an unknown format"));
     }
-    let text = |at: usize, len: usize, what: &str| {
+    let field = |at: usize, len: usize, what: &str| -> Result<&str, StoreError> {
         std::str::from_utf8(&value[at..at + len])
             .map_err(|_| bad(&format!("has a {what} that is not text")))
     };
     let id_at = |at: usize, what: &str| -> Result<CheckpointId, StoreError> {
-        text(at, 36, what)?
+        field(at, 36, what)?
             .parse()
             .map_err(|_| bad(&format!("has a {what} that is not an id")))
     };
-    let run = text(5, 36, "run id")?
+    let run: RunId = field(5, 36, "run id")?
         .parse()
         .map_err(|_| bad("has a run id that is not an id"))?;
-    let sequence = text(41, SEQUENCE_DIGITS, "sequence")?
+    let sequence = field(41, SEQUENCE_DIGITS, "sequence")?
         .parse::<u64>()
         .map_err(|_| bad("has a sequence that is not a number"))?;
     let (link, payload) = match value[MAGIC.len()] {
@@ -614,5 +627,41 @@ impl CheckpointStore for RedisCheckpointStore {
             return Ok(None);
         }
         Ok(Some(reply::text(&reply, &key)?.to_owned()))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The header holds the ids as their text and the sequence as 20 digits, at the places the
+    /// scripts read; decoding gives the checkpoint back, whole or delta.
+    #[test]
+    fn values_hold_the_header_the_scripts_read_and_round_trip() {
+        let id = CheckpointId::new();
+        let link = DeltaLink {
+            base: CheckpointId::new(),
+            parent: CheckpointId::new(),
+        };
+        for (link, sequence) in [(None, 0), (Some(link), u64::MAX)] {
+            let checkpoint = StoredCheckpoint {
+                id,
+                run: RunId::new(),
+                sequence,
+                bytes: b"payload".to_vec(),
+                link,
+            };
+            let value = encode_value(&checkpoint);
+            let mut header = format!(
+                "rvc1{}{}{sequence:020}",
+                if link.is_some() { 'd' } else { 'w' },
+                checkpoint.run
+            );
+            if let Some(link) = link {
+                header.push_str(&format!("{}{}", link.base, link.parent));
+            }
+            assert_eq!(&value[..value.len() - 7], header.as_bytes());
+            assert_eq!(decode_value(&value, "k", id), Ok(checkpoint));
+        }
     }
 }

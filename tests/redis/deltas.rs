@@ -104,6 +104,16 @@ fn chain(run: RunId, t: &ThreadId, deltas: usize) -> Vec<StoredCheckpoint> {
     out
 }
 
+/// The thread's newest checkpoint; there is one.
+async fn newest(stores: &RedisStores, t: &ThreadId) -> StoredCheckpoint {
+    stores
+        .checkpoints
+        .latest(t)
+        .await
+        .expect("latest")
+        .expect("one")
+}
+
 async fn keeping(server: &RedisServer, keep: usize) -> RedisStores {
     within(
         "connect",
@@ -306,12 +316,7 @@ async fn a_damaged_delta_in_a_chain_is_an_error_naming_its_checkpoint() {
     let key = format!("runvisor:cp:{{damaged}}:{}", cs[2].id);
     assert_eq!(checkpoint_payload(&mut con, &key).await, cs[2].bytes);
     set_checkpoint_payload(&mut con, &key, &damaged).await;
-    let latest = stores
-        .checkpoints
-        .latest(&t)
-        .await
-        .expect("latest")
-        .expect("one");
+    let latest = newest(&stores, &t).await;
     assert_eq!(latest.id, cs[3].id);
     match materialize(&*stores.checkpoints, &t, &latest).await {
         Err(MaterializeError::Snapshot(SnapshotError::InChain { checkpoint, error })) => {
@@ -544,12 +549,7 @@ async fn a_chain_of_hashes_from_an_earlier_release_restores_continues_and_prunes
         stores.checkpoints.get(&t, cs[2].id).await,
         Ok(Some(cs[2].clone()))
     );
-    let latest = stores
-        .checkpoints
-        .latest(&t)
-        .await
-        .expect("latest")
-        .expect("one");
+    let latest = newest(&stores, &t).await;
     assert_eq!(
         materialize(&*stores.checkpoints, &t, &latest).await,
         Ok(snapshot(run, &t, 2))
@@ -566,12 +566,7 @@ async fn a_chain_of_hashes_from_an_earlier_release_restores_continues_and_prunes
     )
     .await;
     assert_eq!(kind, "string");
-    let latest = stores
-        .checkpoints
-        .latest(&t)
-        .await
-        .expect("latest")
-        .expect("one");
+    let latest = newest(&stores, &t).await;
     assert_eq!(latest, cs[3]);
     assert_eq!(
         materialize(&*stores.checkpoints, &t, &latest).await,
