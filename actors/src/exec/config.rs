@@ -34,10 +34,11 @@ pub struct RuntimeConfig {
     /// round trip on Redis). 0 writes every checkpoint whole.
     pub checkpoint_compact_every: u32,
     /// Incremental checkpoints: a run writes a new base once its deltas since the last one add
-    /// up to more than this percent of that base's bytes. The bytes written for bases then
-    /// stay within about `100 / percent` times the delta bytes (a long run does not rewrite
-    /// its growing state every few steps), and restoring reads a base and at most this percent
-    /// of it in deltas. 0 writes every checkpoint whole.
+    /// up to more than this percent of that base's bytes (both counted as encoded, before the
+    /// compression of large bases). The bytes encoded for bases then stay within about
+    /// `100 / percent` times the delta bytes (a long run does not rewrite its growing state
+    /// every few steps), and restoring decodes a base and at most this percent of it in
+    /// deltas. 0 writes every checkpoint whole.
     pub checkpoint_compact_percent: u32,
     /// In `async` mode, the window over which a run's completions share one snapshot.
     #[serde(with = "humantime_serde")]

@@ -26,7 +26,7 @@ pub use super::snapshot::DELTA_MAGIC;
 use super::snapshot::{
     CompletedNode, FrameState, GraphState, ItemError, ItemState, IterationDetail, LoopState,
     ParallelState, SavedFrame, Snapshot, SnapshotError, Vector, decode_payload, nested_frame, open,
-    seal,
+    plain_size, seal,
 };
 use crate::model::{
     CheckpointId, Interaction, Map, Message, NodeId, RunId, RunLabels, RunStatus, StopReason,
@@ -263,7 +263,7 @@ impl SnapshotDelta {
     /// Decodes a delta from its envelope.
     pub fn decode(bytes: &[u8]) -> Result<Self, SnapshotError> {
         let (_, payload) = open(bytes, &DELTA_MAGIC, DELTA_SCHEMA_VERSION)?;
-        decode_payload::<Self>(payload)
+        decode_payload::<Self>(&payload)
     }
 }
 
@@ -694,9 +694,9 @@ pub struct ChainInfo {
     pub last: CheckpointId,
     /// Deltas from the base to `last`.
     pub deltas: u32,
-    /// Their encoded bytes.
+    /// Their bytes of postcard (before any compression).
     pub delta_bytes: usize,
-    /// The base's encoded bytes.
+    /// The base's bytes of postcard (before any compression).
     pub base_bytes: usize,
 }
 
@@ -713,11 +713,11 @@ pub async fn materialize_chain(
             last: stored.id,
             deltas: 0,
             delta_bytes: 0,
-            base_bytes: stored.bytes.len(),
+            base_bytes: plain_size(&stored.bytes),
         };
         return Ok((snapshot, chain));
     };
-    let mut delta_bytes = stored.bytes.len();
+    let mut delta_bytes = plain_size(&stored.bytes);
     let mut deltas = vec![(
         stored.id,
         decode_delta(stored.id, &stored.bytes, stored.id)?,
@@ -756,7 +756,7 @@ pub async fn materialize_chain(
         match parent.link {
             None => break parent,
             Some(link) => {
-                delta_bytes += parent.bytes.len();
+                delta_bytes += plain_size(&parent.bytes);
                 deltas.push((
                     parent.id,
                     decode_delta(parent.id, &parent.bytes, stored.id)?,
@@ -784,7 +784,7 @@ pub async fn materialize_chain(
         last: stored.id,
         deltas: u32::try_from(deltas.len()).unwrap_or(u32::MAX),
         delta_bytes,
-        base_bytes: base.bytes.len(),
+        base_bytes: plain_size(&base.bytes),
     };
     let mut at = base.id;
     for (id, delta) in deltas.into_iter().rev() {

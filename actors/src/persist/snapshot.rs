@@ -7,13 +7,19 @@
 //! | 4 | magic `RVSN` |
 //! | 2 | format version (this layout): 1 |
 //! | 2 | schema version (the [`Snapshot`] struct): 3 (1 and 2 are still read) |
-//! | 1 | codec id: 1 = postcard |
+//! | 1 | codec id: 1 = postcard, 2 = postcard in an LZ4 block |
 //! | 4 | payload length |
 //! | 4 | crc32c of the payload |
 //! | n | payload |
 //!
+//! With codec 2 the payload is the length of the postcard bytes (4 bytes) followed by those
+//! bytes compressed as one LZ4 block. A payload of at least [`COMPRESS_FROM`] bytes is written
+//! so when that saves at least an eighth of it (a base holding a long loop's history);
+//! smaller ones (most deltas) stay plain postcard, which every earlier build reads.
+//!
 //! The length is checked against [`MAX_SNAPSHOT_BYTES`] and against the bytes actually present
-//! before anything is allocated, and the checksum before anything is decoded. Decoding never
+//! before anything is allocated, and the checksum before anything is decoded; so is the length
+//! a compressed payload declares, and the block must fill it exactly. Decoding never
 //! panics and never recurses without bound: values nested deeper than
 //! [`MAX_DEPTH`](crate::model::MAX_DEPTH) and loop and parallel frames nested deeper than
 //! [`MAX_FRAME_DEPTH`] are refused as they are read. Every problem is a [`SnapshotError`]
@@ -33,6 +39,7 @@
 //! 3 added the user to the run's [`labels`](Snapshot::labels); older snapshots decode without
 //! one.
 
+use std::borrow::Cow;
 use std::cell::Cell;
 use std::sync::Arc;
 
@@ -58,6 +65,10 @@ pub const FORMAT_VERSION: u16 = 1;
 pub const SCHEMA_VERSION: u16 = 3;
 /// The codec id of postcard.
 pub const CODEC_POSTCARD: u8 = 1;
+/// The codec id of postcard compressed as one LZ4 block (see the module docs).
+pub const CODEC_POSTCARD_LZ4: u8 = 2;
+/// Payloads of at least this many bytes are compressed when that saves an eighth of them.
+pub const COMPRESS_FROM: usize = 1024;
 /// The largest payload accepted (64 MiB).
 pub const MAX_SNAPSHOT_BYTES: usize = 64 * 1024 * 1024;
 
@@ -387,6 +398,9 @@ pub enum SnapshotError {
     /// An unknown codec.
     #[error("unsupported snapshot codec {0}")]
     UnsupportedCodec(u8),
+    /// A compressed payload whose block does not decompress to the length it declares.
+    #[error("compressed snapshot payload does not decompress: {0}")]
+    Decompress(String),
     /// The declared payload is larger than allowed.
     #[error("snapshot payload of {0} bytes exceeds the {MAX_SNAPSHOT_BYTES}-byte limit")]
     TooLarge(usize),
@@ -451,9 +465,9 @@ impl Snapshot {
         }
         let (schema, payload) = open(bytes, &MAGIC, SCHEMA_VERSION)?;
         match schema {
-            1 => decode_payload::<SnapshotV1>(payload).map(Snapshot::from),
-            2 => decode_payload::<SnapshotV2>(payload).map(Snapshot::from),
-            _ => decode_payload::<Snapshot>(payload),
+            1 => decode_payload::<SnapshotV1>(&payload).map(Snapshot::from),
+            2 => decode_payload::<SnapshotV2>(&payload).map(Snapshot::from),
+            _ => decode_payload::<Snapshot>(&payload),
         }
     }
 }
@@ -468,25 +482,90 @@ pub(crate) fn seal<T: Serialize>(
     if payload.len() > MAX_SNAPSHOT_BYTES {
         return Err(SnapshotError::TooLarge(payload.len()));
     }
+    let plain_len =
+        u32::try_from(payload.len()).map_err(|_| SnapshotError::TooLarge(payload.len()))?;
+    let (codec, payload) = match compressed(&payload, plain_len) {
+        Some(smaller) => (CODEC_POSTCARD_LZ4, smaller),
+        None => (CODEC_POSTCARD, payload),
+    };
     let len = u32::try_from(payload.len()).map_err(|_| SnapshotError::TooLarge(payload.len()))?;
     let mut out = Vec::with_capacity(HEADER_LEN + payload.len());
     out.extend_from_slice(magic);
     out.extend_from_slice(&FORMAT_VERSION.to_be_bytes());
     out.extend_from_slice(&schema.to_be_bytes());
-    out.push(CODEC_POSTCARD);
+    out.push(codec);
     out.extend_from_slice(&len.to_be_bytes());
     out.extend_from_slice(&CRC32C.checksum(&payload).to_be_bytes());
     out.extend_from_slice(&payload);
     Ok(out)
 }
 
+/// How many bytes of postcard an encoded snapshot or delta holds: its payload's length, or the
+/// length a compressed payload declares; 0 for bytes that are not an envelope. What a chain's
+/// compaction weighs (a base's cost to write and restore follows its decoded size).
+pub(crate) fn plain_size(bytes: &[u8]) -> usize {
+    let Some(header) = bytes.get(..HEADER_LEN) else {
+        return 0;
+    };
+    match header[8] {
+        CODEC_POSTCARD_LZ4 => bytes
+            .get(HEADER_LEN..HEADER_LEN + 4)
+            .and_then(|len| <[u8; 4]>::try_from(len).ok())
+            .map_or(0, |len| u32::from_be_bytes(len) as usize),
+        _ => bytes.len() - HEADER_LEN,
+    }
+}
+
+/// The payload of codec 2 for `plain` (its length, then its LZ4 block), when `plain` is at
+/// least [`COMPRESS_FROM`] bytes and that saves at least an eighth of them.
+fn compressed(plain: &[u8], plain_len: u32) -> Option<Vec<u8>> {
+    if plain.len() < COMPRESS_FROM {
+        return None;
+    }
+    let bound = plain.len() - plain.len() / 8;
+    let mut out = vec![0; 4 + lz4_flex::block::get_maximum_output_size(plain.len())];
+    out[..4].copy_from_slice(&plain_len.to_be_bytes());
+    let n = lz4_flex::block::compress_into(plain, &mut out[4..]).ok()?;
+    if 4 + n > bound {
+        return None;
+    }
+    out.truncate(4 + n);
+    Some(out)
+}
+
+/// The postcard bytes of a codec-2 payload: the declared length is checked against
+/// [`MAX_SNAPSHOT_BYTES`] before anything is allocated, and the block must decompress to
+/// exactly that many bytes.
+fn decompressed(payload: &[u8]) -> Result<Vec<u8>, SnapshotError> {
+    let Some((len, block)) = payload.split_first_chunk::<4>() else {
+        return Err(SnapshotError::Truncated(format!(
+            "compressed payload of {} bytes, its length alone is 4",
+            payload.len()
+        )));
+    };
+    let len = u32::from_be_bytes(*len) as usize;
+    if len > MAX_SNAPSHOT_BYTES {
+        return Err(SnapshotError::TooLarge(len));
+    }
+    let mut plain = vec![0; len];
+    let n = lz4_flex::block::decompress_into(block, &mut plain)
+        .map_err(|e| SnapshotError::Decompress(e.to_string()))?;
+    if n != len {
+        return Err(SnapshotError::Decompress(format!(
+            "the block holds {n} bytes, the payload declares {len}"
+        )));
+    }
+    Ok(plain)
+}
+
 /// Checks an envelope with these magic bytes (schema versions 1 to `max_schema`): returns the
-/// schema version and the payload, whose checksum matched.
+/// schema version and the postcard payload, whose checksum matched (decompressed when its
+/// codec says so).
 pub(crate) fn open<'b>(
     bytes: &'b [u8],
     magic: &[u8; 4],
     max_schema: u16,
-) -> Result<(u16, &'b [u8]), SnapshotError> {
+) -> Result<(u16, Cow<'b, [u8]>), SnapshotError> {
     if bytes.len() < HEADER_LEN {
         return Err(SnapshotError::Truncated(format!(
             "{} bytes, the header alone is {HEADER_LEN}",
@@ -502,8 +581,9 @@ pub(crate) fn open<'b>(
     if format != FORMAT_VERSION || schema > max_schema || schema == 0 {
         return Err(SnapshotError::UnsupportedVersion { format, schema });
     }
-    if header[8] != CODEC_POSTCARD {
-        return Err(SnapshotError::UnsupportedCodec(header[8]));
+    let codec = header[8];
+    if codec != CODEC_POSTCARD && codec != CODEC_POSTCARD_LZ4 {
+        return Err(SnapshotError::UnsupportedCodec(codec));
     }
     let len = u32::from_be_bytes([header[9], header[10], header[11], header[12]]) as usize;
     if len > MAX_SNAPSHOT_BYTES {
@@ -520,7 +600,10 @@ pub(crate) fn open<'b>(
     if stored != computed {
         return Err(SnapshotError::Checksum { stored, computed });
     }
-    Ok((schema, payload))
+    if codec == CODEC_POSTCARD_LZ4 {
+        return Ok((schema, Cow::Owned(decompressed(payload)?)));
+    }
+    Ok((schema, Cow::Borrowed(payload)))
 }
 
 /// Decodes a payload of one schema version: values and frames nested too deep are refused as
@@ -650,6 +733,133 @@ mod tests {
             Snapshot::decode(&bad),
             Err(SnapshotError::Checksum { .. })
         ));
+    }
+
+    /// The sample with a loop history of `turns` texts made by `text`.
+    fn with_history(turns: usize, mut text: impl FnMut(usize) -> String) -> Snapshot {
+        let mut s = sample();
+        let FrameState::Loop(l) = &mut s.graph.frames[0].state else {
+            unreachable!("the sample's frame is a loop")
+        };
+        l.history = (0..turns).map(|i| Value::from(text(i))).collect();
+        s
+    }
+
+    /// A conversation's worth of loop outputs: compresses well, as text does.
+    fn chatty() -> Snapshot {
+        with_history(200, |i| {
+            format!("turn {i}: the assistant looked the order up and answered the question")
+        })
+    }
+
+    /// An envelope around `payload` with this codec and a matching checksum.
+    fn envelope(codec: u8, payload: &[u8]) -> Vec<u8> {
+        let mut out = MAGIC.to_vec();
+        out.extend_from_slice(&FORMAT_VERSION.to_be_bytes());
+        out.extend_from_slice(&SCHEMA_VERSION.to_be_bytes());
+        out.push(codec);
+        out.extend_from_slice(&(payload.len() as u32).to_be_bytes());
+        out.extend_from_slice(&CRC32C.checksum(payload).to_be_bytes());
+        out.extend_from_slice(payload);
+        out
+    }
+
+    #[test]
+    fn a_large_snapshot_is_compressed_and_round_trips() {
+        let s = chatty();
+        let plain = postcard::to_allocvec(&s).expect("postcard");
+        let bytes = s.encode().expect("encode");
+        assert_eq!(bytes[8], CODEC_POSTCARD_LZ4);
+        assert!(
+            bytes.len() < plain.len() / 3,
+            "{} bytes for {} of postcard",
+            bytes.len(),
+            plain.len()
+        );
+        assert_eq!(Snapshot::decode(&bytes), Ok(s));
+        // The small sample stays plain postcard, as every earlier build wrote it.
+        assert_eq!(sample().encode().expect("encode")[8], CODEC_POSTCARD);
+    }
+
+    #[test]
+    fn a_payload_that_does_not_compress_stays_plain() {
+        // Pseudo-random hex: LZ4 finds little to share.
+        let mut x = 0x9e37_79b9_7f4a_7c15_u64;
+        let s = with_history(100, |_| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            format!("{x:016x}{:016x}", x.rotate_left(29))
+        });
+        let bytes = s.encode().expect("encode");
+        assert!(bytes.len() - HEADER_LEN >= COMPRESS_FROM);
+        assert_eq!(bytes[8], CODEC_POSTCARD);
+        assert_eq!(Snapshot::decode(&bytes), Ok(s));
+    }
+
+    #[test]
+    fn damaged_compressed_payloads_are_errors() {
+        let plain = postcard::to_allocvec(&chatty()).expect("postcard");
+        let good = compressed(&plain, plain.len() as u32).expect("compresses");
+        assert!(Snapshot::decode(&envelope(CODEC_POSTCARD_LZ4, &good)).is_ok());
+        // A declared length other than what the block holds.
+        for len in [plain.len() - 1, plain.len() + 1, 0] {
+            let mut bad = good.clone();
+            bad[..4].copy_from_slice(&(len as u32).to_be_bytes());
+            assert!(
+                matches!(
+                    Snapshot::decode(&envelope(CODEC_POSTCARD_LZ4, &bad)),
+                    Err(SnapshotError::Decompress(_))
+                ),
+                "declared {len}"
+            );
+        }
+        // A declared length over the limit is refused before anything is allocated.
+        let mut bad = good.clone();
+        bad[..4].copy_from_slice(&u32::MAX.to_be_bytes());
+        assert!(matches!(
+            Snapshot::decode(&envelope(CODEC_POSTCARD_LZ4, &bad)),
+            Err(SnapshotError::TooLarge(_))
+        ));
+        // A block cut short, and a payload without room for its length.
+        assert!(matches!(
+            Snapshot::decode(&envelope(CODEC_POSTCARD_LZ4, &good[..good.len() / 2])),
+            Err(SnapshotError::Decompress(_))
+        ));
+        assert!(matches!(
+            Snapshot::decode(&envelope(CODEC_POSTCARD_LZ4, &good[..3])),
+            Err(SnapshotError::Truncated(_))
+        ));
+        // Plain postcard labelled as compressed.
+        assert!(Snapshot::decode(&envelope(CODEC_POSTCARD_LZ4, &plain)).is_err());
+    }
+
+    proptest::proptest! {
+        /// Whatever a compressed payload holds (its checksum matching), decoding answers an
+        /// error or a snapshot, never a panic.
+        #[test]
+        fn crafted_compressed_payloads_never_panic(
+            len in 0u32..1 << 16,
+            block in proptest::collection::vec(proptest::num::u8::ANY, 0..512),
+        ) {
+            let mut payload = len.to_be_bytes().to_vec();
+            payload.extend_from_slice(&block);
+            let _ = Snapshot::decode(&envelope(CODEC_POSTCARD_LZ4, &payload));
+        }
+    }
+
+    #[test]
+    fn every_single_bit_flip_of_a_compressed_snapshot_is_an_error() {
+        let bytes = chatty().encode().expect("encode");
+        assert_eq!(bytes[8], CODEC_POSTCARD_LZ4);
+        for i in 0..bytes.len() * 8 {
+            let mut flipped = bytes.clone();
+            flipped[i / 8] ^= 1 << (i % 8);
+            assert!(
+                Snapshot::decode(&flipped).is_err(),
+                "bit {i} went unnoticed"
+            );
+        }
     }
 
     #[test]

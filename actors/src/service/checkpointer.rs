@@ -32,7 +32,8 @@
 //! computed when written, against what the store holds, so coalesced background snapshots
 //! merge into one delta. A chain is compacted into a new base by size: once its deltas add up
 //! to more than [`checkpoint_compact_percent`](crate::RuntimeConfig::checkpoint_compact_percent)
-//! of its base's bytes, so the bytes written for bases stay a bounded share of the deltas'
+//! of its base's bytes (counted before compression: a compressed base costs as much to
+//! encode and restore), so the bytes encoded for bases stay a bounded share of the deltas'
 //! (a step's cost does not grow with the run's state), or after
 //! [`checkpoint_compact_every`](crate::RuntimeConfig::checkpoint_compact_every) deltas, a
 //! safety bound on chain length. A run's final snapshot (stopped, paused, failed, finished)
@@ -59,7 +60,7 @@ use dashmap::DashMap;
 use crate::model::{CheckpointError, CheckpointId, RunId, RunStatus, StoreError, ThreadId};
 use crate::persist::delta::{ChainInfo, DeltaLink, MAX_CHAIN, SnapshotDelta};
 use crate::persist::retry::Backoff;
-use crate::persist::snapshot::{SaveFailed, Snapshot, SnapshotError, SnapshotWrite};
+use crate::persist::snapshot::{SaveFailed, Snapshot, SnapshotError, SnapshotWrite, plain_size};
 use crate::persist::{CheckpointStore, StoredCheckpoint};
 /// Snapshot bytes waiting to be written, shared with the runs that read it.
 #[derive(Debug, Default)]
@@ -507,8 +508,10 @@ impl CheckpointerState {
                 None | Some((Ok(()), _)) => {
                     // Stored, or unencodable (logged): nothing left to hold.
                     if result.is_some() {
-                        let (len, link) =
-                            p.bytes.as_ref().map_or((0, None), |(b, l)| (b.len(), *l));
+                        let (len, link) = p
+                            .bytes
+                            .as_ref()
+                            .map_or((0, None), |(b, l)| (plain_size(b), *l));
                         let run = p.write.run;
                         self.chains.stored(p.write, p.id, len, link);
                         self.backlog.bytes.fetch_sub(held, Ordering::Relaxed);
@@ -601,7 +604,7 @@ pub(crate) async fn write_awaited(
             Ok(()) => {
                 span.end(started, attempts, None);
                 let id = stored.id;
-                chains.stored(write, id, stored.bytes.len(), stored.link);
+                chains.stored(write, id, plain_size(&stored.bytes), stored.link);
                 return Ok(id);
             }
             // An earlier attempt timed out on our side yet reached the store (a frozen or slow
@@ -612,7 +615,7 @@ pub(crate) async fn write_awaited(
             {
                 span.end(started, attempts, None);
                 let id = stored.id;
-                chains.stored(write, id, stored.bytes.len(), stored.link);
+                chains.stored(write, id, plain_size(&stored.bytes), stored.link);
                 return Ok(id);
             }
             // What the delta builds on is gone: write the checkpoint whole.
