@@ -16,7 +16,10 @@
 //! slack), then what the thread's keys hold, split by key kind (`MEMORY USAGE` of every key,
 //! grouped by the kind in its name: checkpoint payloads, checkpoint index, checkpoint
 //! sequences, run records, run indexes, history, leases and fences, workflow definitions),
-//! and the bytes per cycle. The criterion group
+//! and the bytes per cycle; then the least, mean and most the keys hold over the cycles around
+//! it (every 10 from 3/4 to 5/4 of the count, the thread going on after the count's stop):
+//! a chain's compaction falls at a different place in each, which moves what the thread
+//! keeps. The criterion group
 //! `resumes/<mode>` times one cycle (stop a turn, resume, wait until the next turn runs).
 //!
 //! `RESUMES` (default 200) sets the number of cycles. Run with `cargo bench --bench resumes`.
@@ -157,6 +160,11 @@ impl Agent {
             matches!(outcome, runvisor::RunOutcome::Stopped { .. }),
             "the run did not stop: {outcome:?}"
         );
+        self.resume(thread).await
+    }
+
+    /// Resumes the stopped thread and waits until its next turn waits.
+    async fn resume(&mut self, thread: &ThreadId) -> RunHandle {
         let resumed = self
             .runtime
             .resume(thread.clone(), ResumeInput::Continue)
@@ -165,6 +173,11 @@ impl Agent {
         self.waiting.recv().await.expect("the next turn runs");
         resumed
     }
+}
+
+/// The sum of `MEMORY USAGE` over every key.
+async fn keys_total(con: &mut MultiplexedConnection) -> u64 {
+    by_kind(con).await.values().map(|(b, _)| b).sum()
 }
 
 fn summary(rt: &Tokio, stores: &RedisStores, con: &MultiplexedConnection) {
@@ -183,10 +196,19 @@ fn summary(rt: &Tokio, stores: &RedisStores, con: &MultiplexedConnection) {
             let _ = run.wait().await;
             flush(&mut con).await;
             let before = info(&mut con, "memory", "used_memory").await;
+            // The keys' sum every 10 cycles from n - n/4 to n + n/4 (the run waiting in a
+            // turn): where in a chain's compaction cycle the count stops moves what the
+            // thread keeps (a kept checkpoint keeps its chain back to its base).
+            let window = n / 4;
+            let in_sweep = |i: usize| i + window >= n && (i + window - n) % 10 == 0;
+            let mut sweep = Vec::new();
             let started = Instant::now();
             let mut run = agent.begin(&thread).await;
-            for _ in 0..n {
+            for i in 1..=n {
                 run = agent.cycle(run, &thread).await;
+                if in_sweep(i) {
+                    sweep.push(keys_total(&mut con).await);
+                }
             }
             let took = started.elapsed();
             run.stop(StopMode::graceful()).await.expect("last stop");
@@ -209,6 +231,27 @@ fn summary(rt: &Tokio, stores: &RedisStores, con: &MultiplexedConnection) {
             eprintln!(
                 "resumes {name}: MEMORY USAGE of every key: {:.3} MB",
                 total as f64 / 1e6
+            );
+            run = agent.resume(&thread).await;
+            for i in n + 1..=n + window {
+                run = agent.cycle(run, &thread).await;
+                if in_sweep(i) {
+                    sweep.push(keys_total(&mut con).await);
+                }
+            }
+            run.stop(StopMode::graceful())
+                .await
+                .expect("sweep's last stop");
+            let _ = run.wait().await;
+            let mb = |b: u64| b as f64 / 1e6;
+            eprintln!(
+                "resumes {name}: MEMORY USAGE of every key after cycles {} to {} (every 10, a \
+                 turn running): min {:.3}, mean {:.3}, max {:.3} MB",
+                n - window,
+                n + window,
+                mb(sweep.iter().copied().min().unwrap_or(0)),
+                mb(sweep.iter().sum::<u64>()) / sweep.len().max(1) as f64,
+                mb(sweep.iter().copied().max().unwrap_or(0)),
             );
         });
     }
