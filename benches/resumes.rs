@@ -200,7 +200,7 @@ fn summary(rt: &Tokio, stores: &RedisStores, con: &MultiplexedConnection) {
             // turn): where in a chain's compaction cycle the count stops moves what the
             // thread keeps (a kept checkpoint keeps its chain back to its base).
             let window = n / 4;
-            let in_sweep = |i: usize| i + window >= n && (i + window - n) % 10 == 0;
+            let in_sweep = |i: usize| i + window >= n && (i + window - n).is_multiple_of(10);
             let mut sweep = Vec::new();
             let started = Instant::now();
             let mut run = agent.begin(&thread).await;
