@@ -35,7 +35,7 @@ use runvisor::{Durability, Runtime, ThreadId};
 use tokio::runtime::Runtime as Tokio;
 
 use common::redis_server::{PrivateRedis, command_times, flush, info, raw, reset_stats};
-use common::{ECHO, Echo, chain, run_chain, tokio, with_durability};
+use common::{ECHO, Echo, chain, compact_from_env, run_chain, tokio, with_durability};
 
 fn sizes() -> Vec<usize> {
     std::env::var("DURABLE_SIZES")
@@ -47,16 +47,7 @@ fn sizes() -> Vec<usize> {
 /// The runtime config of a mode, with `DURABLE_COMPACT`'s compaction when set.
 fn config(durability: Durability) -> runvisor::RuntimeConfig {
     let mut config = with_durability(durability);
-    if let Ok(compact) = std::env::var("DURABLE_COMPACT") {
-        let mut parts = compact.split(',').map(|n| n.trim().parse::<u32>());
-        match (parts.next(), parts.next()) {
-            (Some(Ok(every)), Some(Ok(percent))) => {
-                config.checkpoint_compact_every = every;
-                config.checkpoint_compact_percent = percent;
-            }
-            _ => panic!("DURABLE_COMPACT is `<every>,<percent>`, not {compact:?}"),
-        }
-    }
+    compact_from_env("DURABLE_COMPACT", &mut config);
     config
 }
 

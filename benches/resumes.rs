@@ -22,7 +22,8 @@
 //! keeps. The criterion group
 //! `resumes/<mode>` times one cycle (stop a turn, resume, wait until the next turn runs).
 //!
-//! `RESUMES` (default 200) sets the number of cycles. Run with `cargo bench --bench resumes`.
+//! `RESUMES` (default 200) sets the number of cycles; `BENCH_COMPACT` (`<every>,<percent>`) the
+//! compaction of checkpoint chains, to compare policies. Run with `cargo bench --bench resumes`.
 
 mod common;
 

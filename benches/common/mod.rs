@@ -91,11 +91,31 @@ pub(crate) fn tokio() -> tokio::runtime::Runtime {
         .expect("tokio runtime")
 }
 
-/// The default runtime settings with this durability.
+/// The default runtime settings with this durability, and the compaction of checkpoint
+/// chains `BENCH_COMPACT` names when set (see [`compact_from_env`]).
 pub(crate) fn with_durability(durability: runvisor::Durability) -> runvisor::RuntimeConfig {
-    runvisor::RuntimeConfig {
+    let mut config = runvisor::RuntimeConfig {
         durability,
         ..runvisor::RuntimeConfig::default()
+    };
+    compact_from_env("BENCH_COMPACT", &mut config);
+    config
+}
+
+/// Sets the compaction of checkpoint chains from the variable `var`, `<every>,<percent>`
+/// (`checkpoint_compact_every`, `checkpoint_compact_percent`), when it is set: `64,100`
+/// compacts every 64 deltas or once they outweigh their base.
+pub(crate) fn compact_from_env(var: &str, config: &mut runvisor::RuntimeConfig) {
+    let Ok(compact) = std::env::var(var) else {
+        return;
+    };
+    let mut parts = compact.split(',').map(|n| n.trim().parse::<u32>());
+    match (parts.next(), parts.next()) {
+        (Some(Ok(every)), Some(Ok(percent))) => {
+            config.checkpoint_compact_every = every;
+            config.checkpoint_compact_percent = percent;
+        }
+        _ => panic!("{var} is `<every>,<percent>`, not {compact:?}"),
     }
 }
 
