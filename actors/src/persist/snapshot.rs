@@ -488,6 +488,16 @@ pub(crate) fn seal<T: Serialize>(
         Some(smaller) => (CODEC_POSTCARD_LZ4, smaller),
         None => (CODEC_POSTCARD, payload),
     };
+    frame(magic, schema, codec, &payload)
+}
+
+/// The envelope around a payload already in `codec`: header, checksum, payload.
+fn frame(
+    magic: &[u8; 4],
+    schema: u16,
+    codec: u8,
+    payload: &[u8],
+) -> Result<Vec<u8>, SnapshotError> {
     let len = u32::try_from(payload.len()).map_err(|_| SnapshotError::TooLarge(payload.len()))?;
     let mut out = Vec::with_capacity(HEADER_LEN + payload.len());
     out.extend_from_slice(magic);
@@ -495,8 +505,8 @@ pub(crate) fn seal<T: Serialize>(
     out.extend_from_slice(&schema.to_be_bytes());
     out.push(codec);
     out.extend_from_slice(&len.to_be_bytes());
-    out.extend_from_slice(&CRC32C.checksum(&payload).to_be_bytes());
-    out.extend_from_slice(&payload);
+    out.extend_from_slice(&CRC32C.checksum(payload).to_be_bytes());
+    out.extend_from_slice(payload);
     Ok(out)
 }
 
@@ -754,14 +764,7 @@ mod tests {
 
     /// An envelope around `payload` with this codec and a matching checksum.
     fn envelope(codec: u8, payload: &[u8]) -> Vec<u8> {
-        let mut out = MAGIC.to_vec();
-        out.extend_from_slice(&FORMAT_VERSION.to_be_bytes());
-        out.extend_from_slice(&SCHEMA_VERSION.to_be_bytes());
-        out.push(codec);
-        out.extend_from_slice(&(payload.len() as u32).to_be_bytes());
-        out.extend_from_slice(&CRC32C.checksum(payload).to_be_bytes());
-        out.extend_from_slice(payload);
-        out
+        frame(&MAGIC, SCHEMA_VERSION, codec, payload).expect("a small payload")
     }
 
     #[test]
