@@ -43,16 +43,23 @@ use super::reply::{self, Fields, corrupt};
 /// greater token (see [`ACQUIRE`]). So the token becomes the counter again (with `ttl` in ms)
 /// and the write goes on: a restart of a Redis without persistence does not cost the runs
 /// that were writing to it their state.
+///
+/// `fence_judged(key, token, ttl, current)` is the same with the counter already read
+/// (`current`: its value, or `false` when it is missing), for a script that reads it with
+/// other keys in one call.
 pub(crate) const FENCE_CHECK: &str = r#"
-local function fence_refused(key, token, ttl)
+local function fence_judged(key, token, ttl, current)
   if token == '' then return nil end
-  local current = redis.call('GET', key)
   if not current then
     redis.call('SET', key, token, 'PX', ttl)
     return nil
   end
   if current ~= token then return current end
   return nil
+end
+local function fence_refused(key, token, ttl)
+  if token == '' then return nil end
+  return fence_judged(key, token, ttl, redis.call('GET', key))
 end
 "#;
 

@@ -120,9 +120,11 @@ end
 /// chain lives as long as its newest delta.
 ///
 /// Nothing is written before every check passed (a script is not rolled back): a key of another
-/// type is found by the reads that need it anyway (`pcall`s answering an error), the payload key
-/// is set whatever it held, and a delta's base is probed once for both its existence and its
-/// TTL.
+/// type is found by the reads that need it anyway (a `pcall` answering an error; the fence
+/// counter and the sequence are read in one `MGET`, and only a key it found missing is asked
+/// its type), the payload key is set whatever it held, and a delta's base is probed once for
+/// both its existence and its TTL. A delta in the middle of a run's chain makes eight calls (nine
+/// once the thread holds more checkpoints than it keeps).
 ///
 /// KEYS: payload string, index zset, sequence string, the thread's fence counter.
 /// ARGV: checkpoint id, run id, sequence (decimal, no leading zeros), the value (header and
@@ -134,13 +136,19 @@ end
 /// `{"wrongtype", key}` or `{"corrupt", key}`.
 pub(crate) const PUT: &str = r#"
 local function failed(reply) return type(reply) == 'table' and reply.err ~= nil end
-local t = redis.call('TYPE', KEYS[4])['ok']
-if t ~= 'none' and t ~= 'string' then return {'wrongtype', KEYS[4]} end
+-- One read for the fence counter and the run's sequence. MGET answers a key of another type
+-- as it answers a missing one, so only a key found missing is asked its type.
+local read = redis.call('MGET', KEYS[4], KEYS[3])
+local current, stored = read[1], read[2]
+if not current and redis.call('TYPE', KEYS[4])['ok'] ~= 'none' then
+  return {'wrongtype', KEYS[4]}
+end
 local entries = redis.pcall('ZCARD', KEYS[2])
 if failed(entries) then return {'wrongtype', KEYS[2]} end
-local stored = redis.pcall('GET', KEYS[3])
-if failed(stored) then return {'wrongtype', KEYS[3]} end
-local refused = fence_refused(KEYS[4], ARGV[6], ARGV[5])
+if not stored and redis.call('TYPE', KEYS[3])['ok'] ~= 'none' then
+  return {'wrongtype', KEYS[3]}
+end
+local refused = fence_judged(KEYS[4], ARGV[6], ARGV[5], current)
 if refused then return {'fenced', refused} end
 if stored then
   if not (stored == '0' or string.match(stored, '^[1-9]%d*$')) or #stored > 20 then
