@@ -24,6 +24,12 @@
 //! time, which a process without an endpoint never does. So the exporting subscriber is built
 //! only for the second phase.
 //!
+//! Last, the span pipeline alone: a thousand spans shaped as node spans (same fields, the same
+//! values recorded), created and closed with nothing of the engine around them, under `off`
+//! and both exporting setups; the run's thread's CPU time per span is printed. Against the
+//! per-node difference of the runs, it separates what the pipeline's own code costs from what
+//! running it between the engine's steps costs the engine (its caches and allocator shared).
+//!
 //! Run with `cargo bench --bench telemetry`. For a profiler, `TELEMETRY_PROFILE=<setup>`
 //! (`off`, `no_endpoint` or `exporting`) runs only that setup, 300 runs (`TELEMETRY_RUNS`),
 //! and prints its median: `TELEMETRY_PROFILE=exporting perf record -g target/release/deps/telemetry-*`.
@@ -205,6 +211,67 @@ impl Bench {
     }
 }
 
+/// What the span pipeline alone costs per span, under `setup`'s subscriber: `LEN` spans
+/// shaped as the engine's node spans (same target, name and fields, the same values recorded
+/// at the start and the end), children of one run span, each closed at once; nothing of the
+/// engine runs. The median over interleaved rounds of the run's thread CPU time per span,
+/// against `off` (no subscriber), is printed: the floor under the per-node cost of exporting.
+fn span_floor(setups: &[&Setup]) {
+    let rounds = 30;
+    let mut per_span: Vec<Vec<f64>> = vec![Vec::new(); setups.len()];
+    for _ in 0..rounds {
+        for (i, (_, dispatch, telemetry)) in setups.iter().enumerate() {
+            within(dispatch.as_ref(), || {
+                let t0 = cpu(libc::CLOCK_THREAD_CPUTIME_ID);
+                let run = tracing::info_span!(target: "runvisor_actors", "run");
+                for n in 0..LEN {
+                    let id = format!("n{n}");
+                    let span = tracing::info_span!(
+                        target: "runvisor_actors",
+                        parent: &run,
+                        "node",
+                        otel.name = "node",
+                        gen_ai.operation.name = None::<&str>,
+                        gen_ai.tool.name = None::<&str>,
+                        gen_ai.agent.name = None::<&str>,
+                        runvisor.node.id = id.as_str(),
+                        runvisor.node.kind = ECHO,
+                        runvisor.node.path = %id,
+                        runvisor.node.outcome = tracing::field::Empty,
+                        error.type = tracing::field::Empty,
+                        otel.status_code = tracing::field::Empty,
+                        otel.status_description = tracing::field::Empty,
+                        gen_ai.request.model = tracing::field::Empty,
+                        gen_ai.usage.input_tokens = tracing::field::Empty,
+                        gen_ai.usage.output_tokens = tracing::field::Empty,
+                    );
+                    span.in_scope(|| std::hint::black_box(n));
+                    span.record("runvisor.node.outcome", "completed");
+                }
+                drop(run);
+                let spent = cpu(libc::CLOCK_THREAD_CPUTIME_ID).saturating_sub(t0);
+                per_span[i].push(spent.as_secs_f64() * 1e6 / LEN as f64);
+                telemetry.flush();
+            });
+        }
+    }
+    println!("
+the span pipeline alone: {LEN} node-shaped spans, CPU time of the thread per span (median of {rounds} interleaved rounds)");
+    let base = {
+        let mut v = per_span[0].clone();
+        v.sort_by(f64::total_cmp);
+        v[v.len() / 2]
+    };
+    for ((name, _, _), mut v) in setups.iter().zip(per_span) {
+        v.sort_by(f64::total_cmp);
+        let m = v[v.len() / 2];
+        println!(
+            "  {name:<18} {m:>7.3} µs per span ({:+.3} µs over off)",
+            m - base
+        );
+    }
+}
+
 /// One setup alone, `runs` times (for a profiler): its median wall time.
 fn profile(bench: &Bench, name: &str) {
     let runs: usize = std::env::var("TELEMETRY_RUNS")
@@ -265,6 +332,7 @@ fn benches(c: &mut Criterion) {
         discarding.requests(),
         discarding.bytes()
     );
+    span_floor(&[&setups[0], &setups[1], &setups[2]]);
 }
 
 criterion_group!(telemetry_benches, benches);
