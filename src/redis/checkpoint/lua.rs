@@ -123,8 +123,8 @@ end
 /// type is found by the reads that need it anyway (a `pcall` answering an error; the fence
 /// counter and the sequence are read in one `MGET`, and only a key it found missing is asked
 /// its type), the payload key is set whatever it held, and a delta's base is probed once for
-/// both its existence and its TTL. A delta in the middle of a run's chain makes eight calls (nine
-/// once the thread holds more checkpoints than it keeps).
+/// both its existence and its TTL. A fenced delta in the middle of a run's chain makes eight
+/// calls (nine once the thread holds more checkpoints than it keeps).
 ///
 /// KEYS: payload string, index zset, sequence string, the thread's fence counter.
 /// ARGV: checkpoint id, run id, sequence (decimal, no leading zeros), the value (header and
