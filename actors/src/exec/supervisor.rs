@@ -40,6 +40,16 @@ use crate::workflow::Plan;
 /// How long aborted nodes get to hand over their reports before they are given up on.
 const FORCE_GRACE: Duration = Duration::from_secs(2);
 
+/// How long the run's actor waits for an awaited save itself before handing it to a task of
+/// its own (whose answer comes back as `RunMsg::Saved`): a store that answers within this
+/// costs no hand-over between tasks, and a stop or query waits at most this long meanwhile.
+const SAVE_INLINE: Duration = Duration::from_millis(2);
+
+/// An awaited save in flight, not yet handed to a task.
+type PendingSave = std::pin::Pin<
+    Box<dyn std::future::Future<Output = Result<CheckpointId, CheckpointError>> + Send>,
+>;
+
 /// Messages a run supervisor handles.
 #[derive(Debug)]
 pub(crate) enum RunMsg {
@@ -149,6 +159,9 @@ pub(crate) struct RunState {
     span: tracing::Span,
     /// The span of the stop in progress, and when it was asked.
     stop_span: Option<(tracing::Span, tokio::time::Instant)>,
+    /// The awaited save started by this message's handling, waited for at its end (in a
+    /// mutex only so the state stays `Sync`; it is never contended).
+    pending_save: Option<std::sync::Mutex<PendingSave>>,
 }
 
 impl Actor for RunSupervisor {
@@ -261,6 +274,7 @@ impl Actor for RunSupervisor {
             workflow_stored: args.workflow_stored,
             span,
             stop_span: None,
+            pending_save: None,
         })
     }
 
@@ -291,6 +305,7 @@ impl Actor for RunSupervisor {
         let ready = state.exec.first_ready(state.restored);
         let events = state.launch(&myself, ready).await;
         state.process(&myself, events).await;
+        state.drive_save(&myself).await;
         state.settle(&myself).await;
         Ok(())
     }
@@ -335,7 +350,7 @@ impl Actor for RunSupervisor {
                         Durability::Sync => {
                             let held = waiters.into_iter().map(Held::Body).collect();
                             match state.gate.ready(held, true) {
-                                ReadyStep::Save => state.start_save(&myself),
+                                ReadyStep::Save => state.start_save(),
                                 ReadyStep::Hold => {}
                                 ReadyStep::Launch(held) => {
                                     state.release(held);
@@ -347,7 +362,7 @@ impl Actor for RunSupervisor {
             }
             RunMsg::RetrySave => {
                 if state.lifecycle.is_running() && state.gate.retry() {
-                    state.start_save(&myself);
+                    state.start_save();
                 }
             }
             RunMsg::Deadline => {
@@ -364,6 +379,7 @@ impl Actor for RunSupervisor {
                 state.process(&myself, events).await;
             }
         }
+        state.drive_save(&myself).await;
         state.settle(&myself).await;
         Ok(())
     }
@@ -387,6 +403,7 @@ impl Actor for RunSupervisor {
             return Ok(());
         };
         state.process(&myself, events).await;
+        state.drive_save(&myself).await;
         state.settle(&myself).await;
         Ok(())
     }
@@ -461,7 +478,7 @@ impl RunState {
                     // the durability mode asks for it.
                     let ready = ready.into_iter().map(Held::Node).collect();
                     match self.gate.ready(ready, self.must_save_first()) {
-                        ReadyStep::Save => self.start_save(myself),
+                        ReadyStep::Save => self.start_save(),
                         ReadyStep::Hold => {}
                         ReadyStep::Launch(held) => {
                             self.progress(myself);
@@ -540,17 +557,39 @@ impl RunState {
         self.run.services.save_background(write).await;
     }
 
-    /// Starts an awaited save of the run's progress for the held ready nodes; the answer comes
-    /// back as `RunMsg::Saved`, so the run keeps answering stops and queries meanwhile.
-    fn start_save(&mut self, myself: &ActorRef<RunMsg>) {
+    /// Starts an awaited save of the run's progress for the held ready nodes, waited for at
+    /// the end of the message being handled ([`Self::drive_save`]).
+    fn start_save(&mut self) {
         let write = self.progress_snapshot();
         let services = self.run.services.clone();
-        let me = myself.clone();
         let deadline = tokio::time::Instant::now() + self.run.config().store_deadline;
-        tokio::spawn(async move {
-            let result = services.save_awaited(write, deadline).await;
-            let _ = me.send_message(RunMsg::Saved(result.map_err(|failed| failed.error)));
-        });
+        debug_assert!(self.pending_save.is_none(), "one awaited save at a time");
+        self.pending_save = Some(std::sync::Mutex::new(Box::pin(async move {
+            services
+                .save_awaited(write, deadline)
+                .await
+                .map_err(|failed| failed.error)
+        })));
+    }
+
+    /// Waits for the awaited save in flight, for at most [`SAVE_INLINE`], and acts on its
+    /// answer (which may start the next one); a save that takes longer goes on in a task of
+    /// its own and its answer comes back as `RunMsg::Saved`, so the run keeps answering stops
+    /// and queries meanwhile.
+    async fn drive_save(&mut self, myself: &ActorRef<RunMsg>) {
+        while let Some(save) = self.pending_save.take() {
+            let mut save = save.into_inner().unwrap_or_else(|e| e.into_inner());
+            match tokio::time::timeout(SAVE_INLINE, &mut save).await {
+                Ok(result) => Box::pin(self.saved(myself, result)).await,
+                Err(_) => {
+                    let me = myself.clone();
+                    tokio::spawn(async move {
+                        let result = save.await;
+                        let _ = me.send_message(RunMsg::Saved(result));
+                    });
+                }
+            }
+        }
     }
 
     /// An awaited progress snapshot came back: start the nodes it was holding, or, if the store
@@ -583,7 +622,7 @@ impl RunState {
                     Box::pin(self.process(myself, events)).await;
                 }
                 if step.save_again {
-                    self.start_save(myself);
+                    self.start_save();
                 }
             }
             Err(CheckpointError::Refused(e @ StoreError::Fenced { .. })) => {
