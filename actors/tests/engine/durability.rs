@@ -20,12 +20,15 @@ use serde_json::json;
 
 use super::support::*;
 
-/// A checkpoint store whose writes fail while `broken` is set; it counts the writes it was
-/// asked for.
+/// A checkpoint store whose writes fail while `broken` is set, and wait (saying so through
+/// `entered`) until `release` while `hold` is set; it counts the writes it was asked for.
 #[derive(Debug, Default)]
 struct Flaky {
     inner: MemoryCheckpointStore,
     broken: AtomicBool,
+    hold: AtomicBool,
+    entered: tokio::sync::Notify,
+    release: tokio::sync::Notify,
     puts: std::sync::atomic::AtomicUsize,
 }
 
@@ -38,6 +41,10 @@ impl CheckpointStore for Flaky {
         fence: Option<Fence>,
     ) -> Result<(), StoreError> {
         self.puts.fetch_add(1, Ordering::SeqCst);
+        if self.hold.load(Ordering::SeqCst) {
+            self.entered.notify_one();
+            self.release.notified().await;
+        }
         if self.broken.load(Ordering::SeqCst) {
             return Err(StoreError::Unavailable("checkpoint store down".into()));
         }
@@ -225,6 +232,46 @@ async fn a_failing_store_makes_a_sync_run_wait_and_go_on_when_it_is_back() {
     assert!(!rt.registry().contains(&run.run_id()));
     // The result says the run waited for the store.
     assert_ne!(outcome.storage_wait(), Duration::ZERO);
+}
+
+/// A run's actor waits for its own `sync` write only briefly before handing it to a task: while
+/// a write is slow the run still answers (here a tree query, which would time out if the actor
+/// waited for the write), and the write's answer, when it comes, starts the next node.
+#[tokio::test(start_paused = true)]
+async fn a_sync_run_answers_queries_while_its_write_is_slow() {
+    let slow = Arc::new(Flaky::default());
+    slow.hold.store(true, Ordering::SeqCst);
+    let store: Arc<dyn CheckpointStore> = slow.clone();
+    // A store deadline longer than the query's wait: the write neither fails nor gives up
+    // while the query waits for the run.
+    let rt = Runtime::builder()
+        .lease_store(Arc::new(MemoryLeaseStore::new()))
+        .checkpoint_store(store.clone())
+        .handler("sees", SeesCheckpoint(store))
+        .config(RuntimeConfig {
+            durability: Durability::Sync,
+            store_deadline: Duration::from_secs(60),
+            ..RuntimeConfig::default()
+        })
+        .build();
+    let run = rt
+        .start(&chain(&rt), inputs([]), thread("slow"))
+        .await
+        .expect("start");
+    within("a write to begin", slow.entered.notified()).await;
+    let tree = within("the tree", rt.tree(run.run_id()))
+        .await
+        .expect("the run answers while its write waits");
+    assert_eq!(tree.kind, "run_supervisor");
+    assert_eq!(tree.status, "running");
+    slow.hold.store(false, Ordering::SeqCst);
+    slow.release.notify_one();
+    let outcome = finish(&run).await;
+    assert_eq!(outcome.status(), RunStatus::Succeeded, "{outcome:#?}");
+    assert_eq!(
+        outcome.output("b"),
+        Some(&val(json!({"saw": ["start", "a"]})))
+    );
 }
 
 #[tokio::test]
