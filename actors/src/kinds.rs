@@ -160,6 +160,10 @@ struct Begin;
 
 #[async_trait]
 impl NodeHandler for Begin {
+    fn never_blocks(&self) -> bool {
+        true
+    }
+
     fn params(&self) -> ParamSchema {
         ParamSchema::new().optional(
             "inputs",
@@ -191,6 +195,10 @@ struct TemplateKind {
 
 #[async_trait]
 impl NodeHandler for TemplateKind {
+    fn never_blocks(&self) -> bool {
+        true
+    }
+
     fn params(&self) -> ParamSchema {
         ParamSchema::new()
             .required("template", ParamType::String)
@@ -237,6 +245,10 @@ struct SetVariable;
 
 #[async_trait]
 impl NodeHandler for SetVariable {
+    fn never_blocks(&self) -> bool {
+        true
+    }
+
     fn params(&self) -> ParamSchema {
         ParamSchema::new().required(
             "assignments",

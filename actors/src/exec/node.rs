@@ -17,6 +17,7 @@
 
 use std::panic::AssertUnwindSafe;
 use std::sync::{Arc, Mutex};
+use std::task::Poll;
 use std::time::Duration;
 
 use futures::FutureExt;
@@ -229,7 +230,8 @@ impl Actor for NodeActor {
         let ctx = state.ctx.clone();
         let returned = state.returned.clone();
         let aborting = state.aborting.clone();
-        state.task = Some(tokio::spawn(
+        let inline = handler.never_blocks();
+        let mut task = Box::pin(
             async move {
                 // Each execution of a node, within its run's span (run, thread and fencing
                 // token): what an audit of who ran what, and when, reads.
@@ -258,7 +260,18 @@ impl Actor for NodeActor {
                 let _ = myself.send_message(NodeMsg::Finished);
             }
             .instrument(span),
-        ));
+        );
+        // A handler that never blocks is polled once here first: if it finishes without
+        // waiting it costs no task, and its `Finished` is this actor's next message. One that
+        // waits goes on in its own task, so this actor answers aborts and queries meanwhile
+        // (that task's first poll moves the handler's wake-ups to it).
+        if inline {
+            let first = std::future::poll_fn(|cx| Poll::Ready(task.as_mut().poll(cx)));
+            if first.await.is_ready() {
+                return Ok(());
+            }
+        }
+        state.task = Some(tokio::spawn(task));
         Ok(())
     }
 

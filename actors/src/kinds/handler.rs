@@ -53,6 +53,15 @@ pub trait NodeHandler: Send + Sync + 'static {
         Vec::new()
     }
 
+    /// Whether [`run`](Self::run) never blocks its thread: no long synchronous work and no
+    /// `block_in_place` before it first waits. The engine then polls it once on the node's
+    /// actor before giving it a task of its own, so a run that finishes without waiting (a
+    /// template, a switch) costs no task; until that poll returns, the actor answers neither
+    /// aborts nor queries. `false` (the default): the handler always runs in its own task.
+    fn never_blocks(&self) -> bool {
+        false
+    }
+
     /// Runs the node.
     async fn run(&self, input: Value, ctx: NodeContext) -> Result<NodeOutput, NodeError>;
 }

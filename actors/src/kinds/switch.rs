@@ -36,6 +36,10 @@ pub struct Switch;
 
 #[async_trait]
 impl NodeHandler for Switch {
+    fn never_blocks(&self) -> bool {
+        true
+    }
+
     fn params(&self) -> ParamSchema {
         let condition = ParamSchema::new()
             .required("left", ParamType::Any)

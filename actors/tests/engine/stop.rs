@@ -869,3 +869,78 @@ async fn a_force_stop_aborts_a_nested_node_that_would_answer_the_stop_flag() {
         assert_eq!(stop.forced, nodes(&["nap"]), "attempt {attempt}: {stop:#?}");
     }
 }
+
+/// A host kind that says it never blocks its thread: it finishes at once, or with `wait` set
+/// waits for the stop.
+struct Quick;
+
+#[runvisor_actors::async_trait]
+impl runvisor_actors::NodeHandler for Quick {
+    fn never_blocks(&self) -> bool {
+        true
+    }
+
+    async fn run(
+        &self,
+        input: Value,
+        ctx: runvisor_actors::NodeContext,
+    ) -> Result<runvisor_actors::NodeOutput, runvisor_actors::NodeError> {
+        if input.get("wait") == Some(&Value::Bool(true)) {
+            ctx.stopped().await;
+            return Err(runvisor_actors::NodeError::Stopped);
+        }
+        Ok(runvisor_actors::NodeOutput::new(val(json!({"done": true}))))
+    }
+}
+
+/// A handler that never blocks is first polled on its node's actor; one that then waits goes
+/// on in a task of its own, so its actor still answers queries and a force stop still cuts it.
+#[tokio::test]
+async fn a_never_blocking_handler_that_waits_still_answers_and_is_aborted() {
+    let rt = runvisor_actors::Runtime::builder()
+        .lease_store(Arc::new(MemoryLeaseStore::new()))
+        .handler("quick", Quick)
+        .build();
+    let wf = load(
+        &rt,
+        json!({"id": "quick", "nodes": [
+            {"id": "start", "kind": "begin"},
+            {"id": "q", "kind": "quick"},
+            {"id": "w", "kind": "quick", "params": {"wait": true}}
+        ], "edges": [{"from": "start", "to": "q"}, {"from": "q", "to": "w"}]}),
+    );
+    let run = rt
+        .start(&wf, inputs([]), thread("quick"))
+        .await
+        .expect("start");
+    let mut events = run.events();
+    within("w starts", async {
+        while let Some(event) = events.next().await {
+            if let RunEvent::NodeStarted { path, .. } = &event
+                && path.to_string() == "w"
+            {
+                return;
+            }
+        }
+        panic!("the run ended before w started");
+    })
+    .await;
+    let tree = within("the tree", rt.tree(run.run_id()))
+        .await
+        .expect("the run answers");
+    let w = tree
+        .children
+        .iter()
+        .find(|c| c.node_id.as_ref().is_some_and(|n| n.as_str() == "w"))
+        .expect("w is in the tree");
+    assert_eq!(w.status, "running", "{tree:#?}");
+    let reply = within("force stop", rt.stop(run.run_id(), StopMode::Force))
+        .await
+        .expect("the run is live");
+    let stop = stopped_reply(reply);
+    assert_eq!(stop.interrupted.len(), 1, "{stop:#?}");
+    assert!(stop.interrupted[0].forced);
+    assert_eq!(stop.interrupted[0].path.to_string(), "w");
+    let outcome = finish(&run).await;
+    assert_eq!(outcome.output("q"), Some(&val(json!({"done": true}))));
+}
