@@ -14,6 +14,10 @@
 //! long restoring the thread's newest delta takes (base and chain read in one script, then
 //! applied) and how many deltas that chain has, and the server's own time per call of the
 //! busiest commands (`INFO commandstats`), the part of a write's cost spent inside Redis.
+//! Under `sync` it then times the store alone: 1,000 delta puts of the chain's newest delta's
+//! size, back to back from a task on the runtime with no engine around them (the floor of a
+//! `sync` node, as a ratio to the same PING), and the engine's part of a node (the best time
+//! per node less that).
 //!
 //! `DURABLE_SIZES` (comma-separated, default `100,1000,10000`) picks the chain lengths;
 //! `DURABLE_MODES` (default `sync,async`) the durability modes; `DURABLE_COMPACT`
@@ -30,9 +34,10 @@ use std::time::{Duration, Instant};
 
 use ::redis::aio::MultiplexedConnection;
 use criterion::{Criterion, Throughput, criterion_group, criterion_main};
-use runvisor::delta::materialize;
+use runvisor::delta::{DeltaLink, materialize};
 use runvisor::redis::{RedisConfig, RedisStores};
-use runvisor::{Durability, Runtime, ThreadId};
+use runvisor::store::StoredCheckpoint;
+use runvisor::{CheckpointId, Durability, RunId, Runtime, ThreadId};
 use tokio::runtime::Runtime as Tokio;
 
 use common::redis_server::{PrivateRedis, command_times, flush, info, raw, reset_stats};
@@ -165,6 +170,21 @@ fn summary(rt: &Tokio, stores: &RedisStores, con: &MultiplexedConnection) {
                 "durable {name} chain {len}: server time per call: {}",
                 busiest.join(", ")
             );
+            if durability == Durability::Sync
+                && let Some(delta) = rt.block_on(newest_delta(stores, &thread))
+            {
+                let size = delta.bytes.len();
+                let put = rt.block_on(store_alone(stores, delta.bytes, 1000));
+                let put_us = put.as_secs_f64() * 1e6;
+                eprintln!(
+                    "durable {name} chain {len}: the store alone, 1,000 delta puts of {} bytes \
+                     back to back: {put_us:.1} µs per put ({:.2}x PING); the engine's part of a \
+                     node: {:.1} µs",
+                    size,
+                    put_us / rtt_us,
+                    best - put_us,
+                );
+            }
             measured.push(Measured {
                 len,
                 per_node: best,
@@ -212,16 +232,7 @@ fn summary(rt: &Tokio, stores: &RedisStores, con: &MultiplexedConnection) {
 /// chain read (one script) and applied.
 async fn restore_time(stores: &RedisStores, thread: &ThreadId, name: &str, len: usize) {
     let store = &*stores.checkpoints;
-    let ids = store.list(thread).await.expect("list");
-    let mut newest_delta = None;
-    for id in ids.into_iter().rev() {
-        let stored = store.get(thread, id).await.expect("get").expect("listed");
-        if stored.link.is_some() {
-            newest_delta = Some(stored);
-            break;
-        }
-    }
-    let Some(stored) = newest_delta else {
+    let Some(stored) = newest_delta(stores, thread).await else {
         eprintln!("durable {name} chain {len}: no delta kept to restore");
         return;
     };
@@ -251,6 +262,56 @@ async fn restore_time(stores: &RedisStores, thread: &ThreadId, name: &str, len: 
          {chain} completed nodes) takes {:.2} ms",
         best.as_secs_f64() * 1e3
     );
+}
+
+/// The thread's newest checkpoint that is a delta, if it keeps one.
+async fn newest_delta(stores: &RedisStores, thread: &ThreadId) -> Option<StoredCheckpoint> {
+    let store = &*stores.checkpoints;
+    let ids = store.list(thread).await.expect("list");
+    for id in ids.into_iter().rev() {
+        let stored = store.get(thread, id).await.expect("get").expect("listed");
+        if stored.link.is_some() {
+            return Some(stored);
+        }
+    }
+    None
+}
+
+/// The store alone: the mean time of `n` delta puts, back to back from a task on the
+/// runtime, each chained to the one before on one base (the fenced script a `sync` node
+/// pays, without the engine), with `bytes` as every delta's payload.
+async fn store_alone(stores: &RedisStores, bytes: Vec<u8>, n: u64) -> Duration {
+    let store = stores.checkpoints.clone();
+    tokio::spawn(async move {
+        let thread = ThreadId::new("durable-store").expect("id");
+        let run = RunId::new();
+        let base = CheckpointId::new();
+        let whole = StoredCheckpoint {
+            id: base,
+            run,
+            sequence: 1,
+            bytes: bytes.clone(),
+            link: None,
+        };
+        store.put(&thread, whole, None).await.expect("base put");
+        let mut parent = base;
+        let started = Instant::now();
+        for sequence in 2..n + 2 {
+            let id = CheckpointId::new();
+            let delta = StoredCheckpoint {
+                id,
+                run,
+                sequence,
+                bytes: bytes.clone(),
+                link: Some(DeltaLink { base, parent }),
+            };
+            store.put(&thread, delta, None).await.expect("delta put");
+            parent = id;
+        }
+        started.elapsed() / n as u32
+    })
+    .await
+    .expect("the store's task")
 }
 
 fn durable(c: &mut Criterion) {
