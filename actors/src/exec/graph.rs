@@ -18,7 +18,9 @@ use tokio_util::sync::CancellationToken;
 mod child;
 
 use super::body::{BodyActor, BodyArgs, BodyMsg};
-use super::node::{NodeActor, NodeArgs, NodeEnd, NodeMsg, NodeReport};
+use super::node::{
+    NodeActor, NodeArgs, NodeEnd, NodeMsg, NodeReport, NodeStart, handler_run, run_inline,
+};
 use super::run::RunInfo;
 use crate::core::{NodeIndex, Schedule};
 use crate::kinds::{NodeContext, ProbeStop};
@@ -122,6 +124,11 @@ pub(crate) struct GraphExec {
     /// Hand ready nodes to the host instead of launching them (the run saves its progress
     /// between a node's completion and its dependents' start).
     pub(crate) defer_launch: bool,
+    /// Until when a node whose kind never blocks may run on the host's own task (polled once
+    /// there, with no actor and no task, when the run has no probe); `None`: never. Its host
+    /// sets it as each of its messages begins, so a chain of such nodes still lets the host
+    /// answer stops and queries between slices.
+    pub(crate) inline_until: Option<std::time::Instant>,
     /// The span this execution's nodes are children of: the run's, an iteration's or an
     /// item's.
     span: tracing::Span,
@@ -190,6 +197,7 @@ impl GraphExec {
             halted: false,
             forced: false,
             defer_launch: false,
+            inline_until: None,
             span: tracing::Span::none(),
         }
     }
@@ -457,8 +465,8 @@ impl GraphExec {
                     }));
                     break;
                 }
-                spec => {
-                    if let Err(error) = self.spawn(host, node, &path, spec).await {
+                spec => match self.spawn(host, node, &path, spec).await {
+                    Err(error) => {
                         host.run.emit(RunEvent::NodeFailed {
                             path: path.clone(),
                             error: error.clone(),
@@ -466,7 +474,23 @@ impl GraphExec {
                         events.push(ExecEvent::Failed { path, error });
                         break;
                     }
-                }
+                    Ok(None) => {}
+                    Ok(Some(report)) => {
+                        // It finished on this task: its report is applied here, its dependents
+                        // queued (or handed to the host) rather than launched from inside the
+                        // report, so a chain of such nodes loops instead of nesting.
+                        let defer = std::mem::replace(&mut self.defer_launch, true);
+                        let applied = Box::pin(self.on_report(host, report)).await;
+                        self.defer_launch = defer;
+                        for event in applied {
+                            match event {
+                                ExecEvent::Ready(ready) if !defer => queue.extend(ready),
+                                other => events.push(other),
+                            }
+                        }
+                        continue;
+                    }
+                },
             }
             if let Some((mode, reason)) =
                 probe(host.run, |p| p.node_started(host.run.run_id, &path))
@@ -479,13 +503,16 @@ impl GraphExec {
         events
     }
 
+    /// Starts a node: a loop or parallel in a body actor, any other kind in a node actor, or,
+    /// for a kind that never blocks while [`inline_until`](Self::inline_until) allows, first
+    /// on this task: `Some(report)` when it finished there.
     async fn spawn(
         &mut self,
         host: &Host<'_>,
         node: NodeIndex,
         path: &NodePath,
         spec: NodeSpec,
-    ) -> Result<(), NodeError> {
+    ) -> Result<Option<NodeReport>, NodeError> {
         let input = self.graph.nodes[node].params.resolve(self)?;
         let planned = &self.graph.nodes[node];
         let (id, kind) = (planned.id.clone(), planned.kind.clone());
@@ -547,10 +574,18 @@ impl GraphExec {
                     history,
                 );
                 let span = self.node_span(node, path);
+                let start = if handler.never_blocks() && self.may_inline(host.run) {
+                    let run = handler_run(handler, input, ctx.clone());
+                    match run_inline(node, run, &ctx, &span).await {
+                        Ok(report) => return Ok(Some(report)),
+                        Err(waiting) => NodeStart::Polled(waiting),
+                    }
+                } else {
+                    NodeStart::Fresh { handler, input }
+                };
                 let args = NodeArgs {
                     node,
-                    handler,
-                    input,
+                    start,
                     ctx,
                     report: report_tx,
                     span,
@@ -579,7 +614,16 @@ impl GraphExec {
                 report: report_rx,
             },
         );
-        Ok(())
+        Ok(None)
+    }
+
+    /// Whether a never-blocking node may run on this task now: within the host's slice, and
+    /// never under a probe (a test's simulated interrupts meet every node in an actor).
+    fn may_inline(&self, run: &RunInfo) -> bool {
+        run.scope.probe.is_none()
+            && self
+                .inline_until
+                .is_some_and(|until| std::time::Instant::now() < until)
     }
 
     /// Records a node's completion; returns the nodes it made ready.

@@ -15,7 +15,9 @@
 //! [`MAX_DEPTH`](crate::model::MAX_DEPTH) fails the node ([`NodeError::TooDeep`]) and is
 //! dismantled in the task, never dropped by recursion.
 
+use std::future::Future;
 use std::panic::AssertUnwindSafe;
+use std::pin::Pin;
 use std::sync::{Arc, Mutex};
 use std::task::Poll;
 use std::time::Duration;
@@ -40,6 +42,88 @@ const PROBE_WAIT: Duration = Duration::from_secs(5);
 
 /// What the handler returned, put there by its task before it tells the actor.
 type Returned = Arc<Mutex<Option<Result<NodeOutput, NodeError>>>>;
+
+/// A handler's run as a future of its result: a panic is the node's failure
+/// ([`NodeError::Panicked`]), and so is an output nested too deep ([`NodeError::TooDeep`]).
+pub(crate) type HandlerRun = Pin<Box<dyn Future<Output = Result<NodeOutput, NodeError>> + Send>>;
+
+/// The run of `handler` on `input`, not yet polled.
+pub(crate) fn handler_run(
+    handler: Arc<dyn NodeHandler>,
+    input: Value,
+    ctx: NodeContext,
+) -> HandlerRun {
+    Box::pin(async move {
+        AssertUnwindSafe(handler.run(input, ctx))
+            .catch_unwind()
+            .await
+            .unwrap_or_else(|panic| Err(NodeError::Panicked(panic_message(&*panic))))
+            .and_then(checked_output)
+    })
+}
+
+/// How a node ended, from what its handler returned: an error `Stopped` after a stop was
+/// requested is an interruption, not a failure.
+fn end_of(result: Result<NodeOutput, NodeError>, ctx: &NodeContext) -> NodeEnd {
+    match result {
+        Ok(output) => NodeEnd::Completed(output),
+        Err(NodeError::Stopped) if ctx.stop_requested() => NodeEnd::interrupted(false),
+        Err(error) => NodeEnd::failed(error),
+    }
+}
+
+/// The report of a node that ended with `end`: everything its handler streamed and every
+/// message it appended (taken from its buffer), recorded on its span.
+fn report_of(node: NodeIndex, ctx: &NodeContext, end: NodeEnd, span: &tracing::Span) -> NodeReport {
+    let (partial, chunks, messages, requested_stop) = {
+        let mut buffer = ctx.buffer().lock().unwrap_or_else(|e| e.into_inner());
+        (
+            std::mem::take(&mut buffer.partial),
+            buffer.chunks,
+            std::mem::take(&mut buffer.messages),
+            buffer.requested_stop,
+        )
+    };
+    let usage = match &end {
+        NodeEnd::Completed(output) => output.usage.clone(),
+        _ => Usage::new(),
+    };
+    record_end(span, &end, &usage);
+    NodeReport {
+        node,
+        end,
+        partial,
+        chunks,
+        messages,
+        requested_stop,
+        usage,
+    }
+}
+
+/// Polls a never-blocking handler's run once on the caller's task (a run's supervisor): a
+/// run that finishes within that poll is the node's report, with no actor and no task; one
+/// that waits comes back, to go on in a node actor ([`NodeStart::Polled`]).
+pub(crate) async fn run_inline(
+    node: NodeIndex,
+    mut run: HandlerRun,
+    ctx: &NodeContext,
+    span: &tracing::Span,
+) -> Result<NodeReport, HandlerRun> {
+    let first = std::future::poll_fn(|cx| {
+        Poll::Ready(span.in_scope(|| {
+            tracing::debug!("node started");
+            run.as_mut().poll(cx)
+        }))
+    })
+    .await;
+    match first {
+        Poll::Ready(result) => {
+            span.in_scope(|| tracing::debug!(ok = result.is_ok(), "node returned"));
+            Ok(report_of(node, ctx, end_of(result, ctx), span))
+        }
+        Poll::Pending => Err(run),
+    }
+}
 
 /// How a node's execution ended.
 #[derive(Debug)]
@@ -155,10 +239,21 @@ impl NodeStatus {
 
 pub(crate) struct NodeActor;
 
+/// What a node actor runs.
+pub(crate) enum NodeStart {
+    /// The handler, from the start.
+    Fresh {
+        handler: Arc<dyn NodeHandler>,
+        input: Value,
+    },
+    /// A never-blocking handler's run that its parent polled once ([`run_inline`]) and that
+    /// waits: it goes on in the actor's task.
+    Polled(HandlerRun),
+}
+
 pub(crate) struct NodeArgs {
     pub(crate) node: NodeIndex,
-    pub(crate) handler: Arc<dyn NodeHandler>,
-    pub(crate) input: Value,
+    pub(crate) start: NodeStart,
     pub(crate) ctx: NodeContext,
     pub(crate) report: oneshot::Sender<NodeReport>,
     pub(crate) span: tracing::Span,
@@ -169,7 +264,7 @@ pub(crate) struct NodeState {
     ctx: NodeContext,
     report: Option<oneshot::Sender<NodeReport>>,
     task: Option<JoinHandle<()>>,
-    start: Option<(Arc<dyn NodeHandler>, Value, tracing::Span)>,
+    start: Option<(NodeStart, tracing::Span)>,
     end: Option<NodeEnd>,
     /// What the handler returned, once it has.
     returned: Returned,
@@ -188,11 +283,7 @@ impl NodeState {
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .take()?;
-        Some(match result {
-            Ok(output) => NodeEnd::Completed(output),
-            Err(NodeError::Stopped) if self.ctx.stop_requested() => NodeEnd::interrupted(false),
-            Err(error) => NodeEnd::failed(error),
-        })
+        Some(end_of(result, &self.ctx))
     }
 }
 
@@ -212,7 +303,7 @@ impl Actor for NodeActor {
             report: Some(args.report),
             task: None,
             span: args.span.clone(),
-            start: Some((args.handler, args.input, args.span)),
+            start: Some((args.start, args.span)),
             end: None,
             returned: Arc::default(),
             aborting: Arc::new(Notify::new()),
@@ -224,23 +315,28 @@ impl Actor for NodeActor {
         myself: ActorRef<Self::Msg>,
         state: &mut Self::State,
     ) -> Result<(), ActorProcessingErr> {
-        let Some((handler, input, span)) = state.start.take() else {
+        let Some((start, span)) = state.start.take() else {
             return Ok(());
         };
         let ctx = state.ctx.clone();
         let returned = state.returned.clone();
         let aborting = state.aborting.clone();
-        let inline = handler.never_blocks();
+        // A run its parent polled already goes straight to a task of its own.
+        let (run, inline, fresh) = match start {
+            NodeStart::Fresh { handler, input } => {
+                let inline = handler.never_blocks();
+                (handler_run(handler, input, ctx.clone()), inline, true)
+            }
+            NodeStart::Polled(run) => (run, false, false),
+        };
         let mut task = Box::pin(
             async move {
                 // Each execution of a node, within its run's span (run, thread and fencing
                 // token): what an audit of who ran what, and when, reads.
-                tracing::debug!("node started");
-                let result = AssertUnwindSafe(handler.run(input, ctx.clone()))
-                    .catch_unwind()
-                    .await
-                    .unwrap_or_else(|panic| Err(NodeError::Panicked(panic_message(&*panic))))
-                    .and_then(checked_output);
+                if fresh {
+                    tracing::debug!("node started");
+                }
+                let result = run.await;
                 // No await between the handler's return and this: an abort either came before
                 // the return or finds the result here.
                 tracing::debug!(ok = result.is_ok(), "node returned");
@@ -327,30 +423,8 @@ impl Actor for NodeActor {
                     .unwrap_or(NodeEnd::interrupted(forced)),
             );
         }
-        let (partial, chunks, messages, requested_stop) = {
-            let mut buffer = state.ctx.buffer().lock().unwrap_or_else(|e| e.into_inner());
-            (
-                std::mem::take(&mut buffer.partial),
-                buffer.chunks,
-                std::mem::take(&mut buffer.messages),
-                buffer.requested_stop,
-            )
-        };
         let end = state.end.take().unwrap_or(NodeEnd::interrupted(true));
-        let usage = match &end {
-            NodeEnd::Completed(output) => output.usage.clone(),
-            _ => Usage::new(),
-        };
-        record_end(&state.span, &end, &usage);
-        let report = NodeReport {
-            node: state.node,
-            end,
-            partial,
-            chunks,
-            messages,
-            requested_stop,
-            usage,
-        };
+        let report = report_of(state.node, &state.ctx, end, &state.span);
         if let Some(tx) = state.report.take() {
             // The parent may have given up waiting: the report then has no reader.
             let _ = tx.send(report);

@@ -45,6 +45,12 @@ const FORCE_GRACE: Duration = Duration::from_secs(2);
 /// costs no hand-over between tasks, and a stop or query waits at most this long meanwhile.
 const SAVE_INLINE: Duration = Duration::from_millis(2);
 
+/// How long one message of the run's actor may go on running nodes whose kind never blocks
+/// on the actor itself (each polled once there, no actor or task of its own; see
+/// [`GraphExec::inline_until`]): past it, the next such node starts in an actor, whose end is
+/// a message of its own, so a long chain of them still lets stops and queries in between.
+const INLINE_SLICE: Duration = Duration::from_millis(2);
+
 /// An awaited save in flight, not yet handed to a task.
 type PendingSave = std::pin::Pin<
     Box<dyn std::future::Future<Output = Result<CheckpointId, CheckpointError>> + Send>,
@@ -283,6 +289,7 @@ impl Actor for RunSupervisor {
         myself: ActorRef<Self::Msg>,
         state: &mut Self::State,
     ) -> Result<(), ActorProcessingErr> {
+        state.begin_slice();
         tracing::debug!(parent: &state.span, "run started");
         if let Some(deadline) = state.run.config().run_timeout {
             let me = myself.clone();
@@ -316,6 +323,7 @@ impl Actor for RunSupervisor {
         message: Self::Msg,
         state: &mut Self::State,
     ) -> Result<(), ActorProcessingErr> {
+        state.begin_slice();
         match message {
             RunMsg::Tree(reply) => state.answer_tree(&myself, reply),
             RunMsg::Stop { mode, reason, by } => {
@@ -393,6 +401,7 @@ impl Actor for RunSupervisor {
         let Some(ended) = Ended::from_event(event) else {
             return Ok(());
         };
+        state.begin_slice();
         let me = myself.get_cell();
         let run = state.run.clone();
         let host = Host {
@@ -462,6 +471,11 @@ impl RunState {
             run: &run,
         };
         self.exec.launch(&host, ready).await
+    }
+
+    /// Starts the slice of this message within which never-blocking nodes run on this actor.
+    fn begin_slice(&mut self) {
+        self.exec.inline_until = Some(std::time::Instant::now() + INLINE_SLICE);
     }
 
     /// Acts on what the graph reported: failures, pauses and stops end the run; ready nodes

@@ -944,3 +944,91 @@ async fn a_never_blocking_handler_that_waits_still_answers_and_is_aborted() {
     let outcome = finish(&run).await;
     assert_eq!(outcome.output("q"), Some(&val(json!({"done": true}))));
 }
+
+/// Never waits; records the `i` of every node it runs and says when ten have run.
+#[derive(Debug, Clone, Default)]
+struct Counted {
+    ran: Arc<std::sync::Mutex<Vec<u64>>>,
+    ten: Arc<tokio::sync::Notify>,
+}
+
+#[runvisor_actors::async_trait]
+impl runvisor_actors::NodeHandler for Counted {
+    fn never_blocks(&self) -> bool {
+        true
+    }
+
+    async fn run(
+        &self,
+        input: Value,
+        _ctx: runvisor_actors::NodeContext,
+    ) -> Result<runvisor_actors::NodeOutput, runvisor_actors::NodeError> {
+        let i = match input.get("i") {
+            Some(Value::Int(i)) => *i as u64,
+            other => panic!("no i: {other:?}"),
+        };
+        let mut ran = self.ran.lock().expect("not poisoned");
+        ran.push(i);
+        if ran.len() == 10 {
+            self.ten.notify_one();
+        }
+        Ok(runvisor_actors::NodeOutput::new(val(json!({"i": i}))))
+    }
+}
+
+/// Nodes that never block run on their run's actor, a slice of them per message: a stop sent
+/// in the middle of a long chain of them lands there, between two slices, and the resume runs
+/// every node the stop left exactly once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stop_lands_in_the_middle_of_a_long_chain_of_never_blocking_nodes() {
+    const LEN: u64 = 20_000;
+    let counted = Counted::default();
+    let rt = runvisor_actors::Runtime::builder()
+        .lease_store(Arc::new(MemoryLeaseStore::new()))
+        .handler("counted", counted.clone())
+        .build();
+    let mut nodes = vec![json!({"id": "start", "kind": "begin"})];
+    let mut edges = Vec::new();
+    let mut prev = "start".to_owned();
+    for i in 0..LEN {
+        let id = format!("n{i}");
+        nodes.push(json!({"id": id, "kind": "counted", "params": {"i": i}}));
+        edges.push(json!({"from": prev, "to": id}));
+        prev = id;
+    }
+    let wf = load(&rt, json!({"id": "long", "nodes": nodes, "edges": edges}));
+    let t = thread("long");
+    let run = rt.start(&wf, inputs([]), t.clone()).await.expect("start");
+    within("ten nodes ran", counted.ten.notified()).await;
+    let reply = within(
+        "stop",
+        rt.stop(
+            run.run_id(),
+            StopMode::Graceful {
+                timeout: Duration::from_secs(5),
+            },
+        ),
+    )
+    .await
+    .expect("the run is live");
+    stopped_reply(reply);
+    let outcome = finish(&run).await;
+    assert_eq!(outcome.status(), RunStatus::Stopped, "{outcome:#?}");
+    let before = counted.ran.lock().expect("not poisoned").len() as u64;
+    assert!(
+        before < LEN,
+        "the stop landed only after all {LEN} nodes ran"
+    );
+
+    let resumed = within("resume", rt.resume(t, ResumeInput::Continue))
+        .await
+        .expect("resumable");
+    let outcome = finish(&resumed).await;
+    assert_eq!(outcome.status(), RunStatus::Succeeded, "{outcome:#?}");
+    let ran = counted.ran.lock().expect("not poisoned").clone();
+    assert_eq!(
+        ran,
+        (0..LEN).collect::<Vec<_>>(),
+        "every node ran once, in order ({before} before the stop)"
+    );
+}
