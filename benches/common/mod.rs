@@ -25,12 +25,22 @@ pub(crate) const ECHO: &str = "echo";
 /// The cooperative host kind.
 pub(crate) const COOPERATIVE: &str = "cooperative";
 
-/// A trivial host handler: outputs `{"value": <its resolved "x" param>}`.
+/// A trivial host handler: outputs `{"value": <its resolved "x" param>}`. It never waits, and
+/// says so ([`NodeHandler::never_blocks`]), as a host's cheap step does; with `BENCH_ECHO_TASK`
+/// set it does not, and every echo runs in a task of its own, as a host kind that may block.
 #[derive(Debug)]
 pub(crate) struct Echo;
 
+/// Whether `BENCH_ECHO_TASK` is set.
+static ECHO_IN_TASK: std::sync::LazyLock<bool> =
+    std::sync::LazyLock::new(|| std::env::var_os("BENCH_ECHO_TASK").is_some());
+
 #[async_trait]
 impl NodeHandler for Echo {
+    fn never_blocks(&self) -> bool {
+        !*ECHO_IN_TASK
+    }
+
     async fn run(&self, input: Value, _ctx: NodeContext) -> Result<NodeOutput, NodeError> {
         let mut out = Map::new();
         out.insert(

@@ -54,10 +54,13 @@ pub trait NodeHandler: Send + Sync + 'static {
     }
 
     /// Whether [`run`](Self::run) never blocks its thread: no long synchronous work and no
-    /// `block_in_place` before it first waits. The engine then polls it once on the node's
-    /// actor before giving it a task of its own, so a run that finishes without waiting (a
-    /// template, a switch) costs no task; until that poll returns, the actor answers neither
-    /// aborts nor queries. `false` (the default): the handler always runs in its own task.
+    /// `block_in_place` before it first waits. The engine then polls it once before giving it
+    /// a task of its own: in the workflow's own graph on the run's actor (a run that finishes
+    /// without waiting, a template or a switch, costs no actor and no task), inside a loop or
+    /// a parallel on the node's actor (it costs no task). Until that poll returns, the actor
+    /// polling it answers neither stops, aborts nor queries. A run that waits goes on in a
+    /// node actor and a task of its own, as any other. `false` (the default): the handler
+    /// always runs in its own task.
     fn never_blocks(&self) -> bool {
         false
     }
