@@ -24,7 +24,7 @@ use tokio::sync::oneshot;
 mod items;
 mod progress;
 
-use super::graph::{ChildRef, Ended, ExecEvent, GraphExec, Host, Outer};
+use super::graph::{ChildRef, Ended, ExecEvent, GraphExec, Host, INLINE_SLICE, Outer};
 use super::node::{NodeEnd, NodeReport};
 use super::run::RunInfo;
 use super::supervisor::RunMsg;
@@ -120,6 +120,9 @@ enum Work {
 }
 
 pub(crate) struct BodyState {
+    /// The end of the current message's slice for nodes that never block
+    /// ([`Host::inline_until`]).
+    slice: Option<std::time::Instant>,
     node: NodeIndex,
     id: NodeId,
     path: NodePath,
@@ -188,6 +191,7 @@ impl Actor for BodyActor {
         };
         let span = args.span;
         Ok(BodyState {
+            slice: None,
             node: args.node,
             id: args.id,
             path: args.path,
@@ -221,6 +225,7 @@ impl Actor for BodyActor {
         myself: ActorRef<Self::Msg>,
         state: &mut Self::State,
     ) -> Result<(), ActorProcessingErr> {
+        state.begin_slice();
         if let Some((input, restore)) = state.start.take() {
             let begun = match restore {
                 Some(frame) => state.restore(frame),
@@ -244,6 +249,7 @@ impl Actor for BodyActor {
         message: Self::Msg,
         state: &mut Self::State,
     ) -> Result<(), ActorProcessingErr> {
+        state.begin_slice();
         match message {
             BodyMsg::Stop(mode) => {
                 state.stop(&myself, mode == StopMode::Force);
@@ -284,6 +290,7 @@ impl Actor for BodyActor {
                 let host = Host {
                     cell: &cell,
                     run: &run,
+                    inline_until: state.slice,
                 };
                 for exec in state.execs_mut() {
                     for report in exec.abandon(&host) {
@@ -305,11 +312,13 @@ impl Actor for BodyActor {
         let Some(ended) = Ended::from_event(event) else {
             return Ok(());
         };
+        state.begin_slice();
         let me = myself.get_cell();
         let run = state.run.clone();
         let host = Host {
             cell: &me,
             run: &run,
+            inline_until: state.slice,
         };
         let mut events = Vec::new();
         if let Some((item, exec)) = state.exec_of(&ended.id)
@@ -372,6 +381,11 @@ impl Actor for BodyActor {
 }
 
 impl BodyState {
+    /// Starts the slice of this message within which never-blocking nodes run on this actor.
+    fn begin_slice(&mut self) {
+        self.slice = Some(std::time::Instant::now() + INLINE_SLICE);
+    }
+
     /// Every graph execution of the body: the current iteration, or the items in flight and
     /// those winding down.
     fn execs_mut(&mut self) -> Vec<&mut GraphExec> {
@@ -577,7 +591,11 @@ impl BodyState {
         restored: bool,
     ) -> Vec<(Option<u32>, ExecEvent)> {
         let run = self.run.clone();
-        let host = Host { cell, run: &run };
+        let host = Host {
+            cell,
+            run: &run,
+            inline_until: self.slice,
+        };
         let Work::Loop(l) = &mut self.work else {
             return Vec::new();
         };

@@ -80,7 +80,18 @@ pub(crate) enum ExecEvent {
 pub(crate) struct Host<'a> {
     pub(crate) cell: &'a ActorCell,
     pub(crate) run: &'a Arc<RunInfo>,
+    /// Until when a node whose kind never blocks may run on the host's own task (polled once
+    /// there, with no actor and no task, when the run has no probe); `None`: never. The host
+    /// (a run's supervisor, a loop's or parallel's actor) begins a slice of
+    /// [`INLINE_SLICE`] as each of its messages begins, so a chain of such nodes still lets
+    /// it answer stops and queries between slices.
+    pub(crate) inline_until: Option<std::time::Instant>,
 }
+
+/// How long one message of a host may go on running nodes whose kind never blocks on the
+/// host itself: past it, the next such node starts in an actor, whose end is a message of its
+/// own.
+pub(crate) const INLINE_SLICE: std::time::Duration = std::time::Duration::from_millis(2);
 
 /// One execution of a graph.
 pub(crate) struct GraphExec {
@@ -124,11 +135,6 @@ pub(crate) struct GraphExec {
     /// Hand ready nodes to the host instead of launching them (the run saves its progress
     /// between a node's completion and its dependents' start).
     pub(crate) defer_launch: bool,
-    /// Until when a node whose kind never blocks may run on the host's own task (polled once
-    /// there, with no actor and no task, when the run has no probe); `None`: never. Its host
-    /// sets it as each of its messages begins, so a chain of such nodes still lets the host
-    /// answer stops and queries between slices.
-    pub(crate) inline_until: Option<std::time::Instant>,
     /// The span this execution's nodes are children of: the run's, an iteration's or an
     /// item's.
     span: tracing::Span,
@@ -197,7 +203,6 @@ impl GraphExec {
             halted: false,
             forced: false,
             defer_launch: false,
-            inline_until: None,
             span: tracing::Span::none(),
         }
     }
@@ -504,8 +509,8 @@ impl GraphExec {
     }
 
     /// Starts a node: a loop or parallel in a body actor, any other kind in a node actor, or,
-    /// for a kind that never blocks while [`inline_until`](Self::inline_until) allows, first
-    /// on this task: `Some(report)` when it finished there.
+    /// for a kind that never blocks while the host's slice ([`Host::inline_until`]) allows,
+    /// first on the host's task: `Some(report)` when it finished there.
     async fn spawn(
         &mut self,
         host: &Host<'_>,
@@ -574,7 +579,7 @@ impl GraphExec {
                     history,
                 );
                 let span = self.node_span(node, path);
-                let start = if handler.never_blocks() && self.may_inline(host.run) {
+                let start = if handler.never_blocks() && may_inline(host) {
                     let run = handler_run(handler, input, ctx.clone());
                     match run_inline(node, run, &ctx, &span).await {
                         Ok(report) => return Ok(Some(report)),
@@ -615,15 +620,6 @@ impl GraphExec {
             },
         );
         Ok(None)
-    }
-
-    /// Whether a never-blocking node may run on this task now: within the host's slice, and
-    /// never under a probe (a test's simulated interrupts meet every node in an actor).
-    fn may_inline(&self, run: &RunInfo) -> bool {
-        run.scope.probe.is_none()
-            && self
-                .inline_until
-                .is_some_and(|until| std::time::Instant::now() < until)
     }
 
     /// Records a node's completion; returns the nodes it made ready.
@@ -987,6 +983,15 @@ impl GraphExec {
         }
         kept.clone()
     }
+}
+
+/// Whether a never-blocking node may run on the host's task now: within the host's slice, and
+/// never under a probe (a test's simulated interrupts meet every node in an actor).
+fn may_inline(host: &Host<'_>) -> bool {
+    host.run.scope.probe.is_none()
+        && host
+            .inline_until
+            .is_some_and(|until| std::time::Instant::now() < until)
 }
 
 fn probe(run: &RunInfo, ask: impl FnOnce(&dyn crate::kinds::Probe) -> ProbeStop) -> ProbeStop {

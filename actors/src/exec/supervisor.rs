@@ -23,7 +23,7 @@ use tokio::sync::watch;
 mod ending;
 
 use super::body::BodyMsg;
-use super::graph::{Ended, ExecEvent, GraphExec, Host, Outer};
+use super::graph::{Ended, ExecEvent, GraphExec, Host, INLINE_SLICE, Outer};
 use super::run::{LiveRun, RunInfo};
 use crate::core::NodeIndex;
 use crate::core::lifecycle::{Ending, Final, Lifecycle, StopStep};
@@ -44,12 +44,6 @@ const FORCE_GRACE: Duration = Duration::from_secs(2);
 /// its own (whose answer comes back as `RunMsg::Saved`): a store that answers within this
 /// costs no hand-over between tasks, and a stop or query waits at most this long meanwhile.
 const SAVE_INLINE: Duration = Duration::from_millis(2);
-
-/// How long one message of the run's actor may go on running nodes whose kind never blocks
-/// on the actor itself (each polled once there, no actor or task of its own; see
-/// [`GraphExec::inline_until`]): past it, the next such node starts in an actor, whose end is
-/// a message of its own, so a long chain of them still lets stops and queries in between.
-const INLINE_SLICE: Duration = Duration::from_millis(2);
 
 /// An awaited save in flight, not yet handed to a task.
 type PendingSave = std::pin::Pin<
@@ -131,6 +125,9 @@ pub(crate) struct RunArgs {
 }
 
 pub(crate) struct RunState {
+    /// The end of the current message's slice for nodes that never block
+    /// ([`Host::inline_until`]).
+    slice: Option<std::time::Instant>,
     plan: Arc<Plan>,
     run: Arc<RunInfo>,
     exec: GraphExec,
@@ -258,6 +255,7 @@ impl Actor for RunSupervisor {
             },
         );
         Ok(RunState {
+            slice: None,
             plan,
             run,
             exec,
@@ -379,6 +377,7 @@ impl Actor for RunSupervisor {
                 let host = Host {
                     cell: &cell,
                     run: &run,
+                    inline_until: state.slice,
                 };
                 let mut events = Vec::new();
                 for report in state.exec.abandon(&host) {
@@ -407,6 +406,7 @@ impl Actor for RunSupervisor {
         let host = Host {
             cell: &me,
             run: &run,
+            inline_until: state.slice,
         };
         let Some(events) = state.exec.child_ended(&host, &ended).await else {
             return Ok(());
@@ -436,6 +436,7 @@ impl Actor for RunSupervisor {
             let host = Host {
                 cell: &cell,
                 run: &run,
+                inline_until: None,
             };
             for mut child in state.exec.drain_children() {
                 match tokio::time::timeout(FORCE_GRACE, &mut child.report).await {
@@ -469,13 +470,14 @@ impl RunState {
         let host = Host {
             cell: &cell,
             run: &run,
+            inline_until: self.slice,
         };
         self.exec.launch(&host, ready).await
     }
 
     /// Starts the slice of this message within which never-blocking nodes run on this actor.
     fn begin_slice(&mut self) {
-        self.exec.inline_until = Some(std::time::Instant::now() + INLINE_SLICE);
+        self.slice = Some(std::time::Instant::now() + INLINE_SLICE);
     }
 
     /// Acts on what the graph reported: failures, pauses and stops end the run; ready nodes

@@ -54,13 +54,14 @@ pub trait NodeHandler: Send + Sync + 'static {
     }
 
     /// Whether [`run`](Self::run) never blocks its thread: no long synchronous work and no
-    /// `block_in_place` before it first waits. The engine then polls it once before giving it
-    /// a task of its own: in the workflow's own graph on the run's actor (a run that finishes
-    /// without waiting, a template or a switch, costs no actor and no task), inside a loop or
-    /// a parallel on the node's actor (it costs no task). Until that poll returns, the actor
-    /// polling it answers neither stops, aborts nor queries. A run that waits goes on in a
-    /// node actor and a task of its own, as any other. `false` (the default): the handler
-    /// always runs in its own task.
+    /// `block_in_place` before it first waits. The engine then polls it once on the actor
+    /// running its graph (the run's, or its loop's or parallel's) before anything else: a run
+    /// that finishes without waiting (a template, a switch) costs no actor and no task. That
+    /// actor polls such nodes for at most 2 ms per message; after that the next one starts in
+    /// a node actor, which polls it once first. Until a poll returns, the actor polling it
+    /// answers neither stops, aborts nor queries. A run that waits goes on in a node actor
+    /// and a task of its own, as any other. `false` (the default): the handler always runs in
+    /// its own task.
     fn never_blocks(&self) -> bool {
         false
     }

@@ -1032,3 +1032,67 @@ async fn a_stop_lands_in_the_middle_of_a_long_chain_of_never_blocking_nodes() {
         "every node ran once, in order ({before} before the stop)"
     );
 }
+
+/// The same inside a loop: its body's nodes that never block run on the loop's actor, a
+/// slice per message; a stop in the middle of many iterations lands there, and the resume
+/// runs every iteration the stop left exactly once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stop_lands_in_the_middle_of_a_long_loop_of_never_blocking_nodes() {
+    const LEN: u64 = 20_000;
+    let counted = Counted::default();
+    let rt = runvisor_actors::Runtime::builder()
+        .lease_store(Arc::new(MemoryLeaseStore::new()))
+        .handler("counted", counted.clone())
+        .build();
+    let wf = load(
+        &rt,
+        json!({"id": "long-loop", "nodes": [
+            {"id": "start", "kind": "begin", "params": {"inputs": [
+                {"name": "items", "type": "array", "required": true}
+            ]}},
+            {"id": "l", "kind": "loop", "params": {
+                "mode": "array", "items": "{{start.items}}", "max_iterations": LEN
+             }, "body": {"nodes": [
+                {"id": "c", "kind": "counted", "params": {"i": "{{l.item}}"}}
+            ]}}
+        ], "edges": [{"from": "start", "to": "l"}]}),
+    );
+    let items = val(json!((0..LEN).collect::<Vec<_>>()));
+    let t = thread("long-loop");
+    let run = rt
+        .start(&wf, inputs([("items", items)]), t.clone())
+        .await
+        .expect("start");
+    tokio::select! { _ = counted.ten.notified() => {}, o = finish(&run) => panic!("ended first: {o:#?}") }
+    let reply = within(
+        "stop",
+        rt.stop(
+            run.run_id(),
+            StopMode::Graceful {
+                timeout: Duration::from_secs(5),
+            },
+        ),
+    )
+    .await
+    .expect("the run is live");
+    stopped_reply(reply);
+    let outcome = finish(&run).await;
+    assert_eq!(outcome.status(), RunStatus::Stopped, "{outcome:#?}");
+    let before = counted.ran.lock().expect("not poisoned").len() as u64;
+    assert!(
+        before < LEN,
+        "the stop landed only after all {LEN} iterations ran"
+    );
+
+    let resumed = within("resume", rt.resume(t, ResumeInput::Continue))
+        .await
+        .expect("resumable");
+    let outcome = finish(&resumed).await;
+    assert_eq!(outcome.status(), RunStatus::Succeeded, "{outcome:#?}");
+    let ran = counted.ran.lock().expect("not poisoned").clone();
+    assert_eq!(
+        ran,
+        (0..LEN).collect::<Vec<_>>(),
+        "every iteration ran once, in order ({before} before the stop)"
+    );
+}

@@ -65,7 +65,11 @@ impl BodyState {
                 None => exec,
             };
             let run = self.run.clone();
-            let host = Host { cell, run: &run };
+            let host = Host {
+                cell,
+                run: &run,
+                inline_until: self.slice,
+            };
             let ready = exec.first_ready(restored);
             let launched = exec.launch(&host, ready).await;
             if let Work::Parallel(p) = &mut self.work {
