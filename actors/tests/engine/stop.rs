@@ -1096,3 +1096,56 @@ async fn a_stop_lands_in_the_middle_of_a_long_loop_of_never_blocking_nodes() {
         "every iteration ran once, in order ({before} before the stop)"
     );
 }
+
+/// A parallel whose items' nodes never block finishes under every durability: items that
+/// finish on the parallel's actor as they start are recorded there too (under `sync`, once the
+/// items before them are stored), each item running once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_parallel_of_never_blocking_items_finishes_under_every_durability() {
+    const ITEMS: u64 = 2_000;
+    for durability in [
+        runvisor_actors::Durability::Exit,
+        runvisor_actors::Durability::Async,
+        runvisor_actors::Durability::Sync,
+    ] {
+        let counted = Counted::default();
+        let rt = runvisor_actors::Runtime::builder()
+            .lease_store(Arc::new(MemoryLeaseStore::new()))
+            .handler("counted", counted.clone())
+            .config(runvisor_actors::RuntimeConfig {
+                durability,
+                ..runvisor_actors::RuntimeConfig::default()
+            })
+            .build();
+        let wf = load(
+            &rt,
+            json!({"id": "wide", "nodes": [
+                {"id": "start", "kind": "begin"},
+                {"id": "p", "kind": "parallel", "params": {
+                    "items": (0..ITEMS).collect::<Vec<_>>(), "max_concurrency": 16,
+                    "output": "{{c.i}}"
+                }, "body": {"nodes": [
+                    {"id": "c", "kind": "counted", "params": {"i": "{{p.item}}"}}
+                ]}}
+            ], "edges": [{"from": "start", "to": "p"}]}),
+        );
+        let run = rt
+            .start(&wf, inputs([]), thread("wide"))
+            .await
+            .expect("start");
+        let outcome = finish(&run).await;
+        assert_eq!(
+            outcome.status(),
+            RunStatus::Succeeded,
+            "{durability:?}: {outcome:#?}"
+        );
+        let mut ran = counted.ran.lock().expect("not poisoned").clone();
+        ran.sort_unstable();
+        assert_eq!(ran, (0..ITEMS).collect::<Vec<_>>(), "{durability:?}");
+        let results = outcome.output("p").and_then(|p| p.get("results"));
+        assert!(
+            results == Some(&val(json!((0..ITEMS).collect::<Vec<_>>()))),
+            "{durability:?}: the parallel's results are not its items in order"
+        );
+    }
+}

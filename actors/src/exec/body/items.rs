@@ -146,7 +146,11 @@ impl BodyState {
             return None;
         }
         let events = self.start_items(cell).await;
-        if events.is_empty() && !progressed {
+        // Items whose nodes all finished on this actor as they started are done already: no
+        // child's end will come to record them, so the caller goes round again.
+        let done_at_start = matches!(&self.work, Work::Parallel(p)
+            if p.in_flight.values().any(GraphExec::is_done));
+        if events.is_empty() && !progressed && !done_at_start {
             return None;
         }
         Some(events)
