@@ -9,8 +9,8 @@ use std::time::Duration;
 use runvisor_actors::store::memory::MemoryHistoryStore;
 use runvisor_actors::testkit::{At, Interrupt, Script, persisted};
 use runvisor_actors::{
-    Interrupted, ResumeInput, Role, RunEvent, RunId, RunOutcome, RunStatus, StopError, StopMode,
-    StopReason, StopReply, Value,
+    Interrupted, Map, ResumeInput, Role, RunEvent, RunId, RunOutcome, RunStatus, StopError,
+    StopMode, StopReason, StopReply, Value,
 };
 use serde_json::json;
 
@@ -976,6 +976,53 @@ impl runvisor_actors::NodeHandler for Counted {
     }
 }
 
+/// Starts `wf` on thread `name`, stops it gracefully once ten of its `counted` nodes ran, checks
+/// the stop landed before all `len` of them ran, resumes it, and checks that every one of them
+/// ran exactly once, in order.
+async fn stop_after_ten_then_resume(
+    rt: &runvisor_actors::Runtime,
+    wf: &runvisor_actors::Workflow,
+    inputs: Map,
+    name: &str,
+    counted: &Counted,
+    len: u64,
+) {
+    let t = thread(name);
+    let run = rt.start(wf, inputs, t.clone()).await.expect("start");
+    tokio::select! {
+        _ = counted.ten.notified() => {}
+        outcome = finish(&run) => panic!("the run ended before ten nodes ran: {outcome:#?}"),
+    }
+    let reply = within(
+        "stop",
+        rt.stop(
+            run.run_id(),
+            StopMode::Graceful {
+                timeout: Duration::from_secs(5),
+            },
+        ),
+    )
+    .await
+    .expect("the run is live");
+    stopped_reply(reply);
+    let outcome = finish(&run).await;
+    assert_eq!(outcome.status(), RunStatus::Stopped, "{outcome:#?}");
+    let before = counted.ran.lock().expect("not poisoned").len() as u64;
+    assert!(before < len, "the stop landed only after all {len} ran");
+
+    let resumed = within("resume", rt.resume(t, ResumeInput::Continue))
+        .await
+        .expect("resumable");
+    let outcome = finish(&resumed).await;
+    assert_eq!(outcome.status(), RunStatus::Succeeded, "{outcome:#?}");
+    let ran = counted.ran.lock().expect("not poisoned").clone();
+    assert_eq!(
+        ran,
+        (0..len).collect::<Vec<_>>(),
+        "every one ran once, in order ({before} before the stop)"
+    );
+}
+
 /// Nodes that never block run on their run's actor, a slice of them per message: a stop sent
 /// in the middle of a long chain of them lands there, between two slices, and the resume runs
 /// every node the stop left exactly once.
@@ -997,40 +1044,7 @@ async fn a_stop_lands_in_the_middle_of_a_long_chain_of_never_blocking_nodes() {
         prev = id;
     }
     let wf = load(&rt, json!({"id": "long", "nodes": nodes, "edges": edges}));
-    let t = thread("long");
-    let run = rt.start(&wf, inputs([]), t.clone()).await.expect("start");
-    within("ten nodes ran", counted.ten.notified()).await;
-    let reply = within(
-        "stop",
-        rt.stop(
-            run.run_id(),
-            StopMode::Graceful {
-                timeout: Duration::from_secs(5),
-            },
-        ),
-    )
-    .await
-    .expect("the run is live");
-    stopped_reply(reply);
-    let outcome = finish(&run).await;
-    assert_eq!(outcome.status(), RunStatus::Stopped, "{outcome:#?}");
-    let before = counted.ran.lock().expect("not poisoned").len() as u64;
-    assert!(
-        before < LEN,
-        "the stop landed only after all {LEN} nodes ran"
-    );
-
-    let resumed = within("resume", rt.resume(t, ResumeInput::Continue))
-        .await
-        .expect("resumable");
-    let outcome = finish(&resumed).await;
-    assert_eq!(outcome.status(), RunStatus::Succeeded, "{outcome:#?}");
-    let ran = counted.ran.lock().expect("not poisoned").clone();
-    assert_eq!(
-        ran,
-        (0..LEN).collect::<Vec<_>>(),
-        "every node ran once, in order ({before} before the stop)"
-    );
+    stop_after_ten_then_resume(&rt, &wf, Map::new(), "long", &counted, LEN).await;
 }
 
 /// The same inside a loop: its body's nodes that never block run on the loop's actor, a
@@ -1058,43 +1072,8 @@ async fn a_stop_lands_in_the_middle_of_a_long_loop_of_never_blocking_nodes() {
         ], "edges": [{"from": "start", "to": "l"}]}),
     );
     let items = val(json!((0..LEN).collect::<Vec<_>>()));
-    let t = thread("long-loop");
-    let run = rt
-        .start(&wf, inputs([("items", items)]), t.clone())
-        .await
-        .expect("start");
-    tokio::select! { _ = counted.ten.notified() => {}, o = finish(&run) => panic!("ended first: {o:#?}") }
-    let reply = within(
-        "stop",
-        rt.stop(
-            run.run_id(),
-            StopMode::Graceful {
-                timeout: Duration::from_secs(5),
-            },
-        ),
-    )
-    .await
-    .expect("the run is live");
-    stopped_reply(reply);
-    let outcome = finish(&run).await;
-    assert_eq!(outcome.status(), RunStatus::Stopped, "{outcome:#?}");
-    let before = counted.ran.lock().expect("not poisoned").len() as u64;
-    assert!(
-        before < LEN,
-        "the stop landed only after all {LEN} iterations ran"
-    );
-
-    let resumed = within("resume", rt.resume(t, ResumeInput::Continue))
-        .await
-        .expect("resumable");
-    let outcome = finish(&resumed).await;
-    assert_eq!(outcome.status(), RunStatus::Succeeded, "{outcome:#?}");
-    let ran = counted.ran.lock().expect("not poisoned").clone();
-    assert_eq!(
-        ran,
-        (0..LEN).collect::<Vec<_>>(),
-        "every iteration ran once, in order ({before} before the stop)"
-    );
+    let inputs = inputs([("items", items)]);
+    stop_after_ten_then_resume(&rt, &wf, inputs, "long-loop", &counted, LEN).await;
 }
 
 /// A parallel whose items' nodes never block finishes under every durability: items that
