@@ -5,7 +5,9 @@
 //!   (`begin -> n1 -> ... -> n10`, each node resolving a reference to its predecessor),
 //!   started at once on one default runtime (in-memory stores, default durability), all
 //!   awaited, each checked to have completed with the expected last output. A batch counts
-//!   10,000 node-steps (`begin` is not counted).
+//!   10,000 node-steps (`begin` is not counted). The chain's `echo` says it never blocks, so
+//!   its nodes run on their run's actor, with no child actor at all; with `BENCH_ECHO_TASK`
+//!   set each runs in a node actor and a task of its own, the shape the floor below spawns.
 //! - `throughput/actor_floor_1000x10`: what ractor alone costs for the same shape: 1,000
 //!   parent actors started at once, each spawning 10 linked children one after another; each
 //!   child messages its parent from `post_start` and stops, and the parent spawns the next one
