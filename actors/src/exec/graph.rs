@@ -487,11 +487,19 @@ impl GraphExec {
                         let defer = std::mem::replace(&mut self.defer_launch, true);
                         let applied = Box::pin(self.on_report(host, report)).await;
                         self.defer_launch = defer;
+                        let mut failed = false;
                         for event in applied {
                             match event {
                                 ExecEvent::Ready(ready) if !defer => queue.extend(ready),
-                                other => events.push(other),
+                                other => {
+                                    failed |= matches!(other, ExecEvent::Failed { .. });
+                                    events.push(other);
+                                }
                             }
+                        }
+                        if failed {
+                            // As a node that cannot start: nothing more starts from here.
+                            break;
                         }
                         continue;
                     }

@@ -77,34 +77,40 @@ async fn handler_error_fails_the_run_naming_the_node() {
     assert!(h.rt.registry().is_empty());
 }
 
+/// A panic fails the run naming the node, whether the handler runs in a task of its own or,
+/// saying it never blocks, on the run's actor.
 #[tokio::test]
 async fn panicking_handler_fails_the_run_with_the_panic_message() {
-    let h = host();
-    let wf = load(
-        &h.rt,
-        json!({"id": "panics", "nodes": [
-            {"id": "start", "kind": "begin"},
-            {"id": "boom", "kind": "panic", "params": {"message": "kaboom {{sys.query}}"}},
-            {"id": "after", "kind": "echo"}
-        ], "edges": [{"from": "start", "to": "boom"}, {"from": "boom", "to": "after"}]}),
-    );
-    let outcome = run_to_end(&h.rt, &wf, inputs([("query", "42".into())]), "panics").await;
-    assert_eq!(
-        outcome.error(),
-        Some(&RunError::Node {
-            path: path("boom"),
-            error: NodeError::Panicked("kaboom 42".into()),
-        })
-    );
-    assert_eq!(ran(&outcome), ["start"]);
-    assert_eq!(
-        record(&h.rt, &outcome).await,
-        (
-            RunStatus::Failed,
-            Some("node `boom` failed: handler panicked: kaboom 42".into())
-        )
-    );
-    assert!(h.rt.registry().is_empty());
+    for kind in ["panic", "quick_panic"] {
+        let h = host();
+        let wf = load(
+            &h.rt,
+            json!({"id": "panics", "nodes": [
+                {"id": "start", "kind": "begin"},
+                {"id": "boom", "kind": kind, "params": {"message": "kaboom {{sys.query}}"}},
+                {"id": "after", "kind": "echo"}
+            ], "edges": [{"from": "start", "to": "boom"}, {"from": "boom", "to": "after"}]}),
+        );
+        let outcome = run_to_end(&h.rt, &wf, inputs([("query", "42".into())]), "panics").await;
+        assert_eq!(
+            outcome.error(),
+            Some(&RunError::Node {
+                path: path("boom"),
+                error: NodeError::Panicked("kaboom 42".into()),
+            }),
+            "{kind}"
+        );
+        assert_eq!(ran(&outcome), ["start"], "{kind}");
+        assert_eq!(
+            record(&h.rt, &outcome).await,
+            (
+                RunStatus::Failed,
+                Some("node `boom` failed: handler panicked: kaboom 42".into())
+            ),
+            "{kind}"
+        );
+        assert!(h.rt.registry().is_empty(), "{kind}");
+    }
 }
 
 /// On the paused clock: a run that waited for the sleeping sibling would let its minute end.

@@ -250,6 +250,7 @@ pub(crate) fn host_with(extra: impl FnOnce(RuntimeBuilder, Arc<Log>) -> RuntimeB
         .handler("echo", Echo(log.clone()))
         .handler("fail", Fail(log.clone()))
         .handler("panic", Panic(log.clone()))
+        .handler("quick_panic", QuickPanic(log.clone()))
         .handler("sleep", Sleep(log.clone()))
         .handler("stream", Stream(log.clone()))
         .handler("hold", Hold(log.clone()))
@@ -296,6 +297,20 @@ impl NodeHandler for Panic {
         self.0.record(&ctx, &input);
         let message = param_str(&input, "message").unwrap_or("panic").to_owned();
         panic!("{message}");
+    }
+}
+
+/// [`Panic`], saying it never blocks: it panics on the actor polling it first.
+struct QuickPanic(Arc<Log>);
+
+#[async_trait]
+impl NodeHandler for QuickPanic {
+    fn never_blocks(&self) -> bool {
+        true
+    }
+
+    async fn run(&self, input: Value, ctx: NodeContext) -> Result<NodeOutput, NodeError> {
+        Panic(self.0.clone()).run(input, ctx).await
     }
 }
 

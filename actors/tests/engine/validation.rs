@@ -103,6 +103,7 @@ fn unknown_kind_lists_host_kinds_too() {
                 "panic",
                 "parallel",
                 "probe",
+                "quick_panic",
                 "set_variable",
                 "sleep",
                 "stream",
