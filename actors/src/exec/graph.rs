@@ -481,16 +481,15 @@ impl GraphExec {
                     }
                     Ok(None) => {}
                     Ok(Some(report)) => {
-                        // It finished on this task: its report is applied here, its dependents
-                        // queued (or handed to the host) rather than launched from inside the
-                        // report, so a chain of such nodes loops instead of nesting.
-                        let defer = std::mem::replace(&mut self.defer_launch, true);
-                        let applied = Box::pin(self.on_report(host, report)).await;
-                        self.defer_launch = defer;
+                        // It finished on this task: its report is applied here, and its
+                        // dependents queued here (or handed to the host), so a chain of such
+                        // nodes loops instead of nesting.
                         let mut failed = false;
-                        for event in applied {
+                        for event in self.apply_report(host, report) {
                             match event {
-                                ExecEvent::Ready(ready) if !defer => queue.extend(ready),
+                                ExecEvent::Ready(ready) if !self.defer_launch => {
+                                    queue.extend(ready)
+                                }
                                 other => {
                                     failed |= matches!(other, ExecEvent::Failed { .. });
                                     events.push(other);
@@ -725,12 +724,29 @@ impl GraphExec {
         self.children.contains_key(id)
     }
 
-    /// Applies a child's report.
+    /// Applies a child's report, and launches the nodes it made ready unless the host
+    /// launches them itself ([`defer_launch`](Self::defer_launch)).
     pub(crate) async fn on_report(
         &mut self,
         host: &Host<'_>,
         report: NodeReport,
     ) -> Vec<ExecEvent> {
+        let applied = self.apply_report(host, report);
+        if self.defer_launch {
+            return applied;
+        }
+        let mut events = Vec::with_capacity(applied.len());
+        for event in applied {
+            match event {
+                ExecEvent::Ready(ready) => events.extend(self.launch(host, ready).await),
+                other => events.push(other),
+            }
+        }
+        events
+    }
+
+    /// Applies a child's report; the nodes it made ready come back as [`ExecEvent::Ready`].
+    fn apply_report(&mut self, host: &Host<'_>, report: NodeReport) -> Vec<ExecEvent> {
         let node = report.node;
         let path = self.path(node);
         host.run.live().running.remove(&path);
@@ -758,13 +774,8 @@ impl GraphExec {
                             self.halted = true;
                             events.push(ExecEvent::Stop(mode, reason));
                         }
-                        if self.defer_launch {
-                            if !ready.is_empty() {
-                                events.push(ExecEvent::Ready(ready));
-                            }
-                        } else {
-                            let launched = self.launch(host, ready).await;
-                            events.extend(launched);
+                        if !ready.is_empty() {
+                            events.push(ExecEvent::Ready(ready));
                         }
                     }
                     Err(e) => events.push(e),

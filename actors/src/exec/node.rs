@@ -1,4 +1,6 @@
-//! `NodeActor`: one per executing node, a linked child of the run's supervisor.
+//! `NodeActor`: one per executing node, a linked child of the run's supervisor (or of its
+//! loop's or parallel's actor). A node whose kind never blocks is first polled on that parent
+//! ([`run_inline`]): when it finishes there it has no actor at all.
 //!
 //! The actor runs its handler as a separate tokio task, so it stays responsive (tree queries,
 //! a force stop) while the handler works. Whatever way it ends (the handler finished or failed
@@ -100,8 +102,8 @@ fn report_of(node: NodeIndex, ctx: &NodeContext, end: NodeEnd, span: &tracing::S
     }
 }
 
-/// Polls a never-blocking handler's run once on the caller's task (a run's supervisor): a
-/// run that finishes within that poll is the node's report, with no actor and no task; one
+/// Polls a never-blocking handler's run once on the caller's task (a run's supervisor, or a
+/// loop's or parallel's actor): a run that finishes within that poll is the node's report, with no actor and no task; one
 /// that waits comes back, to go on in a node actor ([`NodeStart::Polled`]).
 pub(crate) async fn run_inline(
     node: NodeIndex,

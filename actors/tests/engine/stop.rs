@@ -976,6 +976,18 @@ impl runvisor_actors::NodeHandler for Counted {
     }
 }
 
+/// A runtime with the `counted` kind, in-memory stores and `config`.
+fn counted_runtime(
+    counted: &Counted,
+    config: runvisor_actors::RuntimeConfig,
+) -> runvisor_actors::Runtime {
+    runvisor_actors::Runtime::builder()
+        .lease_store(Arc::new(MemoryLeaseStore::new()))
+        .handler("counted", counted.clone())
+        .config(config)
+        .build()
+}
+
 /// Starts `wf` on thread `name`, stops it gracefully once ten of its `counted` nodes ran, checks
 /// the stop landed before all `len` of them ran, resumes it, and checks that every one of them
 /// ran exactly once, in order.
@@ -1030,10 +1042,7 @@ async fn stop_after_ten_then_resume(
 async fn a_stop_lands_in_the_middle_of_a_long_chain_of_never_blocking_nodes() {
     const LEN: u64 = 20_000;
     let counted = Counted::default();
-    let rt = runvisor_actors::Runtime::builder()
-        .lease_store(Arc::new(MemoryLeaseStore::new()))
-        .handler("counted", counted.clone())
-        .build();
+    let rt = counted_runtime(&counted, runvisor_actors::RuntimeConfig::default());
     let mut nodes = vec![json!({"id": "start", "kind": "begin"})];
     let mut edges = Vec::new();
     let mut prev = "start".to_owned();
@@ -1054,10 +1063,7 @@ async fn a_stop_lands_in_the_middle_of_a_long_chain_of_never_blocking_nodes() {
 async fn a_stop_lands_in_the_middle_of_a_long_loop_of_never_blocking_nodes() {
     const LEN: u64 = 20_000;
     let counted = Counted::default();
-    let rt = runvisor_actors::Runtime::builder()
-        .lease_store(Arc::new(MemoryLeaseStore::new()))
-        .handler("counted", counted.clone())
-        .build();
+    let rt = counted_runtime(&counted, runvisor_actors::RuntimeConfig::default());
     let wf = load(
         &rt,
         json!({"id": "long-loop", "nodes": [
@@ -1088,14 +1094,13 @@ async fn a_parallel_of_never_blocking_items_finishes_under_every_durability() {
         runvisor_actors::Durability::Sync,
     ] {
         let counted = Counted::default();
-        let rt = runvisor_actors::Runtime::builder()
-            .lease_store(Arc::new(MemoryLeaseStore::new()))
-            .handler("counted", counted.clone())
-            .config(runvisor_actors::RuntimeConfig {
+        let rt = counted_runtime(
+            &counted,
+            runvisor_actors::RuntimeConfig {
                 durability,
                 ..runvisor_actors::RuntimeConfig::default()
-            })
-            .build();
+            },
+        );
         let wf = load(
             &rt,
             json!({"id": "wide", "nodes": [
