@@ -2,22 +2,26 @@
 //! Redis under `sync` and `async` durability (and on the in-memory stores, the baseline), with
 //! the PING round trip measured in the same run.
 //!
-//! Before the criterion groups, a summary is printed to stderr for each mode: per chain length
-//! the best of a few runs in µs per node, as a ratio to the PING round trip measured right
-//! before those runs (the median of their batches; a batch is the mean of 1,000 PINGs on a
-//! multiplexed connection, sent from a task on the runtime as the engine's writes are: this
-//! machine's load moves it), the bytes sent to Redis per node
-//! (`total_net_input_bytes`) and the bytes Redis holds after the run (`used_memory` growth);
-//! then the median PING of the mode and, against it, the marginal cost per node from 100 to
-//! 1,000 and from 1,000 to 10,000 nodes, and their ratio to one another (flat cost: close
-//! to 1). After each chain length it prints how
-//! long restoring the thread's newest delta takes (base and chain read in one script, then
-//! applied) and how many deltas that chain has, and the server's own time per call of the
-//! busiest commands (`INFO commandstats`), the part of a write's cost spent inside Redis.
-//! Under `sync` it then times the store alone: 1,000 delta puts of the chain's newest delta's
-//! size, back to back from a task on the runtime with no engine around them (the floor of a
-//! `sync` node, as a ratio to the same PING), and the engine's part of a node (the best time
-//! per node less that).
+//! Before the criterion groups, a summary is printed to stderr for each mode. Each chain length
+//! runs a few times (five, three from 10,000 nodes), each run between two batches of 500 PINGs
+//! (a batch is their mean round trip on a multiplexed connection, sent from a task on the
+//! runtime as the engine's writes are). This machine's load moves the round trip from one
+//! second to the next, so each run is compared with the PINGs right around it. Per chain length
+//! it prints the time per node (median, least and greatest of the runs, and the best) and its
+//! ratio to the PING around each run (median, least and greatest), the bytes sent to Redis per
+//! node (`total_net_input_bytes`) and the bytes Redis holds after the run (`used_memory`
+//! growth); how long restoring the thread's newest delta takes (base and chain read in one
+//! script, then applied) and how many deltas that chain has; and the server's own time per call
+//! of the busiest commands (`INFO commandstats`), the part of a write's cost spent inside
+//! Redis. Under `sync`, after each run, it also times the store alone: 500 delta puts of the
+//! chain's newest delta's size, back to back from a task on the runtime with no engine around
+//! them (the floor of a `sync` node), followed by one more PING batch, and prints their time,
+//! their ratio to the PINGs around them and the engine's part of a node (the run's time per
+//! node less the puts' right after it). Then, per mode, the median of every PING batch and,
+//! from the best runs, the marginal cost per node from 100 to 1,000 and from 1,000 to 10,000
+//! nodes, in time (and as a ratio to that median PING) and in round trips (from each run's
+//! ratio to its own PINGs), and the ratio of the two marginals to one another (flat cost:
+//! close to 1).
 //!
 //! `DURABLE_SIZES` (comma-separated, default `100,1000,10000`) picks the chain lengths;
 //! `DURABLE_MODES` (default `sync,async`) the durability modes; `DURABLE_COMPACT`
@@ -65,6 +69,11 @@ fn modes() -> Vec<(&'static str, Durability)> {
         .collect()
 }
 
+/// PINGs per batch: one batch right before and one right after each measured run.
+const PING_BATCH: u32 = 500;
+/// Delta puts the store alone makes after each `sync` run.
+const STORE_PUTS: u64 = 500;
+
 /// The median of some figures.
 fn median(figures: &[f64]) -> f64 {
     let mut sorted = figures.to_vec();
@@ -72,10 +81,10 @@ fn median(figures: &[f64]) -> f64 {
     sorted.get(sorted.len() / 2).copied().unwrap_or(f64::NAN)
 }
 
-/// The mean PING round trip over `n` pings, sent from a task on the bench's runtime as the
+/// The mean PING round trip in µs over `n` pings, sent from a task on the bench's runtime as the
 /// engine's writes are: a PING awaited on the thread outside the runtime (`block_on`) would
 /// add two hand-overs between threads to every round trip and flatter the ratio.
-async fn ping_rtt(con: &MultiplexedConnection, n: u32) -> Duration {
+async fn ping_rtt(con: &MultiplexedConnection, n: u32) -> f64 {
     let mut con = con.clone();
     tokio::spawn(async move {
         for _ in 0..100 {
@@ -91,18 +100,37 @@ async fn ping_rtt(con: &MultiplexedConnection, n: u32) -> Duration {
                 .await
                 .expect("PONG");
         }
-        started.elapsed() / n
+        started.elapsed().as_secs_f64() * 1e6 / f64::from(n)
     })
     .await
     .expect("the PING task")
 }
 
-/// What one chain length cost on Redis: best time per node, bytes sent and held per node.
+/// What one chain length cost on Redis: the best time per node, the median of its tries'
+/// ratios to the PING around them, and bytes sent and held per node.
 struct Measured {
     len: usize,
     per_node: f64,
+    ratio: f64,
     sent_per_node: f64,
     held_per_node: f64,
+}
+
+/// One try of a chain length: its time per node and the PING round trip around it (the mean
+/// of a batch right before and one right after).
+struct Try {
+    per_node: f64,
+    ping: f64,
+}
+
+/// Median, least and greatest of some figures, as `median (least-greatest)`.
+fn spread(figures: &[f64], digits: usize) -> String {
+    let least = figures.iter().copied().fold(f64::MAX, f64::min);
+    let greatest = figures.iter().copied().fold(f64::MIN, f64::max);
+    format!(
+        "{:.digits$} ({least:.digits$}-{greatest:.digits$})",
+        median(figures)
+    )
 }
 
 fn summary(rt: &Tokio, stores: &RedisStores, con: &MultiplexedConnection) {
@@ -126,15 +154,20 @@ fn summary(rt: &Tokio, stores: &RedisStores, con: &MultiplexedConnection) {
         let mut pings = Vec::new();
         for len in sizes() {
             let workflow = chain(&runtime, len);
-            let tries = if len >= 10_000 { 2 } else { 3 };
-            let mut best = f64::MAX;
+            let tries = match len {
+                ..=1000 => 5,
+                _ => 3,
+            };
+            let mut runs = Vec::new();
+            let mut alone = Vec::new();
             let (mut sent, mut held) = (0u64, 0u64);
             let mut server = Vec::new();
             for _ in 0..tries {
                 rt.block_on(async {
                     flush(&mut con).await;
-                    // The round trip right before each run: the machine's load changes it.
-                    pings.push(ping_rtt(&con, 1000).await.as_secs_f64() * 1e6);
+                    // The round trip right before and right after each run: this machine's
+                    // load moves it from one second to the next.
+                    let before = ping_rtt(&con, PING_BATCH).await;
                     reset_stats(&mut con).await;
                     let mem_before = info(&mut con, "memory", "used_memory").await;
                     let in_before = info(&mut con, "stats", "total_net_input_bytes").await;
@@ -143,20 +176,38 @@ fn summary(rt: &Tokio, stores: &RedisStores, con: &MultiplexedConnection) {
                     let took = started.elapsed().as_secs_f64() * 1e6 / len as f64;
                     let in_after = info(&mut con, "stats", "total_net_input_bytes").await;
                     let mem_after = info(&mut con, "memory", "used_memory").await;
-                    if took < best {
-                        best = took;
-                    }
+                    server = command_times(&mut con).await;
+                    let after = ping_rtt(&con, PING_BATCH).await;
+                    pings.extend([before, after]);
+                    runs.push(Try {
+                        per_node: took,
+                        ping: (before + after) / 2.0,
+                    });
                     sent = in_after.saturating_sub(in_before);
                     held = mem_after.saturating_sub(mem_before);
-                    server = command_times(&mut con).await;
+                    // The store alone, between the same kind of PINGs, right after the chain.
+                    if durability == Durability::Sync
+                        && let Some(delta) = newest_delta(stores, &thread).await
+                    {
+                        let size = delta.bytes.len();
+                        let put = store_alone(stores, delta.bytes, STORE_PUTS).await;
+                        let again = ping_rtt(&con, PING_BATCH).await;
+                        pings.push(again);
+                        alone.push((size, put, (after + again) / 2.0, took));
+                    }
                 });
             }
             rt.block_on(restore_time(stores, &thread, name, len));
-            let rtt_us = median(&pings[pings.len() - tries..]);
+            let ratios: Vec<f64> = runs.iter().map(|t| t.per_node / t.ping).collect();
+            let per_node: Vec<f64> = runs.iter().map(|t| t.per_node).collect();
+            let best = per_node.iter().copied().fold(f64::MAX, f64::min);
             eprintln!(
-                "durable {name} chain {len}: {best:.1} µs/node ({:.2}x PING of {rtt_us:.1} µs), \
-                 {:.0} bytes sent to Redis per node, {:.0} bytes held per node",
-                best / rtt_us,
+                "durable {name} chain {len}: {} µs/node over {tries} runs, best {best:.1}; \
+                 {}x the PING around each run ({} µs); {:.0} bytes sent to Redis per node, \
+                 {:.0} bytes held per node",
+                spread(&per_node, 1),
+                spread(&ratios, 2),
+                spread(&runs.iter().map(|t| t.ping).collect::<Vec<_>>(), 1),
                 sent as f64 / len as f64,
                 held as f64 / len as f64,
             );
@@ -170,32 +221,33 @@ fn summary(rt: &Tokio, stores: &RedisStores, con: &MultiplexedConnection) {
                 "durable {name} chain {len}: server time per call: {}",
                 busiest.join(", ")
             );
-            if durability == Durability::Sync
-                && let Some(delta) = rt.block_on(newest_delta(stores, &thread))
-            {
-                let size = delta.bytes.len();
-                let put = rt.block_on(store_alone(stores, delta.bytes, 1000));
-                let put_us = put.as_secs_f64() * 1e6;
+            if let Some(&(size, ..)) = alone.first() {
+                let put_ratios: Vec<f64> =
+                    alone.iter().map(|&(_, put, ping, _)| put / ping).collect();
+                let puts: Vec<f64> = alone.iter().map(|&(_, put, ..)| put).collect();
+                let engine: Vec<f64> = alone.iter().map(|&(_, put, _, took)| took - put).collect();
                 eprintln!(
-                    "durable {name} chain {len}: the store alone, 1,000 delta puts of {} bytes \
-                     back to back: {put_us:.1} µs per put ({:.2}x PING); the engine's part of a \
-                     node: {:.1} µs",
-                    size,
-                    put_us / rtt_us,
-                    best - put_us,
+                    "durable {name} chain {len}: the store alone, {STORE_PUTS} delta puts of \
+                     {size} bytes back to back after each run: {} µs per put, {}x the PING \
+                     around them; the engine's part of a node (the run less the puts after \
+                     it): {} µs",
+                    spread(&puts, 1),
+                    spread(&put_ratios, 2),
+                    spread(&engine, 1),
                 );
             }
             measured.push(Measured {
                 len,
                 per_node: best,
+                ratio: median(&ratios),
                 sent_per_node: sent as f64 / len as f64,
                 held_per_node: held as f64 / len as f64,
             });
         }
         let rtt_us = median(&pings);
         eprintln!(
-            "durable {name}: PING round trip {rtt_us:.1} µs (median of {} batches of 1,000, \
-             from {:.1} to {:.1})",
+            "durable {name}: PING round trip {rtt_us:.1} µs (median of {} batches of \
+             {PING_BATCH}, from {:.1} to {:.1})",
             pings.len(),
             pings.iter().copied().fold(f64::MAX, f64::min),
             pings.iter().copied().fold(0.0, f64::max),
@@ -203,25 +255,30 @@ fn summary(rt: &Tokio, stores: &RedisStores, con: &MultiplexedConnection) {
         let mut marginals = Vec::new();
         for pair in measured.windows(2) {
             let (a, b) = (&pair[0], &pair[1]);
-            let total = |m: &Measured| m.per_node * m.len as f64;
-            let marginal = (total(b) - total(a)) / (b.len - a.len) as f64;
+            let marginal = |of: fn(&Measured) -> f64| {
+                (of(b) * b.len as f64 - of(a) * a.len as f64) / (b.len - a.len) as f64
+            };
+            let (time, round_trips) = (marginal(|m| m.per_node), marginal(|m| m.ratio));
             eprintln!(
-                "durable {name} marginal {}->{}: {marginal:.1} µs/node ({:.2}x PING); bytes \
-                 sent per node {:.0} -> {:.0}, held {:.0} -> {:.0}",
+                "durable {name} marginal {}->{}: {time:.1} µs/node ({:.2}x the mode's median \
+                 PING); in round trips, from each run's own PING: {round_trips:.2}; bytes sent \
+                 per node {:.0} -> {:.0}, held {:.0} -> {:.0}",
                 a.len,
                 b.len,
-                marginal / rtt_us,
+                time / rtt_us,
                 a.sent_per_node,
                 b.sent_per_node,
                 a.held_per_node,
                 b.held_per_node,
             );
-            marginals.push(marginal);
+            marginals.push((time, round_trips));
         }
         if let [first, second, ..] = marginals[..] {
             eprintln!(
-                "durable {name}: marginal ratio (second / first) {:.2}",
-                second / first
+                "durable {name}: marginal ratio (second / first) {:.2} in time, {:.2} in round \
+                 trips",
+                second.0 / first.0,
+                second.1 / first.1,
             );
         }
         rt.block_on(flush(&mut con));
@@ -277,10 +334,10 @@ async fn newest_delta(stores: &RedisStores, thread: &ThreadId) -> Option<StoredC
     None
 }
 
-/// The store alone: the mean time of `n` delta puts, back to back from a task on the
+/// The store alone: the mean time in µs of `n` delta puts, back to back from a task on the
 /// runtime, each chained to the one before on one base (the fenced script a `sync` node
 /// pays, without the engine), with `bytes` as every delta's payload.
-async fn store_alone(stores: &RedisStores, bytes: Vec<u8>, n: u64) -> Duration {
+async fn store_alone(stores: &RedisStores, bytes: Vec<u8>, n: u64) -> f64 {
     let store = stores.checkpoints.clone();
     tokio::spawn(async move {
         let thread = ThreadId::new("durable-store").expect("id");
@@ -308,7 +365,7 @@ async fn store_alone(stores: &RedisStores, bytes: Vec<u8>, n: u64) -> Duration {
             store.put(&thread, delta, None).await.expect("delta put");
             parent = id;
         }
-        started.elapsed() / n as u32
+        started.elapsed().as_secs_f64() * 1e6 / n as f64
     })
     .await
     .expect("the store's task")
