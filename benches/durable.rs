@@ -117,9 +117,18 @@ struct Measured {
 }
 
 /// One try of a chain length: its time per node and the PING round trip around it (the mean
-/// of a batch right before and one right after).
+/// of a batch right before and one right after), and under `sync` the store alone right after.
 struct Try {
     per_node: f64,
+    ping: f64,
+    alone: Option<Alone>,
+}
+
+/// The store alone after a `sync` run: the size of each delta put, the time per put, and the
+/// PING round trip around the puts (the batch right after the run and one right after them).
+struct Alone {
+    bytes: usize,
+    per_put: f64,
     ping: f64,
 }
 
@@ -154,12 +163,8 @@ fn summary(rt: &Tokio, stores: &RedisStores, con: &MultiplexedConnection) {
         let mut pings = Vec::new();
         for len in sizes() {
             let workflow = chain(&runtime, len);
-            let tries = match len {
-                ..=1000 => 5,
-                _ => 3,
-            };
+            let tries = if len < 10_000 { 5 } else { 3 };
             let mut runs = Vec::new();
-            let mut alone = Vec::new();
             let (mut sent, mut held) = (0u64, 0u64);
             let mut server = Vec::new();
             for _ in 0..tries {
@@ -179,22 +184,28 @@ fn summary(rt: &Tokio, stores: &RedisStores, con: &MultiplexedConnection) {
                     server = command_times(&mut con).await;
                     let after = ping_rtt(&con, PING_BATCH).await;
                     pings.extend([before, after]);
-                    runs.push(Try {
-                        per_node: took,
-                        ping: (before + after) / 2.0,
-                    });
                     sent = in_after.saturating_sub(in_before);
                     held = mem_after.saturating_sub(mem_before);
                     // The store alone, between the same kind of PINGs, right after the chain.
+                    let mut alone = None;
                     if durability == Durability::Sync
                         && let Some(delta) = newest_delta(stores, &thread).await
                     {
-                        let size = delta.bytes.len();
-                        let put = store_alone(stores, delta.bytes, STORE_PUTS).await;
+                        let bytes = delta.bytes.len();
+                        let per_put = store_alone(stores, delta.bytes, STORE_PUTS).await;
                         let again = ping_rtt(&con, PING_BATCH).await;
                         pings.push(again);
-                        alone.push((size, put, (after + again) / 2.0, took));
+                        alone = Some(Alone {
+                            bytes,
+                            per_put,
+                            ping: (after + again) / 2.0,
+                        });
                     }
+                    runs.push(Try {
+                        per_node: took,
+                        ping: (before + after) / 2.0,
+                        alone,
+                    });
                 });
             }
             rt.block_on(restore_time(stores, &thread, name, len));
@@ -221,19 +232,23 @@ fn summary(rt: &Tokio, stores: &RedisStores, con: &MultiplexedConnection) {
                 "durable {name} chain {len}: server time per call: {}",
                 busiest.join(", ")
             );
-            if let Some(&(size, ..)) = alone.first() {
-                let put_ratios: Vec<f64> =
-                    alone.iter().map(|&(_, put, ping, _)| put / ping).collect();
-                let puts: Vec<f64> = alone.iter().map(|&(_, put, ..)| put).collect();
-                let engine: Vec<f64> = alone.iter().map(|&(_, put, _, took)| took - put).collect();
+            let alone: Vec<(&Try, &Alone)> = runs
+                .iter()
+                .filter_map(|t| t.alone.as_ref().map(|a| (t, a)))
+                .collect();
+            if let Some((_, first)) = alone.first() {
+                let of = |f: fn(&Try, &Alone) -> f64| -> Vec<f64> {
+                    alone.iter().map(|(t, a)| f(t, a)).collect()
+                };
                 eprintln!(
                     "durable {name} chain {len}: the store alone, {STORE_PUTS} delta puts of \
-                     {size} bytes back to back after each run: {} µs per put, {}x the PING \
+                     {} bytes back to back after each run: {} µs per put, {}x the PING \
                      around them; the engine's part of a node (the run less the puts after \
                      it): {} µs",
-                    spread(&puts, 1),
-                    spread(&put_ratios, 2),
-                    spread(&engine, 1),
+                    first.bytes,
+                    spread(&of(|_, a| a.per_put), 1),
+                    spread(&of(|_, a| a.per_put / a.ping), 2),
+                    spread(&of(|t, a| t.per_node - a.per_put), 1),
                 );
             }
             measured.push(Measured {
