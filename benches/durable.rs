@@ -13,11 +13,14 @@
 //! growth); how long restoring the thread's newest delta takes (base and chain read in one
 //! script, then applied) and how many deltas that chain has; and the server's own time per call
 //! of the busiest commands (`INFO commandstats`), the part of a write's cost spent inside
-//! Redis. Under `sync`, after each run, it also times the store alone: 500 delta puts of the
-//! chain's newest delta's size, back to back from a task on the runtime with no engine around
-//! them (the floor of a `sync` node), followed by one more PING batch, and prints their time,
-//! their ratio to the PINGs around them and the engine's part of a node (the run's time per
-//! node less the puts' right after it). Then, per mode, the median of every PING batch and,
+//! Redis. Under `sync` it splits each run's time in two, measured together: the store's part
+//! (its awaited writes, from each one's first attempt to the store's answer, as the engine
+//! tells a `CheckpointObserver`) and the engine's part (the rest), each per node and as a
+//! ratio to the PING around the run. After each run it also times the store alone: 500 delta
+//! puts of the chain's newest delta's size, back to back from a task on the runtime with no
+//! engine around them (the floor of a `sync` node), followed by one more PING batch, and
+//! prints their time, their ratio to the PINGs around them, and how much longer a write took
+//! within the run than a put of the store alone right after it. Then, per mode, the median of every PING batch and,
 //! from the best runs, the marginal cost per node from 100 to 1,000 and from 1,000 to 10,000
 //! nodes, in time (and as a ratio to that median PING) and in round trips (from each run's
 //! ratio to its own PINGs), and the ratio of the two marginals to one another (flat cost:
@@ -34,6 +37,8 @@
 
 mod common;
 
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use ::redis::aio::MultiplexedConnection;
@@ -41,7 +46,7 @@ use criterion::{Criterion, Throughput, criterion_group, criterion_main};
 use runvisor::delta::{DeltaLink, materialize};
 use runvisor::redis::{RedisConfig, RedisStores};
 use runvisor::store::StoredCheckpoint;
-use runvisor::{CheckpointId, Durability, RunId, Runtime, ThreadId};
+use runvisor::{CheckpointId, CheckpointObserver, Durability, RunId, Runtime, ThreadId};
 use tokio::runtime::Runtime as Tokio;
 
 use common::redis_server::{PrivateRedis, command_times, flush, info, raw, reset_stats};
@@ -106,6 +111,34 @@ async fn ping_rtt(con: &MultiplexedConnection, n: u32) -> f64 {
     .expect("the PING task")
 }
 
+/// The time the store took for a runtime's awaited checkpoint writes (every write but the
+/// background ones of `async`), as the engine tells its [`CheckpointObserver`] when each write
+/// ends: from its first attempt to the store's answer. Summed over one run, it splits the run's
+/// time into the store's part and the engine's, measured together.
+#[derive(Default)]
+struct AwaitedWrites {
+    nanos: AtomicU64,
+    writes: AtomicU64,
+}
+
+impl CheckpointObserver for AwaitedWrites {
+    fn written(&self, mode: &'static str, _bytes: usize, took: Duration, _stored: bool) {
+        if mode != "async" {
+            let nanos = u64::try_from(took.as_nanos()).unwrap_or(u64::MAX);
+            self.nanos.fetch_add(nanos, Ordering::Relaxed);
+            self.writes.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+}
+
+impl AwaitedWrites {
+    /// The writes since the last call and their total time in µs; starts counting again.
+    fn take(&self) -> (u64, f64) {
+        let nanos = self.nanos.swap(0, Ordering::Relaxed);
+        (self.writes.swap(0, Ordering::Relaxed), nanos as f64 / 1e3)
+    }
+}
+
 /// What one chain length cost on Redis: the best time per node, the median of its tries'
 /// ratios to the PING around them, and bytes sent and held per node.
 struct Measured {
@@ -121,6 +154,8 @@ struct Measured {
 struct Try {
     per_node: f64,
     ping: f64,
+    /// The awaited writes of the run, in µs per node.
+    writes: f64,
     alone: Option<Alone>,
 }
 
@@ -145,11 +180,13 @@ fn spread(figures: &[f64], digits: usize) -> String {
 fn summary(rt: &Tokio, stores: &RedisStores, con: &MultiplexedConnection) {
     let thread = ThreadId::new("durable").expect("id");
     for (name, durability) in modes() {
+        let awaited = Arc::new(AwaitedWrites::default());
         let runtime = stores
             .install(
                 Runtime::builder()
                     .handler(ECHO, Echo)
-                    .config(config(durability)),
+                    .config(config(durability))
+                    .checkpoint_observer(awaited.clone()),
             )
             .build();
         let mut con = con.clone();
@@ -176,9 +213,11 @@ fn summary(rt: &Tokio, stores: &RedisStores, con: &MultiplexedConnection) {
                     reset_stats(&mut con).await;
                     let mem_before = info(&mut con, "memory", "used_memory").await;
                     let in_before = info(&mut con, "stats", "total_net_input_bytes").await;
+                    awaited.take();
                     let started = Instant::now();
                     run_chain(&runtime, &workflow, &thread, len).await;
                     let took = started.elapsed().as_secs_f64() * 1e6 / len as f64;
+                    let (_, writes) = awaited.take();
                     let in_after = info(&mut con, "stats", "total_net_input_bytes").await;
                     let mem_after = info(&mut con, "memory", "used_memory").await;
                     server = command_times(&mut con).await;
@@ -204,6 +243,7 @@ fn summary(rt: &Tokio, stores: &RedisStores, con: &MultiplexedConnection) {
                     runs.push(Try {
                         per_node: took,
                         ping: (before + after) / 2.0,
+                        writes: writes / len as f64,
                         alone,
                     });
                 });
@@ -232,6 +272,18 @@ fn summary(rt: &Tokio, stores: &RedisStores, con: &MultiplexedConnection) {
                 "durable {name} chain {len}: server time per call: {}",
                 busiest.join(", ")
             );
+            if durability == Durability::Sync {
+                let of = |f: fn(&Try) -> f64| -> Vec<f64> { runs.iter().map(f).collect() };
+                eprintln!(
+                    "durable {name} chain {len}: within each run, its awaited writes took {} \
+                     µs per node ({}x the PING around the run) and the engine around them {} \
+                     µs per node ({}x)",
+                    spread(&of(|t| t.writes), 1),
+                    spread(&of(|t| t.writes / t.ping), 2),
+                    spread(&of(|t| t.per_node - t.writes), 1),
+                    spread(&of(|t| (t.per_node - t.writes) / t.ping), 2),
+                );
+            }
             let alone: Vec<(&Try, &Alone)> = runs
                 .iter()
                 .filter_map(|t| t.alone.as_ref().map(|a| (t, a)))
@@ -243,12 +295,12 @@ fn summary(rt: &Tokio, stores: &RedisStores, con: &MultiplexedConnection) {
                 eprintln!(
                     "durable {name} chain {len}: the store alone, {STORE_PUTS} delta puts of \
                      {} bytes back to back after each run: {} µs per put, {}x the PING \
-                     around them; the engine's part of a node (the run less the puts after \
-                     it): {} µs",
+                     around them; a write within the run took {}x a put of the store alone \
+                     right after it",
                     first.bytes,
                     spread(&of(|_, a| a.per_put), 1),
                     spread(&of(|_, a| a.per_put / a.ping), 2),
-                    spread(&of(|t, a| t.per_node - a.per_put), 1),
+                    spread(&of(|t, a| t.writes / a.per_put), 2),
                 );
             }
             measured.push(Measured {
