@@ -81,10 +81,21 @@ fn check(
 /// How many of a thread's oldest checkpoints may go so that it keeps its newest `keep`: all
 /// the excess, but none that the oldest kept checkpoint builds on (its base and the deltas
 /// after it).
+///
+/// Both walks are bounded by what is kept or what may go, not by what the thread holds: the
+/// oldest kept checkpoint is found from the newest end, and the checkpoints older than its base
+/// are counted up to the excess. A long chain (up to a compaction's worth of deltas on one
+/// base) costs each write no more than a short one.
 fn prunable(stored: &BTreeMap<CheckpointId, StoredCheckpoint>, keep: usize) -> usize {
     let excess = stored.len().saturating_sub(keep);
-    match stored.values().nth(excess).and_then(|kept| kept.link) {
-        Some(link) => excess.min(stored.range(..link.base).count()),
+    if excess == 0 {
+        return 0;
+    }
+    let oldest_kept = keep
+        .checked_sub(1)
+        .and_then(|i| stored.values().rev().nth(i));
+    match oldest_kept.and_then(|kept| kept.link) {
+        Some(link) => stored.range(..link.base).take(excess).count(),
         None => excess,
     }
 }
@@ -420,6 +431,7 @@ impl SignalSource for MemorySignalSource {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::persist::ports::DeltaLink;
 
     fn thread() -> ThreadId {
         ThreadId::new("t1").expect("valid id")
@@ -491,6 +503,102 @@ mod tests {
             store.put(&t, checkpoint(runs[9], 2), None).await,
             Err(StoreError::StaleSequence { stored: 2, .. })
         ));
+    }
+
+    /// What [`prunable`] answers, by its definition: every checkpoint before the newest
+    /// `keep`, but none from the oldest kept one's base on.
+    fn prunable_by_definition(
+        stored: &BTreeMap<CheckpointId, StoredCheckpoint>,
+        keep: usize,
+    ) -> usize {
+        let ids: Vec<CheckpointId> = stored.keys().copied().collect();
+        let excess = ids.len().saturating_sub(keep);
+        match ids.get(excess).and_then(|id| stored[id].link) {
+            Some(link) => ids
+                .iter()
+                .take_while(|id| **id < link.base)
+                .count()
+                .min(excess),
+            None => excess,
+        }
+    }
+
+    proptest::proptest! {
+        /// Whatever the mix of whole checkpoints and chains of deltas, a write prunes exactly
+        /// what retention's definition allows: the excess, but never what the oldest kept
+        /// checkpoint builds on.
+        #[test]
+        fn prunable_keeps_what_the_oldest_kept_builds_on(
+            wholes in proptest::collection::vec(proptest::bool::weighted(0.2), 1..80),
+            keep in 0usize..8,
+        ) {
+            let run = RunId::new();
+            let mut stored = BTreeMap::new();
+            let (mut base, mut parent) = (None, None);
+            for (sequence, whole) in wholes.into_iter().enumerate() {
+                let id = CheckpointId::new();
+                let link = match (whole, base, parent) {
+                    (false, Some(base), Some(parent)) => Some(DeltaLink { base, parent }),
+                    _ => {
+                        base = Some(id);
+                        None
+                    }
+                };
+                parent = Some(id);
+                stored.insert(id, StoredCheckpoint {
+                    id,
+                    run,
+                    sequence: sequence as u64 + 1,
+                    bytes: Vec::new(),
+                    link,
+                });
+                proptest::prop_assert_eq!(
+                    prunable(&stored, keep),
+                    prunable_by_definition(&stored, keep)
+                );
+            }
+        }
+    }
+
+    #[tokio::test]
+    async fn a_kept_chain_keeps_its_base_through_many_writes() {
+        let store = MemoryCheckpointStore::keeping(Some(3));
+        let t = thread();
+        let run = RunId::new();
+        let base = checkpoint(run, 1);
+        store.put(&t, base.clone(), None).await.expect("base");
+        let mut parent = base.id;
+        for sequence in 2..200 {
+            let mut delta = checkpoint(run, sequence);
+            delta.link = Some(DeltaLink {
+                base: base.id,
+                parent,
+            });
+            parent = delta.id;
+            store.put(&t, delta, None).await.expect("delta");
+        }
+        // The newest 3 are deltas on the first checkpoint: it and every delta between stay.
+        let kept = store.list(&t).await.expect("list");
+        assert_eq!(kept.len(), 199, "the chain is whole");
+        assert_eq!(kept.first(), Some(&base.id));
+        // A new base: the old chain goes once the newest 3 no longer build on it.
+        let next = checkpoint(run, 200);
+        store.put(&t, next.clone(), None).await.expect("new base");
+        let mut parent = next.id;
+        for sequence in 201..203 {
+            let kept = store.list(&t).await.expect("list");
+            assert_eq!(kept.first(), Some(&base.id), "still needed at {sequence}");
+            let mut delta = checkpoint(run, sequence);
+            delta.link = Some(DeltaLink {
+                base: next.id,
+                parent,
+            });
+            parent = delta.id;
+            store.put(&t, delta, None).await.expect("delta");
+        }
+        let kept = store.list(&t).await.expect("list");
+        assert_eq!(kept.len(), 3, "{kept:?}");
+        assert_eq!(kept.first(), Some(&next.id));
     }
 
     #[tokio::test]
