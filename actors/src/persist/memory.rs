@@ -560,6 +560,21 @@ mod tests {
         }
     }
 
+    /// Puts a delta of `run` on `base` after `parent` in the test thread; answers its id.
+    async fn put_delta(
+        store: &MemoryCheckpointStore,
+        run: RunId,
+        sequence: u64,
+        base: CheckpointId,
+        parent: CheckpointId,
+    ) -> CheckpointId {
+        let mut delta = checkpoint(run, sequence);
+        delta.link = Some(DeltaLink { base, parent });
+        let id = delta.id;
+        store.put(&thread(), delta, None).await.expect("delta");
+        id
+    }
+
     #[tokio::test]
     async fn a_kept_chain_keeps_its_base_through_many_writes() {
         let store = MemoryCheckpointStore::keeping(Some(3));
@@ -569,13 +584,7 @@ mod tests {
         store.put(&t, base.clone(), None).await.expect("base");
         let mut parent = base.id;
         for sequence in 2..200 {
-            let mut delta = checkpoint(run, sequence);
-            delta.link = Some(DeltaLink {
-                base: base.id,
-                parent,
-            });
-            parent = delta.id;
-            store.put(&t, delta, None).await.expect("delta");
+            parent = put_delta(&store, run, sequence, base.id, parent).await;
         }
         // The newest 3 are deltas on the first checkpoint: it and every delta between stay.
         let kept = store.list(&t).await.expect("list");
@@ -588,13 +597,7 @@ mod tests {
         for sequence in 201..203 {
             let kept = store.list(&t).await.expect("list");
             assert_eq!(kept.first(), Some(&base.id), "still needed at {sequence}");
-            let mut delta = checkpoint(run, sequence);
-            delta.link = Some(DeltaLink {
-                base: next.id,
-                parent,
-            });
-            parent = delta.id;
-            store.put(&t, delta, None).await.expect("delta");
+            parent = put_delta(&store, run, sequence, next.id, parent).await;
         }
         let kept = store.list(&t).await.expect("list");
         assert_eq!(kept.len(), 3, "{kept:?}");
