@@ -26,7 +26,16 @@
 //! ratio to its own PINGs), and the ratio of the two marginals to one another (flat cost:
 //! close to 1).
 //!
-//! `DURABLE_SIZES` (comma-separated, default `100,1000,10000`) picks the chain lengths;
+//! The summary runs once per placement of the bench and its server (see
+//! [`common::placement`]): `apart` (Redis on a CPU of its own, the bench on the others, as a
+//! deployment runs it) and `together` (both on one CPU) by default. Left unpinned, the kernel
+//! moves the two between those placements from one second to the next, and a PING batch and
+//! the run beside it can be measured in different ones: on two-CPU virtual machines the round
+//! trip is about 15 µs together and 80-100 µs apart, so a ratio of the two would be noise.
+//!
+//! `DURABLE_PLACEMENT` (comma-separated `apart`, `together`, `free`) picks the placements, the
+//! first of them also the criterion groups'; `DURABLE_SIZES` (comma-separated, default
+//! `100,1000,10000`) picks the chain lengths;
 //! `DURABLE_MODES` (default `sync,async`) the durability modes; `DURABLE_COMPACT`
 //! (`<every>,<percent>`, default the runtime's) the compaction of checkpoint chains
 //! (`checkpoint_compact_every`, `checkpoint_compact_percent`), to compare policies: `64,100`
@@ -49,6 +58,7 @@ use runvisor::store::StoredCheckpoint;
 use runvisor::{CheckpointId, CheckpointObserver, Durability, RunId, Runtime, ThreadId};
 use tokio::runtime::Runtime as Tokio;
 
+use common::placement::Placement;
 use common::redis_server::{PrivateRedis, command_times, flush, info, raw, reset_stats};
 use common::{ECHO, Echo, chain, compact_from_env, run_chain, tokio, with_durability};
 
@@ -177,9 +187,21 @@ fn spread(figures: &[f64], digits: usize) -> String {
     )
 }
 
-fn summary(rt: &Tokio, stores: &RedisStores, con: &MultiplexedConnection) {
+fn summary(
+    rt: &Tokio,
+    stores: &RedisStores,
+    con: &MultiplexedConnection,
+    server: &PrivateRedis,
+    placements: &[Placement],
+) {
     let thread = ThreadId::new("durable").expect("id");
-    for (name, durability) in modes() {
+    for (placement, (mode, durability)) in placements
+        .iter()
+        .flat_map(|p| modes().into_iter().map(move |m| (*p, m)))
+    {
+        placement.apply(server.pid());
+        let name = format!("{mode} [{placement}]");
+        let name = name.as_str();
         let awaited = Arc::new(AwaitedWrites::default());
         let runtime = stores
             .install(
@@ -446,7 +468,17 @@ fn durable(c: &mut Criterion) {
         .block_on(RedisStores::connect(RedisConfig::new(url.clone())))
         .expect("connect to the private redis-server");
     let con = rt.block_on(raw(&url));
-    summary(&rt, &stores, &con);
+    let placements = Placement::from_env(
+        "DURABLE_PLACEMENT",
+        &[Placement::Apart, Placement::Together],
+    );
+    summary(&rt, &stores, &con, &server, &placements);
+    // The criterion groups run in the first placement named.
+    placements
+        .first()
+        .copied()
+        .unwrap_or(Placement::Free)
+        .apply(server.pid());
 
     let thread = ThreadId::new("durable").expect("id");
     for len in sizes() {

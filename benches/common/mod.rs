@@ -10,6 +10,7 @@
 #[global_allocator]
 static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
+pub(crate) mod placement;
 pub(crate) mod redis_server;
 
 use runvisor::{

@@ -72,6 +72,11 @@ impl PrivateRedis {
         server
     }
 
+    /// The server's process id.
+    pub(crate) fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
     pub(crate) fn url(&self) -> String {
         format!("redis://127.0.0.1:{}/", self.port)
     }
