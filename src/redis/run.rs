@@ -3,8 +3,8 @@
 //! start order for UUIDv7) for `list_thread`, and a pointer from each run to its thread
 //! (`<p>:runthread:<run_id>`) for `get`.
 //!
-//! `put` writes the pointer (the same value every time: a run never changes thread), then one
-//! Lua script in the thread's slot that checks the fencing token, adds the index entry and
+//! `put` writes the pointer (the same value every time: a run never changes thread) and, sent
+//! at the same time, one Lua script in the thread's slot that checks the fencing token, adds the index entry and
 //! replaces the record's fields (fields of the record that are `None` are deleted; fields other
 //! tools added are kept), or does nothing. A reader skips an index entry whose hash does not
 //! exist (an expired record). Records written before they moved into their thread's slot
@@ -255,9 +255,6 @@ impl RunStore for RedisRunStore {
             .arg(thread.as_str())
             .arg("PX")
             .arg(record_ttl_ms);
-        let reply = self.conn.query(&pointer, &cmd).await?;
-        reply::server_error(&reply, "SET", &pointer)?;
-
         let key = self.keys.run(thread, record.run_id);
         let (set, delete) = fields(record);
         let mut invocation = self.put.prepare_invoke();
@@ -279,7 +276,14 @@ impl RunStore for RedisRunStore {
         for name in &delete {
             invocation.arg(*name);
         }
-        let reply = self.conn.script("run record", &key, &invocation).await?;
+        // The pointer and the record go out together (one round trip, not two): the pointer
+        // lives in a slot of its own, and its value never changes.
+        let (pointed, reply) = tokio::join!(
+            self.conn.query(&pointer, &cmd),
+            self.conn.script("run record", &key, &invocation)
+        );
+        reply::server_error(&pointed?, "SET", &pointer)?;
+        let reply = reply?;
         let items = reply::array(&reply, &key)?;
         match items.first().map(|s| reply::text(s, &key)).transpose()? {
             Some("ok") => {

@@ -183,11 +183,25 @@ impl Runtime {
             fence: Some(lease.fence.0),
             traceparent,
         };
-        self.services
-            .runs
-            .put(&record, Some(lease.fence))
-            .await
-            .map_err(StartError::RunStore)?;
+        // The record and the workflow's definition are written at once (the definition is
+        // stored once per thread, by hash; if it cannot be stored, each snapshot carries it
+        // instead).
+        let workflow_hash = plan.def_hash();
+        let definition = plan.def_json();
+        let (recorded, workflow_stored) = tokio::join!(
+            self.services.runs.put(&record, Some(lease.fence)),
+            self.services
+                .checkpoints
+                .put_workflow(&thread, &workflow_hash, &definition)
+        );
+        recorded.map_err(StartError::RunStore)?;
+        let workflow_stored = match workflow_stored {
+            Ok(()) => true,
+            Err(e) => {
+                tracing::warn!(%thread, error = %e, "workflow definition not stored apart; snapshots will carry it");
+                false
+            }
+        };
         // A stop or cancel meant for an earlier run of these labels (set while none ran) must
         // not stop this one: the flags named after the labels alone are cleared first, as
         // FastGPT does. A failure only leaves them (the request would have timed out anyway).
@@ -201,21 +215,6 @@ impl Runtime {
         {
             tracing::warn!(%thread, %run_id, error = %e, "could not clear stale stop flags");
         }
-        // The definition is stored once per thread; snapshots name it by hash. If it cannot be
-        // stored, each snapshot carries it instead.
-        let workflow_hash = plan.def_hash();
-        let workflow_stored = match self
-            .services
-            .checkpoints
-            .put_workflow(&thread, &workflow_hash, &plan.def_json())
-            .await
-        {
-            Ok(()) => true,
-            Err(e) => {
-                tracing::warn!(%thread, error = %e, "workflow definition not stored apart; snapshots will carry it");
-                false
-            }
-        };
         let (events, first_rx) = crate::kinds::events::channel(self.services.config.event_buffer);
         let (outcome_tx, outcome_rx) = watch::channel(None);
         let run = Arc::new(RunInfo {

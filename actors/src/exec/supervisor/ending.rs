@@ -319,14 +319,16 @@ impl RunState {
             signals
                 .clear(&keys, Some((&self.run.thread, self.run.lease.fence)))
                 .await?;
-            for key in &keys {
-                signals
-                    .notify(&Notice {
-                        key: key.clone(),
-                        raised: false,
-                    })
-                    .await?;
-            }
+            // One notice per flag, all sent at once.
+            let notices: Vec<Notice> = keys
+                .iter()
+                .map(|key| Notice {
+                    key: key.clone(),
+                    raised: false,
+                })
+                .collect();
+            futures::future::try_join_all(notices.iter().map(|notice| signals.notify(notice)))
+                .await?;
             Ok::<(), crate::model::StoreError>(())
         })
         .await;
