@@ -24,8 +24,9 @@
 //! for operators: `<p>:open` (running or awaiting input) and `<p>:recent` (every run, entries
 //! older than the data TTL trimmed on each write). Three SETs find threads for checkpoint
 //! stats and cleanup: `<p>:threads` (every thread), `<p>:threads:<user_id>` (a user's) and
-//! `<p>:users`. They are updated after the record, with separate commands (they live in slots
-//! of their own), so they are hints: `list_open` checks each record and drops entries whose
+//! `<p>:users`. They are updated with separate commands (they live in slots of their own):
+//! with the record for an open run, after it for an ended one (the script names the runs it
+//! pruned). So they are hints: `list_open` checks each record and drops entries whose
 //! run is no longer open; `list_recent` and `list_thread` drop entries whose record expired.
 
 use std::fmt;
@@ -277,10 +278,20 @@ impl RunStore for RedisRunStore {
             invocation.arg(*name);
         }
         // The pointer and the record go out together (one round trip, not two): the pointer
-        // lives in a slot of its own, and its value never changes.
-        let (pointed, reply) = tokio::join!(
+        // lives in a slot of its own, and its value never changes. An open run's index
+        // entries go with them (the script prunes nothing then); an ended run's follow the
+        // script, which names the runs it pruned.
+        let open = record.status.is_open();
+        let (pointed, reply, indexed) = tokio::join!(
             self.conn.query(&pointer, &cmd),
-            self.conn.script("run record", &key, &invocation)
+            self.conn.script("run record", &key, &invocation),
+            async {
+                if open {
+                    self.index(record, &[]).await
+                } else {
+                    Ok(())
+                }
+            }
         );
         reply::server_error(&pointed?, "SET", &pointer)?;
         let reply = reply?;
@@ -295,7 +306,11 @@ impl RunStore for RedisRunStore {
                             .map_err(|_| corrupt(&key, format!("pruned {id:?} is not a run id")))
                     })
                     .collect::<Result<Vec<_>, _>>()?;
-                self.index(record, &pruned).await
+                if open {
+                    indexed
+                } else {
+                    self.index(record, &pruned).await
+                }
             }
             Some("fenced") => {
                 let current = items.get(1).map(|c| reply::text(c, &key)).transpose()?;
