@@ -17,16 +17,14 @@
 //! ([`RedisConfig::keep_ended_runs`](super::RedisConfig::keep_ended_runs)): in the thread's
 //! index an open run scores 0 and an ended one 1, and the script that records a run's end
 //! removes the oldest ended runs past the limit (hash and index entry) in the same step; their
-//! pointers and their entries in the open and recent indexes go with the index updates after
-//! it.
+//! pointers and their entries in the open and recent indexes go right after it.
 //!
 //! Across threads, two ZSETs with members `<run_id> <thread>` scored by start time list runs
 //! for operators: `<p>:open` (running or awaiting input) and `<p>:recent` (every run, entries
 //! older than the data TTL trimmed on each write). Three SETs find threads for checkpoint
 //! stats and cleanup: `<p>:threads` (every thread), `<p>:threads:<user_id>` (a user's) and
-//! `<p>:users`. They are updated with separate commands (they live in slots of their own):
-//! with the record for an open run, after it for an ended one (the script names the runs it
-//! pruned). So they are hints: `list_open` checks each record and drops entries whose
+//! `<p>:users`. They are updated with separate commands (they live in slots of their own),
+//! sent with the record's script (the runs it prunes leave them after it), so they are hints: `list_open` checks each record and drops entries whose
 //! run is no longer open; `list_recent` and `list_thread` drop entries whose record expired.
 
 use std::fmt;
@@ -277,21 +275,14 @@ impl RunStore for RedisRunStore {
         for name in &delete {
             invocation.arg(*name);
         }
-        // The pointer and the record go out together (one round trip, not two): the pointer
-        // lives in a slot of its own, and its value never changes. An open run's index
-        // entries go with them (the script prunes nothing then); an ended run's follow the
-        // script, which names the runs it pruned.
-        let open = record.status.is_open();
+        // The pointer, the record and the run's index entries go out together (one round
+        // trip, not three): the pointer and the indexes live in slots of their own, and the
+        // pointer's value never changes. The runs the script pruned leave the indexes after
+        // it.
         let (pointed, reply, indexed) = tokio::join!(
             self.conn.query(&pointer, &cmd),
             self.conn.script("run record", &key, &invocation),
-            async {
-                if open {
-                    self.index(record, &[]).await
-                } else {
-                    Ok(())
-                }
-            }
+            self.index(record)
         );
         reply::server_error(&pointed?, "SET", &pointer)?;
         let reply = reply?;
@@ -306,11 +297,8 @@ impl RunStore for RedisRunStore {
                             .map_err(|_| corrupt(&key, format!("pruned {id:?} is not a run id")))
                     })
                     .collect::<Result<Vec<_>, _>>()?;
-                if open {
-                    indexed
-                } else {
-                    self.index(record, &pruned).await
-                }
+                indexed?;
+                self.forget(&record.thread, &pruned).await
             }
             Some("fenced") => {
                 let current = items.get(1).map(|c| reply::text(c, &key)).transpose()?;
@@ -510,7 +498,7 @@ impl RedisRunStore {
     /// Files a record written just now in the open and recent indexes, and its thread in the
     /// thread indexes (every thread's, and its user's); the runs its write pruned leave the
     /// indexes, and their pointers go.
-    async fn index(&self, record: &RunRecord, pruned: &[RunId]) -> Result<(), StoreError> {
+    async fn index(&self, record: &RunRecord) -> Result<(), StoreError> {
         let entry = member(record.run_id, &record.thread);
         let (open, recent) = (self.keys.open_runs(), self.keys.recent_runs());
         let now_ms = std::time::SystemTime::now()
@@ -518,7 +506,7 @@ impl RedisRunStore {
             .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX));
         let oldest = now_ms.saturating_sub(self.ttl_ms);
         // Each command with the key it writes, for errors.
-        let mut cmds: Vec<(String, ::redis::Cmd)> = Vec::with_capacity(11 + 3 * pruned.len());
+        let mut cmds: Vec<(String, ::redis::Cmd)> = Vec::with_capacity(11);
         let mut push = |key: &str, name: &str, args: &[&str]| {
             let mut cmd = ::redis::cmd(name);
             cmd.arg(key).arg(args);
@@ -548,15 +536,44 @@ impl RedisRunStore {
             push(set, "SADD", &[member]);
             push(set, "PEXPIRE", &[&ttl]);
         }
-        for run in pruned {
-            let gone = member(*run, &record.thread);
-            push(&recent, "ZREM", &[&gone]);
-            push(&open, "ZREM", &[&gone]);
-            push(&self.keys.run_thread(*run), "DEL", &[]);
+        self.send_index(&recent, cmds).await
+    }
+
+    /// Removes runs the record script pruned from the open and recent indexes, with their
+    /// pointers.
+    async fn forget(&self, thread: &ThreadId, pruned: &[RunId]) -> Result<(), StoreError> {
+        if pruned.is_empty() {
+            return Ok(());
         }
+        let (open, recent) = (self.keys.open_runs(), self.keys.recent_runs());
+        let mut cmds: Vec<(String, ::redis::Cmd)> = Vec::with_capacity(3 * pruned.len());
+        for run in pruned {
+            let gone = member(*run, thread);
+            for (key, name) in [
+                (recent.clone(), "ZREM"),
+                (open.clone(), "ZREM"),
+                (self.keys.run_thread(*run), "DEL"),
+            ] {
+                let mut cmd = ::redis::cmd(name);
+                cmd.arg(&key);
+                if name == "ZREM" {
+                    cmd.arg(&gone);
+                }
+                cmds.push((key, cmd));
+            }
+        }
+        self.send_index(&recent, cmds).await
+    }
+
+    /// Sends index updates, each with the key it writes (for errors); the indexes may live on
+    /// several nodes: one round trip to each.
+    async fn send_index(
+        &self,
+        what: &str,
+        cmds: Vec<(String, ::redis::Cmd)>,
+    ) -> Result<(), StoreError> {
         let (keys, cmds): (Vec<String>, Vec<::redis::Cmd>) = cmds.into_iter().unzip();
-        // The indexes may live on several nodes: one round trip to each.
-        let replies = self.conn.fan_out(&recent, cmds).await?;
+        let replies = self.conn.fan_out(what, cmds).await?;
         for (key, reply) in keys.iter().zip(&replies) {
             reply::server_error(reply, "a run index update", key)?;
         }
