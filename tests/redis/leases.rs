@@ -265,6 +265,18 @@ async fn every_write_with_a_stale_token_is_refused_and_writes_nothing() {
     assert_eq!(stores.checkpoints.list(&t).await, Ok(vec![]));
     assert_eq!(stores.history.load(&t).await, Ok(vec![]));
     assert_eq!(stores.runs.list_thread(&t).await, Ok(vec![]));
+    // The run's index entries go out beside its record's script, refused or not; a refused
+    // record is still found nowhere an operator looks, and listing drops its entry.
+    let hinted: i64 = cmd(&mut con, &["ZCARD", "runvisor:open"]).await;
+    assert_eq!(hinted, 1, "the entry sent beside the refused script");
+    assert_eq!(stores.runs.get(old.run).await, Ok(None));
+    assert_eq!(stores.runs.list_open().await, Ok(vec![]));
+    let hinted: i64 = cmd(&mut con, &["ZCARD", "runvisor:open"]).await;
+    assert_eq!(
+        hinted, 0,
+        "listing dropped the entry of a run without a record"
+    );
+    assert_eq!(stores.runs.list_recent(10).await, Ok(vec![]));
     let exists: i64 = cmd(&mut con, &["EXISTS", flag]).await;
     assert_eq!(exists, 1, "the new holder's flag stays");
 
