@@ -34,7 +34,7 @@
 //! trip is about 15 µs together and 80-100 µs apart, so a ratio of the two would be noise.
 //!
 //! `DURABLE_PLACEMENT` (comma-separated `apart`, `together`, `free`) picks the placements, the
-//! first of them also the criterion groups'; `DURABLE_SIZES` (comma-separated, default
+//! first of them also the criterion groups' (unpinned when it is not set); `DURABLE_SIZES` (comma-separated, default
 //! `100,1000,10000`) picks the chain lengths;
 //! `DURABLE_MODES` (default `sync,async`) the durability modes; `DURABLE_COMPACT`
 //! (`<every>,<percent>`, default the runtime's) the compaction of checkpoint chains
@@ -473,12 +473,14 @@ fn durable(c: &mut Criterion) {
         &[Placement::Apart, Placement::Together],
     );
     summary(&rt, &stores, &con, &server, &placements);
-    // The criterion groups run in the first placement named.
-    placements
-        .first()
-        .copied()
-        .unwrap_or(Placement::Free)
-        .apply(server.pid());
+    // The criterion groups run in the first placement `DURABLE_PLACEMENT` names, or unpinned
+    // (every CPU for the runtime, as in-memory runs elsewhere are measured).
+    let criterion_placement = if std::env::var_os("DURABLE_PLACEMENT").is_some() {
+        placements.first().copied().unwrap_or(Placement::Free)
+    } else {
+        Placement::Free
+    };
+    criterion_placement.apply(server.pid());
 
     let thread = ThreadId::new("durable").expect("id");
     for len in sizes() {
