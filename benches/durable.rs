@@ -20,8 +20,8 @@
 //! puts of the chain's newest delta's size, back to back from a task on the runtime with no
 //! engine around them (the floor of a `sync` node), followed by one more PING batch, and
 //! prints their time, their ratio to the PINGs around them, and how much longer a write took
-//! within the run than a put of the store alone right after it. Then, per mode, the median of every PING batch and,
-//! from the best runs, the marginal cost per node from 100 to 1,000 and from 1,000 to 10,000
+//! within the run than a put of the store alone right after it. Then, per mode, the median of
+//! every PING batch and, from the best runs, the marginal cost per node from 100 to 1,000 and from 1,000 to 10,000
 //! nodes, in time (and as a ratio to that median PING) and in round trips (from each run's
 //! ratio to its own PINGs), and the ratio of the two marginals to one another (flat cost:
 //! close to 1).
@@ -34,8 +34,8 @@
 //! trip is about 15 µs together and 80-100 µs apart, so a ratio of the two would be noise.
 //!
 //! `DURABLE_PLACEMENT` (comma-separated `apart`, `together`, `free`) picks the placements, the
-//! first of them also the criterion groups' (unpinned when it is not set); `DURABLE_SIZES` (comma-separated, default
-//! `100,1000,10000`) picks the chain lengths;
+//! first of them also the criterion groups' (unpinned when it is not set); `DURABLE_SIZES`
+//! (comma-separated, default `100,1000,10000`) picks the chain lengths;
 //! `DURABLE_MODES` (default `sync,async`) the durability modes; `DURABLE_COMPACT`
 //! (`<every>,<percent>`, default the runtime's) the compaction of checkpoint chains
 //! (`checkpoint_compact_every`, `checkpoint_compact_percent`), to compare policies: `64,100`
@@ -128,7 +128,6 @@ async fn ping_rtt(con: &MultiplexedConnection, n: u32) -> f64 {
 #[derive(Default)]
 struct AwaitedWrites {
     nanos: AtomicU64,
-    writes: AtomicU64,
 }
 
 impl CheckpointObserver for AwaitedWrites {
@@ -136,16 +135,14 @@ impl CheckpointObserver for AwaitedWrites {
         if mode != "async" {
             let nanos = u64::try_from(took.as_nanos()).unwrap_or(u64::MAX);
             self.nanos.fetch_add(nanos, Ordering::Relaxed);
-            self.writes.fetch_add(1, Ordering::Relaxed);
         }
     }
 }
 
 impl AwaitedWrites {
-    /// The writes since the last call and their total time in µs; starts counting again.
-    fn take(&self) -> (u64, f64) {
-        let nanos = self.nanos.swap(0, Ordering::Relaxed);
-        (self.writes.swap(0, Ordering::Relaxed), nanos as f64 / 1e3)
+    /// The total time in µs of the writes since the last call; starts counting again.
+    fn take(&self) -> f64 {
+        self.nanos.swap(0, Ordering::Relaxed) as f64 / 1e3
     }
 }
 
@@ -191,7 +188,7 @@ fn summary(
     rt: &Tokio,
     stores: &RedisStores,
     con: &MultiplexedConnection,
-    server: &PrivateRedis,
+    redis: &PrivateRedis,
     placements: &[Placement],
 ) {
     let thread = ThreadId::new("durable").expect("id");
@@ -199,7 +196,7 @@ fn summary(
         .iter()
         .flat_map(|p| modes().into_iter().map(move |m| (*p, m)))
     {
-        placement.apply(server.pid());
+        placement.apply(redis.pid());
         let name = format!("{mode} [{placement}]");
         let name = name.as_str();
         let awaited = Arc::new(AwaitedWrites::default());
@@ -239,7 +236,7 @@ fn summary(
                     let started = Instant::now();
                     run_chain(&runtime, &workflow, &thread, len).await;
                     let took = started.elapsed().as_secs_f64() * 1e6 / len as f64;
-                    let (_, writes) = awaited.take();
+                    let writes = awaited.take();
                     let in_after = info(&mut con, "stats", "total_net_input_bytes").await;
                     let mem_after = info(&mut con, "memory", "used_memory").await;
                     server = command_times(&mut con).await;

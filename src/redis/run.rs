@@ -4,9 +4,9 @@
 //! (`<p>:runthread:<run_id>`) for `get`.
 //!
 //! `put` writes the pointer (the same value every time: a run never changes thread) and, sent
-//! at the same time, one Lua script in the thread's slot that checks the fencing token, adds the index entry and
-//! replaces the record's fields (fields of the record that are `None` are deleted; fields other
-//! tools added are kept), or does nothing. A reader skips an index entry whose hash does not
+//! at the same time, one Lua script in the thread's slot that checks the fencing token, adds
+//! the index entry and replaces the record's fields (fields of the record that are `None` are
+//! deleted; fields other tools added are kept), or does nothing. A reader skips an index entry whose hash does not
 //! exist (an expired record). Records written before they moved into their thread's slot
 //! (`<p>:run:<run_id>`) are still read.
 //!
@@ -24,8 +24,10 @@
 //! older than the data TTL trimmed on each write). Three SETs find threads for checkpoint
 //! stats and cleanup: `<p>:threads` (every thread), `<p>:threads:<user_id>` (a user's) and
 //! `<p>:users`. They are updated with separate commands (they live in slots of their own),
-//! sent with the record's script (the runs it prunes leave them after it), so they are hints: `list_open` checks each record and drops entries whose
-//! run is no longer open; `list_recent` and `list_thread` drop entries whose record expired.
+//! sent with the record's script (the runs it prunes leave them after it), so they are hints:
+//! `list_open` checks each record and drops entries whose run is no longer open (or has no
+//! record: its script was refused); `list_recent` and `list_thread` drop entries whose record
+//! expired.
 
 use std::fmt;
 use std::time::Duration;
@@ -495,9 +497,8 @@ impl RedisRunStore {
         }
     }
 
-    /// Files a record written just now in the open and recent indexes, and its thread in the
-    /// thread indexes (every thread's, and its user's); the runs its write pruned leave the
-    /// indexes, and their pointers go.
+    /// Files a record in the open and recent indexes, and its thread in the thread indexes
+    /// (every thread's, and its user's).
     async fn index(&self, record: &RunRecord) -> Result<(), StoreError> {
         let entry = member(record.run_id, &record.thread);
         let (open, recent) = (self.keys.open_runs(), self.keys.recent_runs());
@@ -549,18 +550,15 @@ impl RedisRunStore {
         let mut cmds: Vec<(String, ::redis::Cmd)> = Vec::with_capacity(3 * pruned.len());
         for run in pruned {
             let gone = member(*run, thread);
-            for (key, name) in [
-                (recent.clone(), "ZREM"),
-                (open.clone(), "ZREM"),
-                (self.keys.run_thread(*run), "DEL"),
-            ] {
-                let mut cmd = ::redis::cmd(name);
-                cmd.arg(&key);
-                if name == "ZREM" {
-                    cmd.arg(&gone);
-                }
-                cmds.push((key, cmd));
+            for index in [&recent, &open] {
+                let mut zrem = ::redis::cmd("ZREM");
+                zrem.arg(index).arg(&gone);
+                cmds.push((index.clone(), zrem));
             }
+            let pointer = self.keys.run_thread(*run);
+            let mut del = ::redis::cmd("DEL");
+            del.arg(&pointer);
+            cmds.push((pointer, del));
         }
         self.send_index(&recent, cmds).await
     }
