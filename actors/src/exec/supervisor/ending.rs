@@ -189,18 +189,22 @@ impl RunState {
         }
         // Last of the persisted state: a stop request that sees the flag cleared finds the
         // run's record and final checkpoint in place.
-        if self.lease_lost.is_none() {
-            self.release_flags().await;
-        }
-        self.run
-            .services
-            .release_lease(
+        let cleared = if self.lease_lost.is_none() {
+            self.clear_flags().await
+        } else {
+            Vec::new()
+        };
+        // The notices that the flags were cleared and the lease's release go out at once: both
+        // follow the clearing, and neither needs the other.
+        tokio::join!(
+            self.announce_cleared(&cleared),
+            self.run.services.release_lease(
                 self.run.run_id,
                 &self.run.thread,
                 &self.run.lease,
                 self.lease_lost.is_some(),
             )
-            .await;
+        );
         {
             let mut live = self.run.live();
             live.status = status;
@@ -299,43 +303,64 @@ impl RunState {
         })
     }
 
-    /// Stops watching the run's flags and deletes them (the run ended), then publishes that
-    /// they were cleared, so stop requests waiting for the run learn it at once.
-    async fn release_flags(&self) {
+    /// Stops watching the run's flags and deletes them (the run ended). Returns the flags it
+    /// deleted; none when the run has none or they could not be deleted (they expire by
+    /// themselves, their TTL; nothing is lost).
+    async fn clear_flags(&self) -> Vec<String> {
         let keys = self.run.signal_keys.all();
+        if keys.is_empty() {
+            return keys;
+        }
+        self.run.services.unwatch(self.run.run_id).await;
+        let cleared = tokio::time::timeout(
+            self.flags_deadline(),
+            self.run
+                .services
+                .signals()
+                .clear(&keys, Some((&self.run.thread, self.run.lease.fence))),
+        )
+        .await;
+        if matches!(cleared, Ok(Ok(()))) {
+            keys
+        } else {
+            tracing::warn!(parent: &self.span, "could not clear the run's stop flags");
+            Vec::new()
+        }
+    }
+
+    /// Publishes that these flags were cleared, one notice per flag, all sent at once, so stop
+    /// requests waiting for the run learn it at once.
+    async fn announce_cleared(&self, keys: &[String]) {
         if keys.is_empty() {
             return;
         }
-        self.run.services.unwatch(self.run.run_id).await;
         let signals = self.run.services.signals();
-        let deadline = self
-            .run
+        let notices: Vec<Notice> = keys
+            .iter()
+            .map(|key| Notice {
+                key: key.clone(),
+                raised: false,
+            })
+            .collect();
+        let sent = tokio::time::timeout(
+            self.flags_deadline(),
+            futures::future::try_join_all(notices.iter().map(|notice| signals.notify(notice))),
+        )
+        .await;
+        if !matches!(sent, Ok(Ok(_))) {
+            // A waiting stop request still sees the flag gone at its next poll.
+            tracing::warn!(parent: &self.span, "could not announce that the run's stop flags were cleared");
+        }
+    }
+
+    /// How long clearing the flags, and then announcing it, may take each.
+    fn flags_deadline(&self) -> Duration {
+        self.run
             .config()
             .signals
             .tick
             .max(Duration::from_millis(50))
-            * 5;
-        let cleared = tokio::time::timeout(deadline, async {
-            signals
-                .clear(&keys, Some((&self.run.thread, self.run.lease.fence)))
-                .await?;
-            // One notice per flag, all sent at once.
-            let notices: Vec<Notice> = keys
-                .iter()
-                .map(|key| Notice {
-                    key: key.clone(),
-                    raised: false,
-                })
-                .collect();
-            futures::future::try_join_all(notices.iter().map(|notice| signals.notify(notice)))
-                .await?;
-            Ok::<(), crate::model::StoreError>(())
-        })
-        .await;
-        if !matches!(cleared, Ok(Ok(()))) {
-            // The flags expire by themselves (their TTL); nothing is lost.
-            tracing::warn!(parent: &self.span, "could not clear the run's stop flags");
-        }
+            * 5
     }
 
     async fn persist_history(
