@@ -3,11 +3,11 @@
 //! start order for UUIDv7) for `list_thread`, and a pointer from each run to its thread
 //! (`<p>:runthread:<run_id>`) for `get`.
 //!
-//! `put` writes the pointer (the same value every time: a run never changes thread) and, sent
-//! at the same time, one Lua script in the thread's slot that checks the fencing token, adds
+//! `put` writes the pointer (the same value every time: a run never changes thread) and, in
+//! the same pipeline, one Lua script in the thread's slot that checks the fencing token, adds
 //! the index entry and replaces the record's fields (fields of the record that are `None` are
-//! deleted; fields other tools added are kept), or does nothing. A reader skips an index entry whose hash does not
-//! exist (an expired record). Records written before they moved into their thread's slot
+//! deleted; fields other tools added are kept), or does nothing. A reader skips an index
+//! entry whose hash does not exist (an expired record). Records written before they moved into their thread's slot
 //! (`<p>:run:<run_id>`) are still read.
 //!
 //! A record lives for the data TTL while its run is open (running or awaiting input; a running
@@ -24,7 +24,7 @@
 //! older than the data TTL trimmed on each write). Three SETs find threads for checkpoint
 //! stats and cleanup: `<p>:threads` (every thread), `<p>:threads:<user_id>` (a user's) and
 //! `<p>:users`. They are updated with separate commands (they live in slots of their own),
-//! sent with the record's script (the runs it prunes leave them after it), so they are hints:
+//! sent in the record's pipeline (the runs it prunes leave them after it), so they are hints:
 //! `list_open` checks each record and drops entries whose run is no longer open (or has no
 //! record: its script was refused); `list_recent` and `list_thread` drop entries whose record
 //! expired.
@@ -39,8 +39,9 @@ use runvisor_actors::{Fence, RunId, RunLabels, StoreError, ThreadId};
 use super::conn::Conn;
 use super::keys::Keys;
 use super::keys::ttl_ms;
-use super::lease::{fenced, fenced_script, token_arg};
+use super::lease::{FENCE_CHECK, fenced, token_arg};
 use super::reply::{self, Fields, corrupt};
+use super::scripts::Lua;
 
 /// Indexes a run and sets and deletes fields of its hash, refreshing both TTLs; when the run
 /// ended, prunes the thread's older ended runs past the retention.
@@ -107,7 +108,7 @@ pub struct RedisRunStore {
     finished_ttl_ms: u64,
     /// How many ended runs' records a thread keeps; `None`: all.
     keep_ended: Option<usize>,
-    put: ::redis::Script,
+    put: Lua,
 }
 
 impl fmt::Debug for RedisRunStore {
@@ -135,7 +136,7 @@ impl RedisRunStore {
             ttl_ms: ttl_ms(ttl),
             finished_ttl_ms: ttl_ms(finished_ttl),
             keep_ended,
-            put: fenced_script(PUT),
+            put: Lua::new(format!("{FENCE_CHECK}{PUT}")),
         }
     }
 
@@ -251,43 +252,59 @@ impl RunStore for RedisRunStore {
         let thread = &record.thread;
         let record_ttl_ms = self.record_ttl_ms(record.status);
         let pointer = self.keys.run_thread(record.run_id);
-        let mut cmd = ::redis::cmd("SET");
-        cmd.arg(&pointer)
+        let mut set_pointer = ::redis::cmd("SET");
+        set_pointer
+            .arg(&pointer)
             .arg(thread.as_str())
             .arg("PX")
             .arg(record_ttl_ms);
         let key = self.keys.run(thread, record.run_id);
         let (set, delete) = fields(record);
-        let mut invocation = self.put.prepare_invoke();
-        invocation
-            .key(&key)
-            .key(self.keys.thread_runs(thread))
-            .key(self.keys.fence(thread))
-            .arg(self.ttl_ms)
-            .arg(token_arg(fence))
-            .arg(record.run_id.to_string())
-            .arg(record_ttl_ms)
-            .arg(if record.status.is_open() { "0" } else { "1" })
-            .arg(self.keep_ended.unwrap_or(0))
-            .arg(self.keys.run_prefix(thread))
-            .arg(set.len());
-        for (name, value) in &set {
-            invocation.arg(*name).arg(value.as_str());
+        let mut args = vec![
+            self.ttl_ms.to_string(),
+            token_arg(fence),
+            record.run_id.to_string(),
+            record_ttl_ms.to_string(),
+            if record.status.is_open() { "0" } else { "1" }.to_owned(),
+            self.keep_ended.unwrap_or(0).to_string(),
+            self.keys.run_prefix(thread),
+            set.len().to_string(),
+        ];
+        for (name, value) in set {
+            args.push(name.to_owned());
+            args.push(value);
         }
-        for name in &delete {
-            invocation.arg(*name);
-        }
-        // The pointer, the record and the run's index entries go out together (one round
-        // trip, not three): the pointer and the indexes live in slots of their own, and the
-        // pointer's value never changes. The runs the script pruned leave the indexes after
-        // it.
-        let (pointed, reply, indexed) = tokio::join!(
-            self.conn.query(&pointer, &cmd),
-            self.conn.script("run record", &key, &invocation),
-            self.index(record)
+        args.extend(delete.into_iter().map(str::to_owned));
+        let script = self.put.cmd(
+            &[
+                &key,
+                &self.keys.thread_runs(thread),
+                &self.keys.fence(thread),
+            ],
+            &args,
         );
-        reply::server_error(&pointed?, "SET", &pointer)?;
-        let reply = reply?;
+        // The pointer, the record and the run's index entries go out as one pipeline (one
+        // round trip; on a cluster one per node, at once): the pointer and the indexes live in
+        // slots of their own, and the pointer's value never changes. The runs the script
+        // pruned leave the indexes after it.
+        let (index_keys, index_cmds): (Vec<String>, Vec<::redis::Cmd>) =
+            self.index(record).into_iter().unzip();
+        let cmds = [set_pointer, script]
+            .into_iter()
+            .chain(index_cmds)
+            .collect();
+        let mut replies = self.put.run_many(&self.conn, &key, cmds).await?.into_iter();
+        let (Some(pointed), Some(reply)) = (replies.next(), replies.next()) else {
+            return Err(StoreError::Unavailable(format!(
+                "redis answered no reply to the run record of {key}"
+            )));
+        };
+        reply::server_error(&pointed, "SET", &pointer)?;
+        reply::server_error(&reply, "the run record script", &key)?;
+        let indexed = index_keys
+            .iter()
+            .zip(replies)
+            .try_for_each(|(key, reply)| reply::server_error(&reply, "a run index update", key));
         let items = reply::array(&reply, &key)?;
         match items.first().map(|s| reply::text(s, &key)).transpose()? {
             Some("ok") => {
@@ -497,16 +514,16 @@ impl RedisRunStore {
         }
     }
 
-    /// Files a record in the open and recent indexes, and its thread in the thread indexes
-    /// (every thread's, and its user's).
-    async fn index(&self, record: &RunRecord) -> Result<(), StoreError> {
+    /// The commands that file a record in the open and recent indexes, and its thread in the
+    /// thread indexes (every thread's, and its user's), each with the key it writes (for
+    /// errors).
+    fn index(&self, record: &RunRecord) -> Vec<(String, ::redis::Cmd)> {
         let entry = member(record.run_id, &record.thread);
         let (open, recent) = (self.keys.open_runs(), self.keys.recent_runs());
         let now_ms = std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
             .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX));
         let oldest = now_ms.saturating_sub(self.ttl_ms);
-        // Each command with the key it writes, for errors.
         let mut cmds: Vec<(String, ::redis::Cmd)> = Vec::with_capacity(11);
         let mut push = |key: &str, name: &str, args: &[&str]| {
             let mut cmd = ::redis::cmd(name);
@@ -537,7 +554,7 @@ impl RedisRunStore {
             push(set, "SADD", &[member]);
             push(set, "PEXPIRE", &[&ttl]);
         }
-        self.send_index(&recent, cmds).await
+        cmds
     }
 
     /// Removes runs the record script pruned from the open and recent indexes, with their

@@ -47,10 +47,11 @@ impl Lua {
         cmd
     }
 
-    /// Runs invocations of this script ([`Lua::cmd`]) at once and answers one reply per
-    /// invocation, in order; a reply may be an invocation's own error
+    /// Runs invocations of this script ([`Lua::cmd`]), with any other commands among them, at
+    /// once and answers one reply per command, in order; a reply may be a command's own error
     /// ([`Value::ServerError`]), for the caller to name its key. Invocations a node answers
-    /// `NOSCRIPT` are sent again once the script is loaded on every primary.
+    /// `NOSCRIPT` (which no other command answers) are sent again once the script is loaded
+    /// on every primary.
     pub(crate) async fn run_many(
         &self,
         conn: &Conn,

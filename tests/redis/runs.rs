@@ -138,3 +138,40 @@ async fn fields_written_by_other_tools_survive_a_put() {
         ]
     );
 }
+
+/// A record goes out in one pipeline with its pointer and index entries; a server that forgot
+/// the record's script (a restart, `SCRIPT FLUSH`) answers that invocation `NOSCRIPT`, and the
+/// store loads the script and sends it again: the record, its pointer and its index entries
+/// are all in place.
+#[tokio::test]
+async fn a_record_is_written_after_the_server_forgot_its_script() {
+    let server = RedisServer::start();
+    let runs = stores(&server).await.runs;
+    let mut con = raw(&server).await;
+    let t = thread("forgotten");
+    let run = RunId::new();
+    // Started now: the recent index keeps the runs of the data TTL only.
+    let now_ms = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .expect("after 1970")
+        .as_millis();
+    let running = RunRecord {
+        started_at_ms: u64::try_from(now_ms).expect("fits"),
+        ..bare(run, &t)
+    };
+    runs.put(&running, None).await.expect("put");
+
+    let () = cmd(&mut con, &["SCRIPT", "FLUSH"]).await;
+    let ended = RunRecord {
+        status: RunStatus::Succeeded,
+        finished_at_ms: Some(running.started_at_ms + 1),
+        ..running.clone()
+    };
+    runs.put(&ended, None)
+        .await
+        .expect("put after SCRIPT FLUSH");
+    assert_eq!(runs.get(run).await, Ok(Some(ended.clone())));
+    assert_eq!(runs.list_thread(&t).await, Ok(vec![ended.clone()]));
+    assert_eq!(runs.list_open().await, Ok(Vec::new()));
+    assert_eq!(runs.list_recent(10).await, Ok(vec![ended]));
+}
