@@ -13,7 +13,8 @@
 //! growth); how long restoring the thread's newest delta takes (base and chain read in one
 //! script, then applied) and how many deltas that chain has; and the server's own time per call
 //! of the busiest commands (`INFO commandstats`), the part of a write's cost spent inside
-//! Redis. Under `sync` it splits each run's time in two, measured together: the store's part
+//! Redis, with the scripts' time as a ratio to the PING: a script's round trip takes at least
+//! one PING plus that, the floor under a `sync` node whatever the engine does. Under `sync` it splits each run's time in two, measured together: the store's part
 //! (its awaited writes, from each one's first attempt to the store's answer, as the engine
 //! tells a `CheckpointObserver`) and the engine's part (the rest), each per node and as a
 //! ratio to the PING around the run. After each run it also times the store alone: 500 delta
@@ -291,6 +292,21 @@ fn summary(
                 "durable {name} chain {len}: server time per call: {}",
                 busiest.join(", ")
             );
+            // A round trip to a script takes at least a PING's plus the script's own time
+            // inside Redis: the floor under a `sync` node, whatever the engine does.
+            if let (Some((_, calls, us)), Some(last)) = (
+                server.iter().find(|(name, ..)| name == "evalsha"),
+                runs.last(),
+            ) {
+                eprintln!(
+                    "durable {name} chain {len}: the scripts' own time inside Redis (mostly \
+                     checkpoint puts, {calls} calls in the last run) is {us:.1} µs per call, \
+                     {:.2}x the PING around that run: no script's round trip there took less \
+                     than {:.2}x the PING",
+                    us / last.ping,
+                    1.0 + us / last.ping,
+                );
+            }
             if durability == Durability::Sync {
                 let of = |f: fn(&Try) -> f64| -> Vec<f64> { runs.iter().map(f).collect() };
                 eprintln!(
