@@ -9,14 +9,7 @@ use runvisor::redis::{RedisConfig, RedisStores};
 use runvisor::store::{RunRecord, StoredCheckpoint};
 use runvisor::{CheckpointId, Message, RunId, RunLabels, ThreadId};
 
-use super::support::{RedisServer, cmd, config, raw, run_record, thread, within};
-
-fn now_ms() -> u64 {
-    let since = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .expect("after 1970");
-    u64::try_from(since.as_millis()).expect("fits")
-}
+use super::support::{RedisServer, cmd, config, now_ms, raw, run_record, thread, within};
 
 /// Writes one of everything for a thread; returns the keys that must exist.
 async fn write_all(stores: &RedisStores, t: &ThreadId, sequence: u64) -> Vec<String> {

@@ -6,7 +6,7 @@ use runvisor::store::memory::MemoryRunStore;
 use runvisor::store::{RunRecord, RunStatus, RunStore};
 use runvisor::{CheckpointId, RunId, ThreadId};
 
-use super::support::{RedisServer, cmd, raw, run_record, stores, thread};
+use super::support::{RedisServer, cmd, now_ms, raw, run_record, stores, thread};
 
 fn bare(run: RunId, thread: &ThreadId) -> RunRecord {
     RunRecord {
@@ -151,12 +151,8 @@ async fn a_record_is_written_after_the_server_forgot_its_script() {
     let t = thread("forgotten");
     let run = RunId::new();
     // Started now: the recent index keeps the runs of the data TTL only.
-    let now_ms = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .expect("after 1970")
-        .as_millis();
     let running = RunRecord {
-        started_at_ms: u64::try_from(now_ms).expect("fits"),
+        started_at_ms: now_ms(),
         ..bare(run, &t)
     };
     runs.put(&running, None).await.expect("put");

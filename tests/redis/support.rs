@@ -255,6 +255,14 @@ pub(crate) async fn raw(server: &RedisServer) -> MultiplexedConnection {
         .expect("raw connection to the test redis-server")
 }
 
+/// Milliseconds since the epoch, now.
+pub(crate) fn now_ms() -> u64 {
+    let since = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .expect("after 1970");
+    u64::try_from(since.as_millis()).expect("fits")
+}
+
 /// Runs a raw command and converts its reply.
 pub(crate) async fn cmd<T: ::redis::FromRedisValue>(
     con: &mut MultiplexedConnection,
