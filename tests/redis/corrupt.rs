@@ -242,3 +242,53 @@ async fn junk_checkpoints_are_corrupt() {
         assert_eq!(exists, 0, "{key} was not written");
     }
 }
+
+/// A start reads the thread's history while it records the run: a history that cannot be read
+/// fails the start with an error naming the key, the run's record says it failed and why, and
+/// the thread is free again (a start after the junk is gone runs).
+#[tokio::test]
+async fn a_start_over_junk_history_fails_naming_the_key_and_records_why() {
+    let server = RedisServer::start();
+    let stores = stores(&server).await;
+    let runtime = stores
+        .install(runvisor::register_standard_kinds(
+            runvisor::Runtime::builder(),
+        ))
+        .try_build()
+        .expect("runtime");
+    let workflow = runtime
+        .load_json(r#"{"id": "hello", "nodes": [{"id": "start", "kind": "begin"}], "edges": []}"#)
+        .expect("valid");
+    let mut con = raw(&server).await;
+    let t = thread("junk");
+    let list = "runvisor:hist:{junk}";
+    let _: i64 = cmd(&mut con, &["HSET", list, "a", "b"]).await;
+
+    let error = match runtime
+        .start(&workflow, runvisor::Map::new(), t.clone())
+        .await
+    {
+        Err(error) => error,
+        Ok(run) => panic!("started over a junk history: {:?}", run.wait().await),
+    };
+    assert!(
+        matches!(&error, runvisor::StartError::History { thread, .. } if *thread == t),
+        "{error:?}"
+    );
+    assert!(error.to_string().contains(list), "{error}");
+    let records = stores.runs.list_thread(&t).await.expect("list");
+    let [record] = &records[..] else {
+        panic!("one record expected: {records:?}")
+    };
+    assert_eq!(record.status, runvisor::RunStatus::Failed);
+    let reason = record.failure_reason.as_deref().unwrap_or_default();
+    assert!(reason.contains(list), "{reason}");
+    assert!(record.finished_at_ms.is_some());
+
+    let _: i64 = cmd(&mut con, &["DEL", list]).await;
+    let run = runtime
+        .start(&workflow, runvisor::Map::new(), t.clone())
+        .await
+        .expect("the thread is free again");
+    assert_eq!(run.wait().await.status(), runvisor::RunStatus::Succeeded);
+}

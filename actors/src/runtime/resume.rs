@@ -561,7 +561,7 @@ impl Runtime {
                 plan,
                 inputs: snapshot.inputs,
                 thread,
-                history,
+                history: Some(history),
                 produced,
                 restore: Some(Restore {
                     graph: snapshot.graph,

@@ -41,8 +41,10 @@ impl Runtime {
     /// named by, so any process can stop it (see [`SignalConfig`](crate::SignalConfig)).
     ///
     /// Fails with [`StartError::ThreadBusy`] while another run of the thread is starting or
-    /// live in this process, and with [`StartError::InputTooDeep`] for an input nested past
-    /// the limit (the inputs count as one object nesting at most [`MAX_DEPTH`] levels).
+    /// live in this process, with [`StartError::InputTooDeep`] for an input nested past the
+    /// limit (the inputs count as one object nesting at most [`MAX_DEPTH`] levels), and with
+    /// [`StartError::History`] when the thread's history cannot be read: it is read while the
+    /// run is recorded, so the run's record then says it failed, and why.
     pub async fn start_with(
         &self,
         workflow: &Workflow,
@@ -73,7 +75,6 @@ impl Runtime {
                     input: e.input,
                     problem: e.problem,
                 })?;
-            let history = self.load_history(&thread).await?;
             let mut produced = Vec::new();
             if let Some(Value::String(query)) = inputs.get("query")
                 && !query.is_empty()
@@ -88,7 +89,7 @@ impl Runtime {
                     plan: workflow.plan().clone(),
                     inputs,
                     thread,
-                    history,
+                    history: None,
                     produced,
                     restore: None,
                     answers: HashMap::new(),
@@ -183,18 +184,43 @@ impl Runtime {
             fence: Some(lease.fence.0),
             traceparent,
         };
-        // The record and the workflow's definition are written at once (the definition is
-        // stored once per thread, by hash; if it cannot be stored, each snapshot carries it
-        // instead).
+        // The record, the workflow's definition and, for a new run, the thread's history go
+        // at once (the definition is stored once per thread, by hash; if it cannot be stored,
+        // each snapshot carries it instead). The history is read under the lease, as every
+        // write to it is fenced by it.
         let workflow_hash = plan.def_hash();
         let definition = plan.def_json();
-        let (recorded, workflow_stored) = tokio::join!(
+        let (recorded, workflow_stored, history) = tokio::join!(
             self.services.runs.put(&record, Some(lease.fence)),
             self.services
                 .checkpoints
-                .put_workflow(&thread, &workflow_hash, &definition)
+                .put_workflow(&thread, &workflow_hash, &definition),
+            async {
+                match history {
+                    Some(history) => Ok(history),
+                    None => self.load_history(&thread).await,
+                }
+            }
         );
         recorded.map_err(StartError::RunStore)?;
+        let history = match history {
+            Ok(history) => history,
+            Err(error) => {
+                // The record went out beside the read: it says the run failed before its first
+                // node, and why. Should that write fail too, the record says running under a
+                // lease about to be released, as after a crash before the first checkpoint.
+                let failed = RunRecord {
+                    status: RunStatus::Failed,
+                    finished_at_ms: Some(now_ms()),
+                    failure_reason: Some(error.to_string()),
+                    ..record
+                };
+                if let Err(e) = self.services.runs.put(&failed, Some(lease.fence)).await {
+                    tracing::warn!(%thread, %run_id, error = %e, "could not record that the run failed to start");
+                }
+                return Err(error);
+            }
+        };
         let workflow_stored = match workflow_stored {
             Ok(()) => true,
             Err(e) => {
@@ -280,7 +306,8 @@ pub(crate) struct Launch {
     pub(crate) plan: Arc<Plan>,
     pub(crate) inputs: Map,
     pub(crate) thread: ThreadId,
-    pub(crate) history: Vec<Message>,
+    /// The thread's history; `None`: read it while the run is recorded.
+    pub(crate) history: Option<Vec<Message>>,
     pub(crate) produced: Vec<Message>,
     pub(crate) restore: Option<Restore>,
     /// Answers to interactions, by the path of their node.
