@@ -7,8 +7,8 @@
 //! the same pipeline, one Lua script in the thread's slot that checks the fencing token, adds
 //! the index entry and replaces the record's fields (fields of the record that are `None` are
 //! deleted; fields other tools added are kept), or does nothing. A reader skips an index
-//! entry whose hash does not exist (an expired record). Records written before they moved into their thread's slot
-//! (`<p>:run:<run_id>`) are still read.
+//! entry whose hash does not exist (an expired record). Records written before they moved
+//! into their thread's slot (`<p>:run:<run_id>`) are still read.
 //!
 //! A record lives for the data TTL while its run is open (running or awaiting input; a running
 //! run's lease renewals refresh it), and for the shorter finished-run TTL once the run ended
@@ -577,18 +577,9 @@ impl RedisRunStore {
             del.arg(&pointer);
             cmds.push((pointer, del));
         }
-        self.send_index(&recent, cmds).await
-    }
-
-    /// Sends index updates, each with the key it writes (for errors); the indexes may live on
-    /// several nodes: one round trip to each.
-    async fn send_index(
-        &self,
-        what: &str,
-        cmds: Vec<(String, ::redis::Cmd)>,
-    ) -> Result<(), StoreError> {
+        // The indexes and pointers may live on several nodes: one round trip to each.
         let (keys, cmds): (Vec<String>, Vec<::redis::Cmd>) = cmds.into_iter().unzip();
-        let replies = self.conn.fan_out(what, cmds).await?;
+        let replies = self.conn.fan_out(&recent, cmds).await?;
         for (key, reply) in keys.iter().zip(&replies) {
             reply::server_error(reply, "a run index update", key)?;
         }
