@@ -247,12 +247,19 @@ pub(crate) async fn stores_keeping_all(server: &RedisServer) -> RedisStores {
         .expect("connect to the test redis-server")
 }
 
-/// A direct connection, to look at and tamper with keys.
+/// A direct connection, to look at and tamper with keys. Its commands get [`PATIENCE`], as
+/// [`within`] does, not the client's default of 500 ms: an administrative command such as
+/// `CLUSTER SETSLOT` writes the node's cluster config to disk and may take longer on a loaded
+/// machine.
 pub(crate) async fn raw(server: &RedisServer) -> MultiplexedConnection {
     let client = ::redis::Client::open(server.url()).expect("valid url");
-    within("raw connection", client.get_multiplexed_async_connection())
-        .await
-        .expect("raw connection to the test redis-server")
+    let config = ::redis::AsyncConnectionConfig::new().set_response_timeout(Some(PATIENCE));
+    within(
+        "raw connection",
+        client.get_multiplexed_async_connection_with_config(&config),
+    )
+    .await
+    .expect("raw connection to the test redis-server")
 }
 
 /// Milliseconds since the epoch, now.
