@@ -140,6 +140,13 @@ impl Keys {
         format!("{}:cpseq:{{{}}}:{run}", self.prefix, tag(thread))
     }
 
+    /// `<p>:cpfresh:{<thread>}`: the base of the thread's chain of checkpoints while that chain
+    /// is known to live more than half the data TTL longer (STRING, the base's id; it expires
+    /// when that stops being true), so a write on the chain needs not ask the base's TTL.
+    pub fn checkpoint_fresh(&self, thread: &ThreadId) -> String {
+        format!("{}:cpfresh:{{{}}}", self.prefix, tag(thread))
+    }
+
     /// `<p>:run:{<thread>}:<run_id>`: a run record (HASH), in its thread's slot so that its
     /// writes are fenced by the thread's token in one script.
     pub fn run(&self, thread: &ThreadId, run: RunId) -> String {
@@ -275,6 +282,7 @@ mod tests {
             "rv:cp:{chat:42}:0190a0b0-0000-7000-8000-000000000002"
         );
         assert_eq!(keys.checkpoint_index(&t), "rv:cpidx:{chat:42}");
+        assert_eq!(keys.checkpoint_fresh(&t), "rv:cpfresh:{chat:42}");
         assert_eq!(
             keys.checkpoint_sequence(&t, run),
             "rv:cpseq:{chat:42}:0190a0b0-0000-7000-8000-000000000001"

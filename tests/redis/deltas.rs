@@ -253,6 +253,93 @@ async fn a_delta_whose_base_or_parent_is_gone_is_refused_and_writes_nothing() {
     }
 }
 
+/// Reads a key's TTL in ms (-2: no key).
+async fn pttl(con: &mut ::redis::aio::MultiplexedConnection, key: &str) -> i64 {
+    cmd(con, &["PTTL", key]).await
+}
+
+#[tokio::test]
+async fn a_chain_lives_as_long_as_its_newest_delta_and_its_base_ttl_is_read_once_per_half_ttl() {
+    let server = RedisServer::start();
+    let mut con = raw(&server).await;
+    let ttl_ms: i64 = 600_000;
+    let stores = within(
+        "connect",
+        RedisStores::connect(RedisConfig {
+            checkpoint_ttl: std::time::Duration::from_millis(ttl_ms as u64),
+            ..config(&server)
+        }),
+    )
+    .await
+    .expect("connect");
+    let t = thread("fresh-chain");
+    let keys = stores.keys();
+    let key = |c: &StoredCheckpoint| keys.checkpoint(&t, c.id);
+    let fresh = keys.checkpoint_fresh(&t);
+    let cs = chain(RunId::new(), &t, 6);
+    let put = |i: usize| stores.checkpoints.put(&t, cs[i].clone(), None);
+    put(0).await.expect("base");
+    put(1).await.expect("first delta");
+    // The first delta read the base's TTL (all of it left): the freshness key names the base
+    // until the base is down to half its TTL.
+    let named: Option<String> = cmd(&mut con, &["GET", &fresh]).await;
+    assert_eq!(named, Some(cs[0].id.to_string()));
+    let vouched = pttl(&mut con, &fresh).await;
+    assert!(
+        vouched > ttl_ms / 2 - 60_000 && vouched <= ttl_ms / 2,
+        "the key expires when the base is down to half its TTL: {vouched}ms"
+    );
+
+    // Time passes (emulated): the base and the first delta are down to a third of their TTL,
+    // so the key has expired. The next delta reads the base's TTL and renews the whole chain.
+    for c in &cs[..2] {
+        let _: i64 = cmd(&mut con, &["PEXPIRE", &key(c), &(ttl_ms / 3).to_string()]).await;
+    }
+    let _: i64 = cmd(&mut con, &["DEL", &fresh]).await;
+    put(2).await.expect("second delta");
+    for c in &cs[..3] {
+        let left = pttl(&mut con, &key(c)).await;
+        assert!(
+            left > ttl_ms - 60_000,
+            "{} renewed with the chain: {left}ms",
+            c.id
+        );
+    }
+    assert!(pttl(&mut con, &fresh).await > ttl_ms / 2 - 60_000);
+
+    // While the key names the base, a write does not read the base's TTL, so it renews
+    // nothing: within half a TTL nothing of the chain can expire anyway.
+    let _: i64 = cmd(
+        &mut con,
+        &["PEXPIRE", &key(&cs[0]), &(ttl_ms / 3).to_string()],
+    )
+    .await;
+    put(3).await.expect("third delta");
+    assert!(pttl(&mut con, &key(&cs[0])).await <= ttl_ms / 3);
+
+    // The key vouches for TTLs, not for existence: a write whose base or parent is gone is
+    // refused, naming it, and writes nothing.
+    let parent = key(&cs[3]);
+    let aside = format!("{parent}:aside");
+    let _: () = cmd(&mut con, &["RENAME", &parent, &aside]).await;
+    assert_eq!(
+        put(4).await,
+        Err(StoreError::MissingParent {
+            checkpoint: cs[3].id
+        })
+    );
+    let _: () = cmd(&mut con, &["RENAME", &aside, &parent]).await;
+    let _: i64 = cmd(&mut con, &["DEL", &key(&cs[0])]).await;
+    assert_eq!(
+        put(4).await,
+        Err(StoreError::MissingParent {
+            checkpoint: cs[0].id
+        })
+    );
+    let ids: Vec<CheckpointId> = cs[..4].iter().map(|c| c.id).collect();
+    assert_eq!(stores.checkpoints.list(&t).await, Ok(ids[1..].to_vec()));
+}
+
 #[tokio::test]
 async fn a_stale_writers_delta_is_fenced() {
     let server = RedisServer::start();
