@@ -45,7 +45,7 @@
 //! | `<p>:wf:{<thread>}:<hash>` | STRING | a workflow definition (JSON) the thread's snapshots name by content hash (xxh3-128) |
 //! | `<p>:cpidx:{<thread>}` | ZSET | the thread's checkpoint ids, all with score 0 |
 //! | `<p>:cpseq:{<thread>}:<run_id>` | STRING | the newest checkpoint sequence stored for a run (decimal) |
-//! | `<p>:cpfresh:{<thread>}` | STRING | the id of the base of the thread's chain of checkpoints, while every checkpoint of that chain is known to live more than half the data TTL longer; expires when that stops being true (a write then reads the base's TTL, and renews the chain's when it is under half) |
+//! | `<p>:cpfresh:{<thread>}` | STRING | the id of the base of the thread's chain of checkpoints, while every checkpoint of that chain is known to live more than half the data TTL longer and the thread's index holds nothing older than that base; expires when the first stops being true (a write then reads the base's TTL, and renews the chain's when it is under half) |
 //! | `<p>:run:{<thread>}:<run_id>` | HASH | a run record, field by field (see below) |
 //! | `<p>:runthread:<run_id>` | STRING | the thread of a run (how a run is found by id) |
 //! | `<p>:runs:{<thread>}` | ZSET | the thread's run ids, all with score 0 |

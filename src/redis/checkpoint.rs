@@ -14,7 +14,8 @@
 //! A delta (see [`runvisor_actors::delta`]) names its base and parent; `put` of a delta checks
 //! in the same script that both are stored, pruning never removes what the oldest kept
 //! checkpoint builds on, and a chain's TTL is renewed with its newest delta (the thread's
-//! freshness key, `<p>:cpfresh:{<thread>}`, spares most writes reading the base's TTL for it).
+//! freshness key, `<p>:cpfresh:{<thread>}`, spares most writes reading the base's TTL and
+//! the index's oldest entry for it).
 //! `prune` trims in batches, each batch one script. Reads follow the index and drop the entries
 //! whose payload expired (checked again inside a script): `list` every one it sees, `latest`
 //! those newer than the checkpoint it returns, `get` the one asked for. `range` reads a delta's

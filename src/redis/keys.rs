@@ -141,8 +141,9 @@ impl Keys {
     }
 
     /// `<p>:cpfresh:{<thread>}`: the base of the thread's chain of checkpoints while that chain
-    /// is known to live more than half the data TTL longer (STRING, the base's id; it expires
-    /// when that stops being true), so a write on the chain needs not ask the base's TTL.
+    /// is known to live more than half the data TTL longer and the thread's index holds nothing
+    /// older (STRING, the base's id; it expires when the chain is down to half its TTL), so a
+    /// write on the chain needs not ask the base's TTL nor the index's oldest entry.
     pub fn checkpoint_fresh(&self, thread: &ThreadId) -> String {
         format!("{}:cpfresh:{{{}}}", self.prefix, tag(thread))
     }

@@ -341,6 +341,63 @@ async fn a_chain_lives_as_long_as_its_newest_delta_and_its_base_ttl_is_read_once
 }
 
 #[tokio::test]
+async fn the_freshness_key_names_a_new_base_once_retention_let_the_chain_before_it_go() {
+    let server = RedisServer::start();
+    let mut con = raw(&server).await;
+    let stores = keeping(&server, 3).await;
+    let t = thread("fresh-retention");
+    let fresh = stores.keys().checkpoint_fresh(&t);
+    let first = chain(RunId::new(), &t, 2);
+    let second = chain(RunId::new(), &t, 3);
+    for c in &first {
+        stores
+            .checkpoints
+            .put(&t, c.clone(), None)
+            .await
+            .expect("first chain");
+    }
+    assert_eq!(
+        cmd::<Option<String>>(&mut con, &["GET", &fresh]).await,
+        Some(first[0].id.to_string())
+    );
+    let ids = |cs: &[StoredCheckpoint]| cs.iter().map(|c| c.id).collect::<Vec<_>>();
+    // A new base and its first delta: the newest three build on the first chain's base too,
+    // so it all stays, and the key does not name the new base (retention still has work).
+    for c in &second[..2] {
+        stores
+            .checkpoints
+            .put(&t, c.clone(), None)
+            .await
+            .expect("second chain");
+    }
+    let mut all = ids(&first);
+    all.extend(ids(&second[..2]));
+    assert_eq!(stores.checkpoints.list(&t).await, Ok(all));
+    assert_eq!(
+        cmd::<Option<String>>(&mut con, &["GET", &fresh]).await,
+        Some(first[0].id.to_string())
+    );
+    // The next delta lets the first chain go; now the key names the new base, and the write
+    // after it prunes nothing (the newest three build on that base).
+    stores
+        .checkpoints
+        .put(&t, second[2].clone(), None)
+        .await
+        .expect("second chain");
+    assert_eq!(stores.checkpoints.list(&t).await, Ok(ids(&second[..3])));
+    assert_eq!(
+        cmd::<Option<String>>(&mut con, &["GET", &fresh]).await,
+        Some(second[0].id.to_string())
+    );
+    stores
+        .checkpoints
+        .put(&t, second[3].clone(), None)
+        .await
+        .expect("second chain");
+    assert_eq!(stores.checkpoints.list(&t).await, Ok(ids(&second)));
+}
+
+#[tokio::test]
 async fn a_stale_writers_delta_is_fenced() {
     let server = RedisServer::start();
     let stores = stores(&server).await;

@@ -117,20 +117,23 @@ end
 /// A delta (a base id given) is written only while its base and parent are stored (its value's
 /// header names both). When the base has less than half its TTL left, the chain (from the
 /// parent back to the base, by the parents the headers name) gets the full TTL again, so a
-/// chain lives as long as its newest delta. The base's TTL is read only when the thread's
-/// freshness key does not name that base: the key is set, with the base's id, to expire when
-/// the base is down to half its TTL, and the base expires first of its chain (each delta was
-/// written after it, or had its TTL renewed with it). While the key names the base, one call
-/// finds the base and the parent stored.
+/// chain lives as long as its newest delta.
+///
+/// The thread's freshness key spares most writes of a chain two questions. A write that reads
+/// the base's TTL sets it, naming the base, to expire when the base is down to half its TTL
+/// (the base expires first of its chain: each delta was written after it, or had its TTL
+/// renewed with it), and only once the index's oldest entry is that base (or the thread keeps
+/// every checkpoint). While the key names the base, a write needs neither the base's TTL (one
+/// call finds the base and the parent stored) nor the index's oldest entry: what it keeps
+/// builds on that base, the oldest entry, so retention has nothing to let go (an id that sorts
+/// before the base, from a clock running behind, still asks).
 ///
 /// Nothing is written before every check passed (a script is not rolled back): a key of another
-/// type is found by the reads that need it anyway (a `pcall` answering an error; the fence
-/// counter, the sequence and the freshness key are read in one `MGET`, and only a key it found
-/// missing is asked its type; a freshness key of another type reads as missing and is
-/// replaced), and the payload key is set whatever it held. A fenced delta in the middle of a
-/// run's chain makes seven calls; the index is counted only when the write's base is not its
-/// oldest entry (the one case in which retention may let something go: in a chain, after a
-/// compaction), and the base's TTL read (and the freshness key set) once per half TTL.
+/// type is found by the calls that need it anyway (the fence counter, the sequence and the
+/// freshness key are read in one `MGET`, and only a key it found missing is asked its type; a
+/// freshness key of another type reads as missing and is replaced; the index entry is added
+/// first of the writes, by a `pcall` that answers an index of another type), and the payload
+/// key is set whatever it held. A fenced delta in the middle of a run's chain makes six calls.
 ///
 /// KEYS: payload string, index zset, sequence string, the thread's fence counter, the thread's
 /// freshness key. ARGV: checkpoint id, run id, sequence (decimal, no leading zeros), the value
@@ -149,10 +152,6 @@ local current, stored, fresh = read[1], read[2], read[3]
 if not current and redis.call('TYPE', KEYS[4])['ok'] ~= 'none' then
   return {'wrongtype', KEYS[4]}
 end
--- The index's oldest entry: it tells whether this write can let anything go (below), and the
--- read finds an index of another type.
-local oldest = redis.pcall('ZRANGE', KEYS[2], 0, 0)
-if failed(oldest) then return {'wrongtype', KEYS[2]} end
 if not stored and redis.call('TYPE', KEYS[3])['ok'] ~= 'none' then
   return {'wrongtype', KEYS[3]}
 end
@@ -169,14 +168,15 @@ if stored then
 end
 local base, parent = ARGV[11], ARGV[12]
 local ttl = tonumber(ARGV[5])
-local half = math.floor(ttl / 2)
+local keep = tonumber(ARGV[7])
+local vouched = base ~= '' and fresh == base
 -- The base's TTL, when it was read (nil: the freshness key vouched for it).
 local left = nil
 if base ~= '' then
   if not is_id(base) then return {'missing', base} end
   if parent ~= base and not is_id(parent) then return {'missing', parent} end
   local base_key, parent_key = ARGV[8] .. base, ARGV[8] .. parent
-  if fresh == base then
+  if vouched then
     if redis.call('EXISTS', base_key, parent_key) < 2 then
       if redis.call('EXISTS', base_key) == 0 then return {'missing', base} end
       return {'missing', parent}
@@ -189,37 +189,42 @@ if base ~= '' then
     end
   end
 end
+local added = redis.pcall('ZADD', KEYS[2], 0, ARGV[1])
+if failed(added) then return {'wrongtype', KEYS[2]} end
 redis.call('SET', KEYS[1], ARGV[4], 'PX', ARGV[5])
-if left then
-  if left >= 0 and left < ttl / 2 then
-    local at = parent
-    for _ = 1, 100000 do
-      redis.call('PEXPIRE', ARGV[8] .. at, ttl)
-      if at == base then break end
-      local _, _, up = cp_links(ARGV[8] .. at)
-      if not is_id(up) then break end
-      at = up
-    end
-    left = ttl
+if left and left >= 0 and left < ttl / 2 then
+  local at = parent
+  for _ = 1, 100000 do
+    redis.call('PEXPIRE', ARGV[8] .. at, ttl)
+    if at == base then break end
+    local _, _, up = cp_links(ARGV[8] .. at)
+    if not is_id(up) then break end
+    at = up
   end
-  -- The base lives `left` longer (or, with no TTL, until it is given one): the key vouches
-  -- for the chain until the base is down to half its TTL.
-  local vouch = left - half
-  if left < 0 then vouch = half end
-  if vouch >= 1 then redis.call('SET', KEYS[5], base, 'PX', vouch) end
+  left = ttl
 end
-redis.call('ZADD', KEYS[2], 0, ARGV[1])
 redis.call('PEXPIRE', KEYS[2], ARGV[5])
 redis.call('SET', KEYS[3], ARGV[3], 'PX', ARGV[5])
-local keep = tonumber(ARGV[7])
 -- What the thread keeps builds on this write's base or on an older one: with that base the
--- index's oldest entry, nothing can go, and the index is not even counted. (An id that sorts
--- before the oldest, from a clock running behind, leaves the pruning to a later write.)
-if keep and (base == '' or oldest[1] ~= base) then
-  local entries = redis.call('ZCARD', KEYS[2])
-  if entries > keep then
-    prune_oldest(KEYS[2], entries - keep, tonumber(ARGV[10]), ARGV[8], ARGV[9], ARGV[2])
+-- index's oldest entry, nothing can go, and the index is not even counted.
+if keep and not (vouched and ARGV[1] > base) then
+  local oldest = redis.call('ZRANGE', KEYS[2], 0, 0)[1]
+  if base == '' or oldest ~= base then
+    local entries = redis.call('ZCARD', KEYS[2])
+    if entries > keep then
+      prune_oldest(KEYS[2], entries - keep, tonumber(ARGV[10]), ARGV[8], ARGV[9], ARGV[2])
+      if left then oldest = redis.call('ZRANGE', KEYS[2], 0, 0)[1] end
+    end
   end
+  -- Older entries than the base are still kept: the key does not vouch for the index yet.
+  if oldest ~= base then left = nil end
+end
+if left then
+  -- The base lives `left` longer (or, with no TTL, until it is given one): the key vouches
+  -- for the chain until the base is down to half its TTL.
+  local vouch = left - math.floor(ttl / 2)
+  if left < 0 then vouch = math.floor(ttl / 2) end
+  if vouch >= 1 then redis.call('SET', KEYS[5], base, 'PX', vouch) end
 end
 return {'ok'}
 "#;
