@@ -84,8 +84,9 @@
 //!
 //! Every key written gets the configured TTL ([`RedisConfig::checkpoint_ttl`], default 30 days),
 //! refreshed by each write to it, but the record of a run that ended (and its pointer) gets
-//! [`RedisConfig::finished_run_ttl`] (default 7 days); a running run's lease renewals refresh
-//! its record. Each thread keeps its newest [`RedisConfig::keep_checkpoints`] checkpoints
+//! [`RedisConfig::finished_run_ttl`] (default 7 days), and a thread's freshness key
+//! (`<p>:cpfresh:{<thread>}`) lives at most half the TTL; a running run's lease renewals
+//! refresh its record. Each thread keeps its newest [`RedisConfig::keep_checkpoints`] checkpoints
 //! (default 20): see [`retention`]; and the records of its newest
 //! [`RedisConfig::keep_ended_runs`] ended runs (default 20), older ones going when a run ends.
 //!
