@@ -19,7 +19,8 @@
 //! tells a `CheckpointObserver`) and the engine's part (the rest), each per node and as a
 //! ratio to the PING around the run. After each run it also times the store alone: 500 delta
 //! puts of the chain's newest delta's size, back to back from a task on the runtime with no
-//! engine around them (the floor of a `sync` node), followed by one more PING batch, and
+//! engine around them, fenced by a lease as a run's are (the floor of a `sync` node),
+//! followed by one more PING batch, and
 //! prints their time, their ratio to the PINGs around them, and how much longer a write took
 //! within the run than a put of the store alone right after it. Then, per mode, the median of
 //! every PING batch and, from the best runs, the marginal cost per node from 100 to 1,000 and from 1,000 to 10,000
@@ -56,7 +57,9 @@ use criterion::{Criterion, Throughput, criterion_group, criterion_main};
 use runvisor::delta::{DeltaLink, materialize};
 use runvisor::redis::{RedisConfig, RedisStores};
 use runvisor::store::StoredCheckpoint;
-use runvisor::{CheckpointId, CheckpointObserver, Durability, RunId, Runtime, ThreadId};
+use runvisor::{
+    CheckpointId, CheckpointObserver, Durability, LeaseHolder, RunId, Runtime, ThreadId, WorkerId,
+};
 use tokio::runtime::Runtime as Tokio;
 
 use common::placement::Placement;
@@ -437,13 +440,25 @@ async fn newest_delta(stores: &RedisStores, thread: &ThreadId) -> Option<StoredC
 }
 
 /// The store alone: the mean time in µs of `n` delta puts, back to back from a task on the
-/// runtime, each chained to the one before on one base (the fenced script a `sync` node
-/// pays, without the engine), with `bytes` as every delta's payload.
+/// runtime, each chained to the one before on one base and fenced by a lease taken for them
+/// (the fenced script a `sync` node pays, without the engine), with `bytes` as every delta's
+/// payload.
 async fn store_alone(stores: &RedisStores, bytes: Vec<u8>, n: u64) -> f64 {
     let store = stores.checkpoints.clone();
+    let leases = stores.leases.clone();
     tokio::spawn(async move {
         let thread = ThreadId::new("durable-store").expect("id");
         let run = RunId::new();
+        let holder = LeaseHolder {
+            worker: WorkerId::new("durable-store").expect("id"),
+            run,
+        };
+        let lease = leases
+            .acquire(&thread, &holder, Duration::from_secs(600))
+            .await
+            .expect("the store-alone thread is free")
+            .lease;
+        let fence = Some(lease.fence);
         let base = CheckpointId::new();
         let whole = StoredCheckpoint {
             id: base,
@@ -452,7 +467,7 @@ async fn store_alone(stores: &RedisStores, bytes: Vec<u8>, n: u64) -> f64 {
             bytes: bytes.clone(),
             link: None,
         };
-        store.put(&thread, whole, None).await.expect("base put");
+        store.put(&thread, whole, fence).await.expect("base put");
         let mut parent = base;
         let started = Instant::now();
         for sequence in 2..n + 2 {
@@ -464,10 +479,15 @@ async fn store_alone(stores: &RedisStores, bytes: Vec<u8>, n: u64) -> f64 {
                 bytes: bytes.clone(),
                 link: Some(DeltaLink { base, parent }),
             };
-            store.put(&thread, delta, None).await.expect("delta put");
+            store.put(&thread, delta, fence).await.expect("delta put");
             parent = id;
         }
-        started.elapsed().as_secs_f64() * 1e6 / n as f64
+        let per_put = started.elapsed().as_secs_f64() * 1e6 / n as f64;
+        leases
+            .release(&thread, &lease)
+            .await
+            .expect("release the store-alone thread");
+        per_put
     })
     .await
     .expect("the store's task")
