@@ -57,21 +57,28 @@ use super::scripts::Lua;
 /// by id, which is start order for UUIDv7), so the oldest ended runs are the first of score 1.
 /// Only members that are run ids (36 characters) become key names: the script stays in the
 /// thread's slot.
+///
+/// Nothing is written before every check passed (a script is not rolled back), in as few calls
+/// as that allows: the fence counter is read by a `pcall` that answers a key of another type,
+/// only the hash is asked its type, and the index entry is the first write, by a `pcall` that
+/// answers an index of another type. A record's write makes six calls, or seven with fields to
+/// delete (an ended run's also counts the ended runs).
 const PUT: &str = r#"
-local kinds = {'hash', 'zset', 'string'}
-for i, key in ipairs(KEYS) do
-  local t = redis.call('TYPE', key)['ok']
-  if t ~= 'none' and t ~= kinds[i] then return {'wrongtype', key} end
-end
-local refused = fence_refused(KEYS[3], ARGV[2], ARGV[1])
+local function failed(reply) return type(reply) == 'table' and reply.err ~= nil end
+local current = redis.pcall('GET', KEYS[3])
+if failed(current) then return {'wrongtype', KEYS[3]} end
+local t = redis.call('TYPE', KEYS[1])['ok']
+if t ~= 'none' and t ~= 'hash' then return {'wrongtype', KEYS[1]} end
+local refused = fence_judged(KEYS[3], ARGV[2], ARGV[1], current)
 if refused then return {'fenced', refused} end
 local ended = ARGV[5] == '1'
+local added = redis.pcall('ZADD', KEYS[2], ended and 1 or 0, ARGV[3])
+if failed(added) then return {'wrongtype', KEYS[2]} end
 local n = tonumber(ARGV[8])
 local set = {}
 for i = 9, 8 + 2 * n do set[#set + 1] = ARGV[i] end
 local del = {}
 for i = 9 + 2 * n, #ARGV do del[#del + 1] = ARGV[i] end
-redis.call('ZADD', KEYS[2], ended and 1 or 0, ARGV[3])
 redis.call('PEXPIRE', KEYS[2], ARGV[1])
 redis.call('HSET', KEYS[1], unpack(set))
 if #del > 0 then redis.call('HDEL', KEYS[1], unpack(del)) end

@@ -67,6 +67,28 @@ async fn junk_run_records_are_corrupt() {
     assert_corrupt_at(runs.put(&record, None).await, &key);
     let value: String = cmd(&mut con, &["GET", &key]).await;
     assert_eq!(value, "not a hash");
+    // So does an index, or (fenced or not) a fencing counter, of another type.
+    let _: i64 = cmd(&mut con, &["DEL", &key]).await;
+    let _: () = cmd(&mut con, &["SET", index, "not a zset"]).await;
+    assert_corrupt_at(runs.put(&record, None).await, index);
+    let exists: i64 = cmd(&mut con, &["EXISTS", &key]).await;
+    assert_eq!(exists, 0, "{key} was not written");
+    let _: i64 = cmd(&mut con, &["DEL", index]).await;
+    let fence = "runvisor:fence:{junk}";
+    let _: i64 = cmd(&mut con, &["HSET", fence, "token", "1"]).await;
+    assert_corrupt_at(runs.put(&record, Some(Fence(1))).await, fence);
+    assert_corrupt_at(runs.put(&record, None).await, fence);
+    for written in [key.as_str(), index] {
+        let exists: i64 = cmd(&mut con, &["EXISTS", written]).await;
+        assert_eq!(exists, 0, "{written} was not written");
+    }
+    let _: i64 = cmd(&mut con, &["DEL", fence]).await;
+    runs.put(&record, None)
+        .await
+        .expect("with the junk gone, the record is written");
+    let stored = runs.get(run).await.expect("read").expect("written");
+    assert_eq!((stored.run_id, stored.status), (run, record.status));
+    let _: i64 = cmd(&mut con, &["DEL", &key]).await;
 
     // A record where older versions kept it (no thread pointer) is read, and judged, there.
     let old = RunId::new();
