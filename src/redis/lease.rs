@@ -100,31 +100,34 @@ pub(crate) fn fenced(
 /// KEYS: lease hash, fence counter. ARGV: worker, run, lease TTL in ms, the token of the dead
 /// holder the caller saw (empty: the caller saw none), data TTL in ms.
 /// Returns `{"ok", token}`, `{"ok", token, worker, run}` (taken from that dead holder),
-/// `{"busy", worker, run, token}`, `{"wrongtype", key}` or `{"corrupt", key}`.
+/// `{"busy", worker, run, token}`, `{"wrongtype", key}` or `{"corrupt", key}`. Nothing is
+/// written before every check passed; a free thread's lease is taken in seven calls.
 const ACQUIRE: &str = r#"
-local kinds = {'hash', 'string'}
-for i, key in ipairs(KEYS) do
-  local t = redis.call('TYPE', key)['ok']
-  if t ~= 'none' and t ~= kinds[i] then return {'wrongtype', key} end
-end
+local function failed(reply) return type(reply) == 'table' and reply.err ~= nil end
+-- Reads that answer a key of another type with an error: no call asks a type.
+local held = redis.pcall('HMGET', KEYS[1], 'worker', 'run', 'token', 'expires')
+if failed(held) then return {'wrongtype', KEYS[1]} end
+local counter = redis.pcall('GET', KEYS[2])
+if failed(counter) then return {'wrongtype', KEYS[2]} end
 local time = redis.call('TIME')
 local now = tonumber(time[1]) * 1000000 + tonumber(time[2])
 local now_ms = math.floor(now / 1000)
-local held = redis.call('HMGET', KEYS[1], 'worker', 'run', 'token', 'expires')
-if redis.call('EXISTS', KEYS[1]) == 1 then
+-- A hash with none of the lease's fields still exists (Redis keeps no empty hash): junk.
+local exists = (held[1] or held[2] or held[3] or held[4]) and true
+  or redis.call('EXISTS', KEYS[1]) == 1
+if exists then
   if not (held[1] and held[2] and held[3]) then return {'corrupt', KEYS[1]} end
   local expires = tonumber(held[4] or '')
   local expired = expires ~= nil and expires <= now_ms
   if held[3] ~= ARGV[4] and not expired then return {'busy', held[1], held[2], held[3]} end
 end
-local counter = redis.call('GET', KEYS[2])
 if counter and not (string.match(counter, '^%d+$') and #counter <= 16
     and tonumber(counter) < 9007199254740992) then
   return {'corrupt', KEYS[2]}
 end
 local token = string.format('%.0f', math.max((tonumber(counter) or 0) + 1, now))
 redis.call('SET', KEYS[2], token, 'PX', ARGV[5])
-redis.call('DEL', KEYS[1])
+if exists then redis.call('DEL', KEYS[1]) end
 redis.call('HSET', KEYS[1], 'worker', ARGV[1], 'run', ARGV[2], 'token', token,
   'expires', string.format('%.0f', now_ms + tonumber(ARGV[3])))
 redis.call('PEXPIRE', KEYS[1], ARGV[5])

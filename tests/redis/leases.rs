@@ -655,3 +655,49 @@ async fn no_write_of_the_old_holder_lands_after_a_takeover_across_a_redis_frozen
         "a checkpoint of the old holder ({old_newest:?}) is newer than the new holder's first ({new_oldest:?})"
     );
 }
+
+/// A lease or a fencing counter that is junk (of another type, or a hash of other fields, or
+/// a counter that is not a number) refuses the acquire with an error naming the key, and
+/// nothing is written; with the junk gone the thread is taken.
+#[tokio::test]
+async fn junk_lease_or_counter_refuses_the_acquire_naming_the_key_and_writes_nothing() {
+    let server = RedisServer::start();
+    let stores = stores(&server).await;
+    let mut con = raw(&server).await;
+    let t = thread("junk-lease");
+    let lease = "runvisor:lease:{junk-lease}";
+    let counter = "runvisor:fence:{junk-lease}";
+    let holder = LeaseHolder {
+        worker: WorkerId::new("w").expect("id"),
+        run: RunId::new(),
+    };
+    let ttl = Duration::from_secs(30);
+    let refused_at = |result: Result<runvisor::store::Acquired, LeaseError>, key: &str| match result
+    {
+        Err(LeaseError::Store(StoreError::Corrupt { key: at, .. })) => assert_eq!(at, key),
+        other => panic!("expected corrupt data at {key}, got {other:?}"),
+    };
+    let junk: [(&str, &[&str]); 4] = [
+        (lease, &["SET", lease, "not a hash"]),
+        (lease, &["HSET", lease, "owner", "someone"]),
+        (counter, &["HSET", counter, "token", "1"]),
+        (counter, &["SET", counter, "seven"]),
+    ];
+    for (key, write) in junk {
+        let _: () = cmd(&mut con, write).await;
+        refused_at(stores.leases.acquire(&t, &holder, ttl).await, key);
+        let other = if key == lease { counter } else { lease };
+        let exists: i64 = cmd(&mut con, &["EXISTS", other]).await;
+        assert_eq!(exists, 0, "{other} was not written ({write:?})");
+        let _: i64 = cmd(&mut con, &["DEL", key]).await;
+    }
+    let taken = stores
+        .leases
+        .acquire(&t, &holder, ttl)
+        .await
+        .expect("the junk is gone");
+    assert_eq!(
+        stores.leases.lease(&t).await.expect("read"),
+        Some(taken.lease)
+    );
+}
