@@ -180,12 +180,11 @@ return redis.call('HGETALL', KEYS[1])
 
 /// Deletes a lease if it still carries the token.
 ///
-/// KEYS: lease hash. ARGV: token. Returns 1 when deleted, 0 otherwise.
+/// KEYS: lease hash. ARGV: token. Returns 1 when deleted, 0 otherwise (a key of another type
+/// is left alone: the `HGET` that would read its token answers an error).
 const RELEASE: &str = r#"
-if redis.call('TYPE', KEYS[1])['ok'] ~= 'hash' then return 0 end
-if redis.call('HGET', KEYS[1], 'token') == ARGV[1] then
-  return redis.call('DEL', KEYS[1])
-end
+local token = redis.pcall('HGET', KEYS[1], 'token')
+if token == ARGV[1] then return redis.call('DEL', KEYS[1]) end
 return 0
 "#;
 

@@ -658,7 +658,7 @@ async fn no_write_of_the_old_holder_lands_after_a_takeover_across_a_redis_frozen
 
 /// A lease or a fencing counter that is junk (of another type, or a hash of other fields, or
 /// a counter that is not a number) refuses the acquire with an error naming the key, and
-/// nothing is written; with the junk gone the thread is taken.
+/// nothing is written; with the junk gone the thread is taken. A release leaves junk alone.
 #[tokio::test]
 async fn junk_lease_or_counter_refuses_the_acquire_naming_the_key_and_writes_nothing() {
     let server = RedisServer::start();
@@ -698,6 +698,15 @@ async fn junk_lease_or_counter_refuses_the_acquire_naming_the_key_and_writes_not
         .expect("the junk is gone");
     assert_eq!(
         stores.leases.lease(&t).await.expect("read"),
-        Some(taken.lease)
+        Some(taken.lease.clone())
     );
+    // A lease key that turned to junk meanwhile is left alone by the release.
+    let _: () = cmd(&mut con, &["SET", lease, "not a hash"]).await;
+    stores
+        .leases
+        .release(&t, &taken.lease)
+        .await
+        .expect("a release over junk deletes nothing and fails nothing");
+    let value: String = cmd(&mut con, &["GET", lease]).await;
+    assert_eq!(value, "not a hash");
 }
