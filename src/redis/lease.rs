@@ -46,8 +46,10 @@ use super::reply::{self, Fields, corrupt};
 ///
 /// `fence_judged(key, token, ttl, current)` is the same with the counter already read
 /// (`current`: its value, or `false` when it is missing), for a script that reads it with
-/// other keys in one call.
+/// other keys in one call. `failed(reply)` tells whether a `redis.pcall` answered an error
+/// (a key of another type, for the scripts that find one by the call that reads it).
 pub(crate) const FENCE_CHECK: &str = r#"
+local function failed(reply) return type(reply) == 'table' and reply.err ~= nil end
 local function fence_judged(key, token, ttl, current)
   if token == '' then return nil end
   if not current then
@@ -102,8 +104,8 @@ pub(crate) fn fenced(
 /// Returns `{"ok", token}`, `{"ok", token, worker, run}` (taken from that dead holder),
 /// `{"busy", worker, run, token}`, `{"wrongtype", key}` or `{"corrupt", key}`. Nothing is
 /// written before every check passed; a free thread's lease is taken in seven calls.
+/// Prepended with [`FENCE_CHECK`] (for `failed`).
 const ACQUIRE: &str = r#"
-local function failed(reply) return type(reply) == 'table' and reply.err ~= nil end
 -- Reads that answer a key of another type with an error: no call asks a type.
 local held = redis.pcall('HMGET', KEYS[1], 'worker', 'run', 'token', 'expires')
 if failed(held) then return {'wrongtype', KEYS[1]} end
@@ -219,7 +221,7 @@ impl RedisLeaseStore {
             conn,
             keys,
             data_ttl_ms: ttl_ms(data_ttl),
-            acquire: Script::new(ACQUIRE),
+            acquire: fenced_script(ACQUIRE),
             renew: fenced_script(RENEW),
             renew_source: std::sync::Arc::from(format!("{FENCE_CHECK}{RENEW}")),
             release: Script::new(RELEASE),

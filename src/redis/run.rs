@@ -64,7 +64,6 @@ use super::scripts::Lua;
 /// answers an index of another type. A record's write makes six calls, or seven with fields to
 /// delete (an ended run's also counts the ended runs).
 const PUT: &str = r#"
-local function failed(reply) return type(reply) == 'table' and reply.err ~= nil end
 local current = redis.pcall('GET', KEYS[3])
 if failed(current) then return {'wrongtype', KEYS[3]} end
 local t = redis.call('TYPE', KEYS[1])['ok']

@@ -144,7 +144,6 @@ end
 /// Returns `{"ok"}`, `{"fenced", current}`, `{"stale", stored}`, `{"missing", id}`,
 /// `{"wrongtype", key}` or `{"corrupt", key}`.
 pub(crate) const PUT: &str = r#"
-local function failed(reply) return type(reply) == 'table' and reply.err ~= nil end
 -- One read for the fence counter, the run's sequence and the freshness key. MGET answers a key
 -- of another type as it answers a missing one, so only a key found missing is asked its type.
 local read = redis.call('MGET', KEYS[4], KEYS[3], KEYS[5])
