@@ -441,6 +441,9 @@ impl RedisStores {
                 ttl,
                 config.finished_run_ttl,
                 config.keep_ended_runs.limit(),
+                // Notices travel on a shard channel on a cluster, out of a script's reach.
+                (!matches!(endpoint, Endpoint::Cluster(_)))
+                    .then(|| signal::channel(&config.prefix)),
             )),
             history: Arc::new(RedisHistoryStore::new(conn.clone(), keys.clone(), ttl)),
             leases: Arc::new(RedisLeaseStore::new(conn.clone(), keys.clone(), ttl)),

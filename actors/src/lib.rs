@@ -56,7 +56,7 @@ pub mod store {
     pub use crate::persist::DeltaLink;
     pub use crate::persist::memory;
     pub use crate::persist::{
-        Acquired, CheckpointStore, HistoryStore, LeaseStore, MemoryLeaseStore, Notice,
+        Acquired, CheckpointStore, EndWritten, HistoryStore, LeaseStore, MemoryLeaseStore, Notice,
         NoticeStream, RunStore, Signal, SignalSource, SpillStore, SpilledRun, StoredCheckpoint,
     };
 }

@@ -6,7 +6,13 @@
 //! `put` writes the pointer (the same value every time: a run never changes thread) and, in
 //! the same pipeline, one Lua script in the thread's slot that checks the fencing token, adds
 //! the index entry and replaces the record's fields (fields of the record that are `None` are
-//! deleted; fields other tools added are kept), or does nothing. A reader skips an index
+//! deleted; fields other tools added are kept), or does nothing. `put_end`, the record of a
+//! run's end, carries the rest of the end in the same script, run only once the record is
+//! written: the run's flags deleted, the notices that they were cleared published (not on a
+//! cluster, where notices travel on a shard channel a script cannot reach: the engine
+//! publishes them), the lease deleted if it still holds the run's token. On a cluster, a run
+//! with a flag outside its thread's slot writes its record alone, and the engine clears and
+//! releases after it, as before. A reader skips an index
 //! entry whose hash does not exist (an expired record). Records written before they moved
 //! into their thread's slot (`<p>:run:<run_id>`) are still read.
 //!
@@ -33,15 +39,16 @@ use std::fmt;
 use std::time::Duration;
 
 use async_trait::async_trait;
-use runvisor_actors::store::{RunRecord, RunStatus, RunStore};
-use runvisor_actors::{Fence, RunId, RunLabels, StoreError, ThreadId};
+use runvisor_actors::store::{EndWritten, Notice, RunRecord, RunStatus, RunStore};
+use runvisor_actors::{Fence, Lease, RunId, RunLabels, StoreError, ThreadId};
 
 use super::conn::Conn;
 use super::keys::Keys;
-use super::keys::ttl_ms;
+use super::keys::{hash_slot, ttl_ms};
 use super::lease::{FENCE_CHECK, fenced, token_arg};
 use super::reply::{self, Fields, corrupt};
 use super::scripts::Lua;
+use super::signal::encode;
 
 /// Indexes a run and sets and deletes fields of its hash, refreshing both TTLs; when the run
 /// ended, prunes the thread's older ended runs past the retention.
@@ -77,7 +84,7 @@ local n = tonumber(ARGV[8])
 local set = {}
 for i = 9, 8 + 2 * n do set[#set + 1] = ARGV[i] end
 local del = {}
-for i = 9 + 2 * n, #ARGV do del[#del + 1] = ARGV[i] end
+for i = 9 + 2 * n, ARGC do del[#del + 1] = ARGV[i] end
 redis.call('PEXPIRE', KEYS[2], ARGV[1])
 redis.call('HSET', KEYS[1], unpack(set))
 if #del > 0 then redis.call('HDEL', KEYS[1], unpack(del)) end
@@ -101,6 +108,34 @@ end
 return reply
 "#;
 
+/// How many of its arguments [`PUT`] reads: all of them when it runs alone.
+const PUT_ALONE: &str = "local ARGC = #ARGV\n";
+
+/// [`PUT`] for a run's end, followed, once the record is written, by the run's end in the
+/// thread's slot: its flags deleted, the notices that they were cleared published, its lease
+/// given up (if it still holds the run's token; a lease of another type is left alone, as a
+/// release leaves it).
+///
+/// KEYS: [`PUT`]'s three, then the thread's lease, then the flags. ARGV: [`PUT`]'s, then the
+/// notices' channel (empty: none published here), the notices, and last how many arguments
+/// of the end there are (the channel and the notices). Returns what [`PUT`] returns; nothing
+/// of the end is done unless that is `ok`.
+fn put_end_script() -> String {
+    format!(
+        "local ARGC = #ARGV - tonumber(ARGV[#ARGV]) - 1\nlocal function put()\n{PUT}end\nlocal reply = put()\nif reply[1] ~= 'ok' then return reply end\n{END}return reply\n"
+    )
+}
+
+/// The end of a run after its record, in [`put_end_script`].
+const END: &str = r#"
+for i = 5, #KEYS do redis.call('UNLINK', KEYS[i]) end
+local channel = ARGV[ARGC + 1]
+if channel ~= '' then
+  for i = ARGC + 2, #ARGV - 1 do redis.call('PUBLISH', channel, ARGV[i]) end
+end
+if redis.pcall('HGET', KEYS[4], 'token') == ARGV[2] then redis.call('DEL', KEYS[4]) end
+"#;
+
 /// How many records `list_thread` reads per round trip.
 const LIST_BATCH: usize = 256;
 
@@ -114,7 +149,11 @@ pub struct RedisRunStore {
     finished_ttl_ms: u64,
     /// How many ended runs' records a thread keeps; `None`: all.
     keep_ended: Option<usize>,
+    /// The channel a run's end publishes its notices on from the record's script; `None`
+    /// where notices travel on shard channels (a cluster), which a script cannot reach.
+    notices: Option<String>,
     put: Lua,
+    put_end: Lua,
 }
 
 impl fmt::Debug for RedisRunStore {
@@ -135,6 +174,7 @@ impl RedisRunStore {
         ttl: Duration,
         finished_ttl: Duration,
         keep_ended: Option<usize>,
+        notices: Option<String>,
     ) -> Self {
         Self {
             conn,
@@ -142,7 +182,9 @@ impl RedisRunStore {
             ttl_ms: ttl_ms(ttl),
             finished_ttl_ms: ttl_ms(finished_ttl),
             keep_ended,
-            put: Lua::new(format!("{FENCE_CHECK}{PUT}")),
+            notices,
+            put: Lua::new(format!("{FENCE_CHECK}{PUT_ALONE}{PUT}")),
+            put_end: Lua::new(format!("{FENCE_CHECK}{}", put_end_script())),
         }
     }
 
@@ -255,94 +297,32 @@ impl RedisRunStore {
 #[async_trait]
 impl RunStore for RedisRunStore {
     async fn put(&self, record: &RunRecord, fence: Option<Fence>) -> Result<(), StoreError> {
-        let thread = &record.thread;
-        let record_ttl_ms = self.record_ttl_ms(record.status);
-        let pointer = self.keys.run_thread(record.run_id);
-        let mut set_pointer = ::redis::cmd("SET");
-        set_pointer
-            .arg(&pointer)
-            .arg(thread.as_str())
-            .arg("PX")
-            .arg(record_ttl_ms);
-        let key = self.keys.run(thread, record.run_id);
-        let (set, delete) = fields(record);
-        let mut args = vec![
-            self.ttl_ms.to_string(),
-            token_arg(fence),
-            record.run_id.to_string(),
-            record_ttl_ms.to_string(),
-            if record.status.is_open() { "0" } else { "1" }.to_owned(),
-            self.keep_ended.unwrap_or(0).to_string(),
-            self.keys.run_prefix(thread),
-            set.len().to_string(),
-        ];
-        for (name, value) in set {
-            args.push(name.to_owned());
-            args.push(value);
-        }
-        args.extend(delete.into_iter().map(str::to_owned));
-        let script = self.put.cmd(
-            &[
-                &key,
-                &self.keys.thread_runs(thread),
-                &self.keys.fence(thread),
-            ],
-            &args,
-        );
-        // The pointer, the record and the run's index entries go out as one pipeline (one
-        // round trip; on a cluster one per node, at once): the pointer and the indexes live in
-        // slots of their own, and the pointer's value never changes. The runs the script
-        // pruned leave the indexes after it.
-        let (index_keys, index_cmds): (Vec<String>, Vec<::redis::Cmd>) =
-            self.index(record).into_iter().unzip();
-        let cmds = [set_pointer, script]
-            .into_iter()
-            .chain(index_cmds)
-            .collect();
-        let mut replies = self.put.run_many(&self.conn, &key, cmds).await?.into_iter();
-        let (Some(pointed), Some(reply)) = (replies.next(), replies.next()) else {
-            return Err(StoreError::Unavailable(format!(
-                "redis answered no reply to the run record of {key}"
-            )));
-        };
-        reply::server_error(&pointed, "SET", &pointer)?;
-        reply::server_error(&reply, "the run record script", &key)?;
-        let indexed = index_keys
-            .iter()
-            .zip(replies)
-            .try_for_each(|(key, reply)| reply::server_error(&reply, "a run index update", key));
-        let items = reply::array(&reply, &key)?;
-        match items.first().map(|s| reply::text(s, &key)).transpose()? {
-            Some("ok") => {
-                let pruned = items[1..]
-                    .iter()
-                    .map(|id| {
-                        let id = reply::text(id, &key)?;
-                        id.parse::<RunId>()
-                            .map_err(|_| corrupt(&key, format!("pruned {id:?} is not a run id")))
-                    })
-                    .collect::<Result<Vec<_>, _>>()?;
-                indexed?;
-                self.forget(&record.thread, &pruned).await
-            }
-            Some("fenced") => {
-                let current = items.get(1).map(|c| reply::text(c, &key)).transpose()?;
-                Err(fenced(thread, fence, current, &key))
-            }
-            Some("wrongtype") => {
-                let bad = items
-                    .get(1)
-                    .map(|k| reply::text(k, &key))
-                    .transpose()?
-                    .unwrap_or(&key);
-                Err(corrupt(bad, "the key holds a value of another type"))
-            }
-            _ => Err(StoreError::Unavailable(format!(
-                "unexpected reply from the run script for {key}: {reply:?}"
-            ))),
-        }
+        self.write(record, fence, None).await
     }
 
+    async fn put_end(
+        &self,
+        record: &RunRecord,
+        lease: &Lease,
+        flags: &[String],
+    ) -> Result<EndWritten, StoreError> {
+        let thread = &record.thread;
+        // A script reaches its own slot only: on a cluster, flags elsewhere are cleared by
+        // the caller, after the record, and the lease given up after them.
+        if self.conn.is_cluster() {
+            let slot = hash_slot(self.keys.lease(thread).as_bytes());
+            if flags.iter().any(|key| hash_slot(key.as_bytes()) != slot) {
+                return self
+                    .write(record, Some(lease.fence), None)
+                    .await
+                    .map(|()| EndWritten::Record);
+            }
+        }
+        self.write(record, Some(lease.fence), Some(flags)).await?;
+        Ok(EndWritten::Released {
+            announced: self.notices.is_some(),
+        })
+    }
     async fn get(&self, run: RunId) -> Result<Option<RunRecord>, StoreError> {
         let pointer = self.keys.run_thread(run);
         let mut cmd = ::redis::cmd("GET");
@@ -590,5 +570,120 @@ impl RedisRunStore {
             reply::server_error(reply, "a run index update", key)?;
         }
         Ok(())
+    }
+}
+
+impl RedisRunStore {
+    /// Writes a record (see [`put`](RunStore::put)); with `end`, the run's end after it, in
+    /// its script (see [`put_end_script`]): these flags cleared and announced, the lease given up.
+    async fn write(
+        &self,
+        record: &RunRecord,
+        fence: Option<Fence>,
+        end: Option<&[String]>,
+    ) -> Result<(), StoreError> {
+        let thread = &record.thread;
+        let record_ttl_ms = self.record_ttl_ms(record.status);
+        let pointer = self.keys.run_thread(record.run_id);
+        let mut set_pointer = ::redis::cmd("SET");
+        set_pointer
+            .arg(&pointer)
+            .arg(thread.as_str())
+            .arg("PX")
+            .arg(record_ttl_ms);
+        let key = self.keys.run(thread, record.run_id);
+        let (set, delete) = fields(record);
+        let mut args = vec![
+            self.ttl_ms.to_string(),
+            token_arg(fence),
+            record.run_id.to_string(),
+            record_ttl_ms.to_string(),
+            if record.status.is_open() { "0" } else { "1" }.to_owned(),
+            self.keep_ended.unwrap_or(0).to_string(),
+            self.keys.run_prefix(thread),
+            set.len().to_string(),
+        ];
+        for (name, value) in set {
+            args.push(name.to_owned());
+            args.push(value);
+        }
+        args.extend(delete.into_iter().map(str::to_owned));
+        let mut keys = vec![
+            key.clone(),
+            self.keys.thread_runs(thread),
+            self.keys.fence(thread),
+        ];
+        let lua = match end {
+            None => &self.put,
+            Some(flags) => {
+                keys.push(self.keys.lease(thread));
+                keys.extend(flags.iter().cloned());
+                let before = args.len();
+                args.push(self.notices.clone().unwrap_or_default());
+                if self.notices.is_some() {
+                    args.extend(flags.iter().map(|key| {
+                        encode(&Notice {
+                            key: key.clone(),
+                            raised: false,
+                        })
+                    }));
+                }
+                args.push((args.len() - before).to_string());
+                &self.put_end
+            }
+        };
+        let script = lua.cmd(&keys, &args);
+        // The pointer, the record and the run's index entries go out as one pipeline (one
+        // round trip; on a cluster one per node, at once): the pointer and the indexes live in
+        // slots of their own, and the pointer's value never changes. The runs the script
+        // pruned leave the indexes after it.
+        let (index_keys, index_cmds): (Vec<String>, Vec<::redis::Cmd>) =
+            self.index(record).into_iter().unzip();
+        let cmds = [set_pointer, script]
+            .into_iter()
+            .chain(index_cmds)
+            .collect();
+        let mut replies = lua.run_many(&self.conn, &key, cmds).await?.into_iter();
+        let (Some(pointed), Some(reply)) = (replies.next(), replies.next()) else {
+            return Err(StoreError::Unavailable(format!(
+                "redis answered no reply to the run record of {key}"
+            )));
+        };
+        reply::server_error(&pointed, "SET", &pointer)?;
+        reply::server_error(&reply, "the run record script", &key)?;
+        let indexed = index_keys
+            .iter()
+            .zip(replies)
+            .try_for_each(|(key, reply)| reply::server_error(&reply, "a run index update", key));
+        let items = reply::array(&reply, &key)?;
+        match items.first().map(|s| reply::text(s, &key)).transpose()? {
+            Some("ok") => {
+                let pruned = items[1..]
+                    .iter()
+                    .map(|id| {
+                        let id = reply::text(id, &key)?;
+                        id.parse::<RunId>()
+                            .map_err(|_| corrupt(&key, format!("pruned {id:?} is not a run id")))
+                    })
+                    .collect::<Result<Vec<_>, _>>()?;
+                indexed?;
+                self.forget(&record.thread, &pruned).await
+            }
+            Some("fenced") => {
+                let current = items.get(1).map(|c| reply::text(c, &key)).transpose()?;
+                Err(fenced(thread, fence, current, &key))
+            }
+            Some("wrongtype") => {
+                let bad = items
+                    .get(1)
+                    .map(|k| reply::text(k, &key))
+                    .transpose()?
+                    .unwrap_or(&key);
+                Err(corrupt(bad, "the key holds a value of another type"))
+            }
+            _ => Err(StoreError::Unavailable(format!(
+                "unexpected reply from the run script for {key}: {reply:?}"
+            ))),
+        }
     }
 }

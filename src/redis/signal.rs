@@ -224,7 +224,7 @@ fn batches(keys: &[String], cluster: bool) -> Vec<Vec<usize>> {
 }
 
 /// A notice as JSON, the channel's payload.
-fn encode(notice: &Notice) -> String {
+pub(crate) fn encode(notice: &Notice) -> String {
     serde_json::json!({"key": notice.key, "raised": notice.raised}).to_string()
 }
 

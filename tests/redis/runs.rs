@@ -171,3 +171,107 @@ async fn a_record_is_written_after_the_server_forgot_its_script() {
     assert_eq!(runs.list_open().await, Ok(Vec::new()));
     assert_eq!(runs.list_recent(10).await, Ok(vec![ended]));
 }
+
+/// A run's end in one write: its record, then its flags deleted and announced, then its lease
+/// given up; and nothing of it when the record is refused.
+#[tokio::test]
+async fn a_run_end_clears_its_flags_announces_it_and_gives_its_lease_up_after_its_record() {
+    use futures::StreamExt;
+    use runvisor::store::{EndWritten, Notice};
+    use runvisor::{LeaseHolder, StoreError, WorkerId};
+
+    let server = RedisServer::start();
+    let stores = stores(&server).await;
+    let mut con = raw(&server).await;
+    let t = thread("chat:{end}");
+    let holder = |run| LeaseHolder {
+        worker: WorkerId::new("w1").expect("worker id"),
+        run,
+    };
+    let run = RunId::new();
+    let lease = stores
+        .leases
+        .acquire(&t, &holder(run), std::time::Duration::from_secs(10))
+        .await
+        .expect("free")
+        .lease;
+    let flags = vec![
+        format!("runvisor:stop:{{{t}}}:{run}"),
+        "agent_runtime_stopping:app:chat".to_owned(),
+    ];
+    for flag in &flags {
+        let _: () = cmd(&mut con, &["SET", flag, "1", "EX", "60"]).await;
+    }
+    let mut notices = stores.signals.subscribe().await.expect("subscribe");
+    let ended = RunRecord {
+        status: RunStatus::Succeeded,
+        finished_at_ms: Some(now_ms()),
+        ..run_record(run, &t)
+    };
+
+    // A record of another type at the run's key: refused naming it, nothing of the end done.
+    let key = format!("runvisor:run:{{{t}}}:{run}");
+    let _: () = cmd(&mut con, &["SET", &key, "junk"]).await;
+    match stores.runs.put_end(&ended, &lease, &flags).await {
+        Err(StoreError::Corrupt { key: named, .. }) => assert_eq!(named, key),
+        other => panic!("a junk record must be refused as corrupt: {other:?}"),
+    }
+    let left: i64 = cmd(&mut con, &["EXISTS", &flags[0], &flags[1]]).await;
+    assert_eq!(left, 2, "no flag is cleared before the record is written");
+    assert_eq!(
+        stores.leases.lease(&t).await.expect("read lease"),
+        Some(lease.clone()),
+        "the lease is kept"
+    );
+    let _: i64 = cmd(&mut con, &["DEL", &key]).await;
+
+    // The record, then the flags, the notices and the lease.
+    let written = stores
+        .runs
+        .put_end(&ended, &lease, &flags)
+        .await
+        .expect("end");
+    assert_eq!(written, EndWritten::Released { announced: true });
+    assert_eq!(
+        stores.runs.get(run).await.expect("get"),
+        Some(ended.clone())
+    );
+    let left: i64 = cmd(&mut con, &["EXISTS", &flags[0], &flags[1]]).await;
+    assert_eq!(left, 0, "the run's flags are gone");
+    assert_eq!(stores.leases.lease(&t).await.expect("read lease"), None);
+    for flag in &flags {
+        let notice = tokio::time::timeout(std::time::Duration::from_secs(5), notices.next())
+            .await
+            .expect("a notice within 5 s")
+            .expect("the notice stream goes on");
+        assert_eq!(
+            notice,
+            Notice {
+                key: flag.clone(),
+                raised: false
+            }
+        );
+    }
+
+    // Written again (a retry whose first answer was lost): the same record, nothing else.
+    let next = RunId::new();
+    let taken = stores
+        .leases
+        .acquire(&t, &holder(next), std::time::Duration::from_secs(10))
+        .await
+        .expect("free again")
+        .lease;
+    let _: () = cmd(&mut con, &["SET", &flags[1], "1", "EX", "60"]).await;
+    // The thread is another run's now: the old token is refused, and that run's lease and
+    // the flag set for it stay.
+    match stores.runs.put_end(&ended, &lease, &flags).await {
+        Err(StoreError::Fenced { .. }) => {}
+        other => panic!("a stale token must be refused: {other:?}"),
+    }
+    assert_eq!(
+        stores.leases.lease(&t).await.expect("read lease"),
+        Some(taken)
+    );
+    let left: i64 = cmd(&mut con, &["EXISTS", &flags[1]]).await;
+    assert_eq!(left, 1, "the new run's flag stays");
+}

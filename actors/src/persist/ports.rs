@@ -143,6 +143,38 @@ pub trait RunStore: Send + Sync + 'static {
     async fn list_open(&self) -> Result<Vec<RunRecord>, StoreError>;
     /// The records of the newest `limit` runs, whatever their status, newest first.
     async fn list_recent(&self, limit: usize) -> Result<Vec<RunRecord>, StoreError>;
+    /// Writes the record of a run's end under its lease and, where the store can do it in the
+    /// same step, then deletes the run's `flags`, announces that they were cleared and gives
+    /// the lease up: each only once what comes before it succeeded, so a stop request that
+    /// sees a flag cleared finds the record in place, and no other run can hold the thread
+    /// before the flags are gone. The answer says how far it went; the caller does the rest.
+    ///
+    /// The default writes the record alone, as [`put`](Self::put) does.
+    async fn put_end(
+        &self,
+        record: &RunRecord,
+        lease: &Lease,
+        flags: &[String],
+    ) -> Result<EndWritten, StoreError> {
+        let _ = flags;
+        self.put(record, Some(lease.fence))
+            .await
+            .map(|()| EndWritten::Record)
+    }
+}
+
+/// How far [`RunStore::put_end`] went.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum EndWritten {
+    /// The record alone: the flags and the lease are the caller's to clear and give up.
+    Record,
+    /// The record, then the flags cleared, then the lease given up; `announced`: the notices
+    /// that the flags were cleared were published too (else the caller publishes them).
+    Released {
+        /// Whether the notices were published.
+        announced: bool,
+    },
 }
 
 /// Keeps each thread's history.

@@ -3,9 +3,9 @@
 
 use super::*;
 use crate::model::{Spill, Unpersisted};
-use crate::persist::SpilledRun;
 use crate::persist::retry::{self, GaveUp};
 use crate::persist::snapshot::SaveFailed;
+use crate::persist::{EndWritten, SpilledRun};
 
 impl RunState {
     /// Persists the run's end once: checkpoint, history, run record; publishes the outcome.
@@ -158,11 +158,24 @@ impl RunState {
             });
         }
         let mut record_error = None;
+        // Where the store does it, the record's write also clears the run's flags, announces
+        // it and gives the lease up, in that order (one round trip instead of three).
+        let mut written = EndWritten::Record;
+        let flags = self.run.signal_keys.all();
         if self.lease_lost.is_none() {
+            // From here on nothing renews the lease (a renewal landing after the store gave it
+            // up would take the thread again) and nothing watches the flags (they go now).
+            self.run
+                .services
+                .release_lease(self.run.run_id, &self.run.thread, &self.run.lease, true)
+                .await;
+            if !flags.is_empty() {
+                self.run.services.unwatch(self.run.run_id).await;
+            }
             let runs = self.run.services.runs();
-            let (record, fence) = (&self.record, self.run.fence());
-            match retry::until(deadline, || runs.put(record, fence)).await {
-                Ok(()) => {}
+            let (record, lease) = (&self.record, &self.run.lease);
+            match retry::until(deadline, || runs.put_end(record, lease, &flags)).await {
+                Ok(done) => written = done,
                 Err(GaveUp {
                     error: e @ StoreError::Fenced { .. },
                     ..
@@ -187,24 +200,33 @@ impl RunState {
                 .await;
             outcome.set_unpersisted(unpersisted);
         }
-        // Last of the persisted state: a stop request that sees the flag cleared finds the
-        // run's record and final checkpoint in place.
-        let cleared = if self.lease_lost.is_none() {
-            self.clear_flags().await
-        } else {
-            Vec::new()
-        };
-        // The notices that the flags were cleared and the lease's release go out at once: both
-        // follow the clearing, and neither needs the other.
-        tokio::join!(
-            self.announce_cleared(&cleared),
-            self.run.services.release_lease(
-                self.run.run_id,
-                &self.run.thread,
-                &self.run.lease,
-                self.lease_lost.is_some(),
-            )
-        );
+        match written {
+            EndWritten::Released { announced } => {
+                if !announced {
+                    self.announce_cleared(&flags).await;
+                }
+            }
+            _ => {
+                // Last of the persisted state: a stop request that sees the flag cleared
+                // finds the run's record and final checkpoint in place.
+                let cleared = if self.lease_lost.is_none() {
+                    self.clear_flags(flags).await
+                } else {
+                    Vec::new()
+                };
+                // The notices that the flags were cleared and the lease's release go out at
+                // once: both follow the clearing, and neither needs the other.
+                tokio::join!(
+                    self.announce_cleared(&cleared),
+                    self.run.services.release_lease(
+                        self.run.run_id,
+                        &self.run.thread,
+                        &self.run.lease,
+                        self.lease_lost.is_some(),
+                    )
+                );
+            }
+        }
         {
             let mut live = self.run.live();
             live.status = status;
@@ -303,15 +325,13 @@ impl RunState {
         })
     }
 
-    /// Stops watching the run's flags and deletes them (the run ended). Returns the flags it
+    /// Deletes the run's flags (it ended; nothing watches them any more). Returns the flags it
     /// deleted; none when the run has none or they could not be deleted (they expire by
     /// themselves, their TTL; nothing is lost).
-    async fn clear_flags(&self) -> Vec<String> {
-        let keys = self.run.signal_keys.all();
+    async fn clear_flags(&self, keys: Vec<String>) -> Vec<String> {
         if keys.is_empty() {
             return keys;
         }
-        self.run.services.unwatch(self.run.run_id).await;
         let cleared = tokio::time::timeout(
             self.flags_deadline(),
             self.run
