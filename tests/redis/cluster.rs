@@ -739,3 +739,70 @@ async fn queued_runs_of_a_killed_worker_are_taken_over_on_a_cluster_with_nothing
         );
     }
 }
+
+/// A run's end on a cluster: with every flag in its thread's slot, the record's script
+/// deletes them and gives the lease up (the notices are the engine's to publish, on the shard
+/// channel); with a flag in another slot the record is written alone, and the flags and the
+/// lease are left for the engine to clear and give up after it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_run_end_on_a_cluster_clears_and_releases_in_its_record_only_within_its_slot() {
+    use runvisor::store::EndWritten;
+    use runvisor::{LeaseHolder, RunId, WorkerId};
+
+    let cluster = RedisCluster::start();
+    let mut raw = raw_cluster(&cluster).await;
+    let stores = cluster_stores(&cluster).await;
+    for (name, elsewhere) in [("end-here", false), ("end-there", true)] {
+        let t = thread(name);
+        let run = RunId::new();
+        let holder = LeaseHolder {
+            worker: WorkerId::new("w1").expect("worker id"),
+            run,
+        };
+        let lease = stores
+            .leases
+            .acquire(&t, &holder, Duration::from_secs(10))
+            .await
+            .expect("free")
+            .lease;
+        let mut flags = vec![format!("stop:{{{t}}}:{run}")];
+        if elsewhere {
+            let label = "agent_runtime_stopping:app:chat".to_owned();
+            assert_ne!(
+                hash_slot(label.as_bytes()),
+                hash_slot(flags[0].as_bytes()),
+                "the label flag must sit in another slot than the thread's"
+            );
+            flags.push(label);
+        }
+        for flag in &flags {
+            let _: () = cluster_cmd(&mut raw, &["SET", flag, "1", "EX", "60"]).await;
+        }
+        let ended = runvisor::store::RunRecord {
+            status: RunStatus::Succeeded,
+            finished_at_ms: Some(1),
+            ..super::support::run_record(run, &t)
+        };
+        let written = stores
+            .runs
+            .put_end(&ended, &lease, &flags)
+            .await
+            .expect("end");
+        assert_eq!(stores.runs.get(run).await.expect("get"), Some(ended));
+        let mut left = 0;
+        for flag in &flags {
+            let exists: i64 = cluster_cmd(&mut raw, &["EXISTS", flag]).await;
+            left += exists;
+        }
+        let held = stores.leases.lease(&t).await.expect("read lease");
+        if elsewhere {
+            assert_eq!(written, EndWritten::Record, "{name}");
+            assert_eq!(left, 2, "{name}: no flag is cleared by the record");
+            assert_eq!(held, Some(lease), "{name}: the lease is kept");
+        } else {
+            assert_eq!(written, EndWritten::Released { announced: false }, "{name}");
+            assert_eq!(left, 0, "{name}: the flag is gone");
+            assert_eq!(held, None, "{name}: the lease is given up");
+        }
+    }
+}

@@ -61,9 +61,12 @@ pub(crate) trait RunServices: Send + Sync + 'static {
         lease: Lease,
         supervisor: ActorRef<RunMsg>,
     );
-    /// Stops renewing a run's lease and gives it up (`lost`: it is not ours any more, nothing
-    /// to give up).
-    async fn release_lease(&self, run: RunId, thread: &ThreadId, lease: &Lease, lost: bool);
+    /// Stops renewing a run's lease; waits for a renewal in flight, so none lands after this
+    /// returns.
+    async fn stop_renewing(&self, run: RunId);
+    /// Gives a run's lease up (after [`stop_renewing`](Self::stop_renewing): a renewal landing
+    /// after the release would take the thread again).
+    async fn release_lease(&self, run: RunId, thread: &ThreadId, lease: &Lease);
 }
 
 /// The part of a live run that changes while it runs.

@@ -331,13 +331,16 @@ impl RunServices for Services {
         }
     }
 
-    async fn release_lease(&self, run: RunId, thread: &ThreadId, lease: &Lease, lost: bool) {
+    async fn stop_renewing(&self, run: RunId) {
         if let Some(keeper) = self.keeper.get() {
             // Waits for a renewal in flight: one landing after the release would take the
             // thread again. A keeper that is gone renews nothing.
             let _ = keeper.call(|done| KeeperMsg::Drop(run, done), None).await;
         }
-        if !lost && let Err(e) = self.leases.release(thread, lease).await {
+    }
+
+    async fn release_lease(&self, run: RunId, thread: &ThreadId, lease: &Lease) {
+        if let Err(e) = self.leases.release(thread, lease).await {
             // The lease expires by itself; the thread is busy until then.
             tracing::warn!(%run, %thread, error = %e, "could not give the thread's lease up");
         }

@@ -162,13 +162,11 @@ impl RunState {
         // it and gives the lease up, in that order (one round trip instead of three).
         let mut written = EndWritten::Record;
         let flags = self.run.signal_keys.all();
+        // From here on nothing renews the lease: a renewal landing after the store gave it up
+        // would take the thread again (and a lost lease has nothing left to renew).
+        self.run.services.stop_renewing(self.run.run_id).await;
         if self.lease_lost.is_none() {
-            // From here on nothing renews the lease (a renewal landing after the store gave it
-            // up would take the thread again) and nothing watches the flags (they go now).
-            self.run
-                .services
-                .release_lease(self.run.run_id, &self.run.thread, &self.run.lease, true)
-                .await;
+            // Nor does anything watch the flags: they go now.
             if !flags.is_empty() {
                 self.run.services.unwatch(self.run.run_id).await;
             }
@@ -206,14 +204,10 @@ impl RunState {
                     self.announce_cleared(&flags).await;
                 }
             }
-            _ => {
+            EndWritten::Record if self.lease_lost.is_none() => {
                 // Last of the persisted state: a stop request that sees the flag cleared
                 // finds the run's record and final checkpoint in place.
-                let cleared = if self.lease_lost.is_none() {
-                    self.clear_flags(flags).await
-                } else {
-                    Vec::new()
-                };
+                let cleared = self.clear_flags(flags).await;
                 // The notices that the flags were cleared and the lease's release go out at
                 // once: both follow the clearing, and neither needs the other.
                 tokio::join!(
@@ -222,10 +216,11 @@ impl RunState {
                         self.run.run_id,
                         &self.run.thread,
                         &self.run.lease,
-                        self.lease_lost.is_some(),
                     )
                 );
             }
+            // The lease is another run's: its flags and its lease are not this run's to touch.
+            EndWritten::Record => {}
         }
         {
             let mut live = self.run.live();
