@@ -151,6 +151,7 @@
 mod checkpoint;
 mod conn;
 pub mod control;
+mod end;
 mod history;
 mod keys;
 mod lease;
@@ -165,11 +166,14 @@ use std::fmt;
 use std::sync::Arc;
 use std::time::Duration;
 
-use runvisor_actors::store::{CheckpointStore, HistoryStore, LeaseStore, RunStore, SignalSource};
+use runvisor_actors::store::{
+    CheckpointStore, EndStore, HistoryStore, LeaseStore, RunStore, SignalSource,
+};
 use runvisor_actors::{Runtime, RuntimeBuilder};
 use serde::{Deserialize, Serialize};
 
 pub use checkpoint::RedisCheckpointStore;
+pub use end::RedisEndStore;
 pub use history::RedisHistoryStore;
 pub use keys::{Keys, SLOTS, hash_slot};
 pub use lease::RedisLeaseStore;
@@ -385,6 +389,8 @@ pub struct RedisStores {
     pub signals: Arc<dyn SignalSource>,
     /// Workers' heartbeats, threads' leases and fencing tokens.
     pub leases: Arc<dyn LeaseStore>,
+    /// Runs' whole ends in one step (final checkpoint, messages, record, flags, lease).
+    pub ends: Arc<dyn EndStore>,
     /// Where the ends of runs that Redis did not take are kept, to be replayed.
     spill: FileSpill,
     keys: Keys,
@@ -427,25 +433,32 @@ impl RedisStores {
             config.spill_dir.clone().unwrap_or_else(spill::default_dir),
             format!("{} {}", config.redacted_url(), config.prefix),
         );
+        let checkpoints = Arc::new(RedisCheckpointStore::new(
+            conn.clone(),
+            keys.clone(),
+            ttl,
+            config.keep_checkpoints.limit(),
+        ));
+        let runs = Arc::new(RedisRunStore::new(
+            conn.clone(),
+            keys.clone(),
+            ttl,
+            config.finished_run_ttl,
+            config.keep_ended_runs.limit(),
+            // Notices travel on a shard channel on a cluster, out of a script's reach.
+            (!matches!(endpoint, Endpoint::Cluster(_))).then(|| signal::channel(&config.prefix)),
+        ));
+        let history = Arc::new(RedisHistoryStore::new(conn.clone(), keys.clone(), ttl));
         Ok(Self {
             spill,
-            checkpoints: Arc::new(RedisCheckpointStore::new(
-                conn.clone(),
-                keys.clone(),
-                ttl,
-                config.keep_checkpoints.limit(),
+            ends: Arc::new(RedisEndStore::new(
+                checkpoints.clone(),
+                history.clone(),
+                runs.clone(),
             )),
-            runs: Arc::new(RedisRunStore::new(
-                conn.clone(),
-                keys.clone(),
-                ttl,
-                config.finished_run_ttl,
-                config.keep_ended_runs.limit(),
-                // Notices travel on a shard channel on a cluster, out of a script's reach.
-                (!matches!(endpoint, Endpoint::Cluster(_)))
-                    .then(|| signal::channel(&config.prefix)),
-            )),
-            history: Arc::new(RedisHistoryStore::new(conn.clone(), keys.clone(), ttl)),
+            checkpoints,
+            runs,
+            history,
             leases: Arc::new(RedisLeaseStore::new(conn.clone(), keys.clone(), ttl)),
             signals: Arc::new(RedisSignalSource::new(
                 conn.clone(),
@@ -470,6 +483,7 @@ impl RedisStores {
             .run_store(self.runs.clone())
             .history_store(self.history.clone())
             .signal_source(self.signals.clone())
+            .end_store(self.ends.clone())
     }
 
     /// The spill files of these stores: where runs whose end Redis did not take are kept.

@@ -12,5 +12,5 @@ mod run;
 mod supervisor;
 
 pub use config::{LeaseConfig, RuntimeConfig};
-pub(crate) use run::{LiveRun, LiveState, RunInfo, RunServices};
+pub(crate) use run::{EndParts, EndReached, LiveRun, LiveState, RunInfo, RunServices};
 pub(crate) use supervisor::{Restore, RunArgs, RunMsg, RunSupervisor};

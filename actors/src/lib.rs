@@ -56,8 +56,9 @@ pub mod store {
     pub use crate::persist::DeltaLink;
     pub use crate::persist::memory;
     pub use crate::persist::{
-        Acquired, CheckpointStore, EndWritten, HistoryStore, LeaseStore, MemoryLeaseStore, Notice,
-        NoticeStream, RunStore, Signal, SignalSource, SpillStore, SpilledRun, StoredCheckpoint,
+        Acquired, CheckpointStore, EndFailed, EndStep, EndStore, EndWritten, HistoryStore,
+        LeaseStore, MemoryLeaseStore, Notice, NoticeStream, RunStore, Signal, SignalSource,
+        SpillStore, SpilledRun, StoredCheckpoint, WholeEnd,
     };
 }
 

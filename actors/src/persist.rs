@@ -23,8 +23,8 @@ pub use durability::Durability;
 pub(crate) use keys::WatchedKeys;
 pub use keys::{SignalConfig, escape_label, render_key};
 pub use ports::{
-    Acquired, CheckpointStore, DeltaLink, EndWritten, HistoryStore, LeaseStore, Notice,
-    NoticeStream, RunStore, Signal, SignalSource, StoredCheckpoint,
+    Acquired, CheckpointStore, DeltaLink, EndFailed, EndStep, EndStore, EndWritten, HistoryStore,
+    LeaseStore, Notice, NoticeStream, RunStore, Signal, SignalSource, StoredCheckpoint, WholeEnd,
 };
 pub(crate) use snapshot::Snapshot;
 pub use spill::{SpillStore, SpilledRun};

@@ -42,9 +42,9 @@ use super::conn::Conn;
 use super::keys::{Keys, ttl_ms};
 use super::lease::{fenced, fenced_script, token_arg};
 use super::reply::{self, Fields, corrupt};
-use super::scripts::Lua;
+use super::scripts::{Lua, Part};
 
-pub(crate) use lua::{COUNT, HELPERS, TRIM};
+pub(crate) use lua::{COUNT, HELPERS, PUT, TRIM};
 
 /// The most checkpoints one write prunes: a thread far over its retention (after the
 /// retention was lowered) comes down over its next writes, or at once with `prune`.
@@ -180,6 +180,94 @@ impl RedisCheckpointStore {
             keep: keep.map(|n| n.max(1)),
             put: fenced_script(&format!("{HELPERS}{}", lua::PUT)),
             scripts: ThreadScripts::new(),
+        }
+    }
+
+    /// The keys and arguments of the put script ([`lua::PUT`]) writing `checkpoint`, also a
+    /// step of a run's whole end.
+    pub(crate) fn put_part(
+        &self,
+        thread: &ThreadId,
+        checkpoint: &StoredCheckpoint,
+        fence: Option<Fence>,
+    ) -> Part {
+        let link = |pick: fn(&DeltaLink) -> CheckpointId| {
+            checkpoint
+                .link
+                .as_ref()
+                .map(|l| pick(l).to_string())
+                .unwrap_or_default()
+        };
+        let text = |args: &[String]| -> Vec<Vec<u8>> {
+            args.iter().map(|a| a.clone().into_bytes()).collect()
+        };
+        let mut args = text(&[
+            checkpoint.id.to_string(),
+            checkpoint.run.to_string(),
+            checkpoint.sequence.to_string(),
+        ]);
+        args.push(encode_value(checkpoint));
+        args.extend(text(&[
+            self.ttl_ms.to_string(),
+            token_arg(fence),
+            self.keep.map(|k| k.to_string()).unwrap_or_default(),
+            self.keys.checkpoint_prefix(thread),
+            self.keys.checkpoint_sequence_prefix(thread),
+            PUT_PRUNE_MAX.to_string(),
+            link(|l| l.base),
+            link(|l| l.parent),
+        ]));
+        Part {
+            keys: vec![
+                self.keys.checkpoint(thread, checkpoint.id),
+                self.keys.checkpoint_index(thread),
+                self.keys.checkpoint_sequence(thread, checkpoint.run),
+                self.keys.fence(thread),
+                self.keys.checkpoint_fresh(thread),
+            ],
+            args,
+        }
+    }
+
+    /// What the put script's `reply` says of `checkpoint`'s write.
+    pub(crate) fn put_answer(
+        &self,
+        reply: &Value,
+        thread: &ThreadId,
+        checkpoint: &StoredCheckpoint,
+        fence: Option<Fence>,
+    ) -> Result<(), StoreError> {
+        let payload = self.keys.checkpoint(thread, checkpoint.id);
+        let items = reply::array(reply, &payload)?;
+        let status = items
+            .first()
+            .map(|s| reply::text(s, &payload))
+            .transpose()?;
+        let detail = items.get(1).map(|d| reply::text(d, &payload)).transpose()?;
+        match (status, detail) {
+            (Some("ok"), _) => Ok(()),
+            (Some("fenced"), current) => Err(fenced(thread, fence, current, &payload)),
+            (Some("missing"), Some(id)) => Err(StoreError::MissingParent {
+                checkpoint: parse_id(id, &self.keys.checkpoint_index(thread))?,
+            }),
+            (Some("stale"), Some(stored)) => Err(StoreError::StaleSequence {
+                run: checkpoint.run,
+                sequence: checkpoint.sequence,
+                stored: reply::parse(
+                    stored.as_bytes(),
+                    &self.keys.checkpoint_sequence(thread, checkpoint.run),
+                    "stored sequence",
+                )?,
+            }),
+            (Some("wrongtype"), Some(key)) => {
+                Err(corrupt(key, "the key holds a value of another type"))
+            }
+            (Some("corrupt"), Some(key)) => {
+                Err(corrupt(key, "the stored sequence is not a number"))
+            }
+            _ => Err(StoreError::Unavailable(format!(
+                "unexpected reply from the checkpoint script for {payload}: {reply:?}"
+            ))),
         }
     }
 
@@ -409,69 +497,19 @@ impl CheckpointStore for RedisCheckpointStore {
         checkpoint: StoredCheckpoint,
         fence: Option<Fence>,
     ) -> Result<(), StoreError> {
-        let payload = self.keys.checkpoint(thread, checkpoint.id);
-        let index = self.keys.checkpoint_index(thread);
-        let sequence = self.keys.checkpoint_sequence(thread, checkpoint.run);
+        let part = self.put_part(thread, &checkpoint, fence);
         let mut invocation = self.put.prepare_invoke();
-        invocation
-            .key(&payload)
-            .key(&index)
-            .key(&sequence)
-            .key(self.keys.fence(thread))
-            .key(self.keys.checkpoint_fresh(thread))
-            .arg(checkpoint.id.to_string())
-            .arg(checkpoint.run.to_string())
-            .arg(checkpoint.sequence.to_string())
-            .arg(encode_value(&checkpoint))
-            .arg(self.ttl_ms)
-            .arg(token_arg(fence))
-            .arg(self.keep.map(|k| k.to_string()).unwrap_or_default())
-            .arg(self.keys.checkpoint_prefix(thread))
-            .arg(self.keys.checkpoint_sequence_prefix(thread))
-            .arg(PUT_PRUNE_MAX)
-            .arg(
-                checkpoint
-                    .link
-                    .map(|l| l.base.to_string())
-                    .unwrap_or_default(),
-            )
-            .arg(
-                checkpoint
-                    .link
-                    .map(|l| l.parent.to_string())
-                    .unwrap_or_default(),
-            );
+        for key in &part.keys {
+            invocation.key(key);
+        }
+        for arg in &part.args {
+            invocation.arg(arg.as_slice());
+        }
         let reply = self
             .conn
-            .script("checkpoint put", &payload, &invocation)
+            .script("checkpoint put", &part.keys[0], &invocation)
             .await?;
-        let items = reply::array(&reply, &payload)?;
-        let status = items
-            .first()
-            .map(|s| reply::text(s, &payload))
-            .transpose()?;
-        let detail = items.get(1).map(|d| reply::text(d, &payload)).transpose()?;
-        match (status, detail) {
-            (Some("ok"), _) => Ok(()),
-            (Some("fenced"), current) => Err(fenced(thread, fence, current, &payload)),
-            (Some("missing"), Some(id)) => Err(StoreError::MissingParent {
-                checkpoint: parse_id(id, &index)?,
-            }),
-            (Some("stale"), Some(stored)) => Err(StoreError::StaleSequence {
-                run: checkpoint.run,
-                sequence: checkpoint.sequence,
-                stored: reply::parse(stored.as_bytes(), &sequence, "stored sequence")?,
-            }),
-            (Some("wrongtype"), Some(key)) => {
-                Err(corrupt(key, "the key holds a value of another type"))
-            }
-            (Some("corrupt"), Some(key)) => {
-                Err(corrupt(key, "the stored sequence is not a number"))
-            }
-            _ => Err(StoreError::Unavailable(format!(
-                "unexpected reply from the checkpoint script for {payload}: {reply:?}"
-            ))),
-        }
+        self.put_answer(&reply, thread, &checkpoint, fence)
     }
 
     async fn get(

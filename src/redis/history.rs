@@ -15,6 +15,7 @@
 use std::fmt;
 use std::time::Duration;
 
+use ::redis::Value;
 use async_trait::async_trait;
 use runvisor_actors::store::HistoryStore;
 use runvisor_actors::{Fence, Message, StoreError, ThreadId};
@@ -24,6 +25,7 @@ use super::keys::Keys;
 use super::keys::ttl_ms;
 use super::lease::{fenced, fenced_script, token_arg};
 use super::reply::{self, corrupt};
+use super::scripts::Part;
 
 /// Appends the messages whose ids are new, in order.
 ///
@@ -31,7 +33,7 @@ use super::reply::{self, corrupt};
 /// (empty: unfenced), then for each message its id (16 bytes), its id as text (how earlier
 /// releases recorded it) and its entry.
 /// Returns `{"ok", appended}`, `{"fenced", current}` or `{"wrongtype", key}`.
-const APPEND: &str = r#"
+pub(crate) const APPEND: &str = r#"
 local kinds = {'list', 'set', 'string'}
 for i, key in ipairs(KEYS) do
   local t = redis.call('TYPE', key)['ok']
@@ -79,42 +81,46 @@ impl RedisHistoryStore {
             append: fenced_script(APPEND),
         }
     }
-}
 
-#[async_trait]
-impl HistoryStore for RedisHistoryStore {
-    async fn append(
+    /// The keys and arguments of the append script ([`APPEND`]) adding `messages`, also a step
+    /// of a run's whole end.
+    pub(crate) fn append_part(
         &self,
         thread: &ThreadId,
         messages: &[Message],
         fence: Option<Fence>,
-    ) -> Result<(), StoreError> {
-        if messages.is_empty() {
-            return Ok(());
-        }
-        let list = self.keys.history(thread);
-        let ids = self.keys.history_ids(thread);
-        let mut invocation = self.append.prepare_invoke();
-        invocation
-            .key(&list)
-            .key(&ids)
-            .key(self.keys.fence(thread))
-            .arg(self.ttl_ms)
-            .arg(token_arg(fence));
+    ) -> Result<Part, StoreError> {
+        let mut args = vec![
+            self.ttl_ms.to_string().into_bytes(),
+            token_arg(fence).into_bytes(),
+        ];
         for message in messages {
             let entry = encode(message).map_err(|e| {
                 StoreError::Unavailable(format!("cannot encode message {}: {e}", message.id))
             })?;
-            invocation
-                .arg(message.id.as_uuid().as_bytes().as_slice())
-                .arg(message.id.to_string())
-                .arg(entry);
+            args.push(message.id.as_uuid().as_bytes().to_vec());
+            args.push(message.id.to_string().into_bytes());
+            args.push(entry);
         }
-        let reply = self
-            .conn
-            .script("history append", &list, &invocation)
-            .await?;
-        let items = reply::array(&reply, &list)?;
+        Ok(Part {
+            keys: vec![
+                self.keys.history(thread),
+                self.keys.history_ids(thread),
+                self.keys.fence(thread),
+            ],
+            args,
+        })
+    }
+
+    /// What the append script's `reply` says.
+    pub(crate) fn append_answer(
+        &self,
+        reply: &Value,
+        thread: &ThreadId,
+        fence: Option<Fence>,
+    ) -> Result<(), StoreError> {
+        let list = self.keys.history(thread);
+        let items = reply::array(reply, &list)?;
         match items.first().map(|s| reply::text(s, &list)).transpose()? {
             Some("ok") => Ok(()),
             Some("fenced") => {
@@ -133,6 +139,34 @@ impl HistoryStore for RedisHistoryStore {
                 "unexpected reply from the history script for {list}: {reply:?}"
             ))),
         }
+    }
+}
+
+#[async_trait]
+impl HistoryStore for RedisHistoryStore {
+    async fn append(
+        &self,
+        thread: &ThreadId,
+        messages: &[Message],
+        fence: Option<Fence>,
+    ) -> Result<(), StoreError> {
+        if messages.is_empty() {
+            return Ok(());
+        }
+        let part = self.append_part(thread, messages, fence)?;
+        let mut invocation = self.append.prepare_invoke();
+        for key in &part.keys {
+            invocation.key(key);
+        }
+        for arg in &part.args {
+            invocation.arg(arg.as_slice());
+        }
+        let list = self.keys.history(thread);
+        let reply = self
+            .conn
+            .script("history append", &list, &invocation)
+            .await?;
+        self.append_answer(&reply, thread, fence)
     }
 
     async fn load(&self, thread: &ThreadId) -> Result<Vec<Message>, StoreError> {

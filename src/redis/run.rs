@@ -38,6 +38,7 @@
 use std::fmt;
 use std::time::Duration;
 
+use ::redis::Value;
 use async_trait::async_trait;
 use runvisor_actors::store::{EndWritten, Notice, RunRecord, RunStatus, RunStore};
 use runvisor_actors::{Fence, Lease, RunId, RunLabels, StoreError, ThreadId};
@@ -47,7 +48,7 @@ use super::keys::Keys;
 use super::keys::{hash_slot, ttl_ms};
 use super::lease::{FENCE_CHECK, fenced, token_arg};
 use super::reply::{self, Fields, corrupt};
-use super::scripts::Lua;
+use super::scripts::{Lua, Part};
 use super::signal::encode;
 
 /// Indexes a run and sets and deletes fields of its hash, refreshing both TTLs; when the run
@@ -70,7 +71,7 @@ use super::signal::encode;
 /// only the hash is asked its type, and the index entry is the first write, by a `pcall` that
 /// answers an index of another type. A record's write makes six calls, or seven with fields to
 /// delete (an ended run's also counts the ended runs).
-const PUT: &str = r#"
+pub(crate) const PUT: &str = r#"
 local current = redis.pcall('GET', KEYS[3])
 if failed(current) then return {'wrongtype', KEYS[3]} end
 local t = redis.call('TYPE', KEYS[1])['ok']
@@ -109,7 +110,7 @@ return reply
 "#;
 
 /// How many of its arguments [`PUT`] reads: all of them when it runs alone.
-const PUT_ALONE: &str = "local ARGC = #ARGV\n";
+pub(crate) const PUT_ALONE: &str = "local ARGC = #ARGV\n";
 
 /// [`PUT`] for a run's end, followed, once the record is written, by the run's end in the
 /// thread's slot: its flags deleted, the notices that they were cleared published, its lease
@@ -120,7 +121,7 @@ const PUT_ALONE: &str = "local ARGC = #ARGV\n";
 /// notices' channel (empty: none published here), the notices, and last how many arguments
 /// of the end there are (the channel and the notices). Returns what [`PUT`] returns; nothing
 /// of the end is done unless that is `ok`.
-fn put_end_script() -> String {
+pub(crate) fn put_end_script() -> String {
     format!(
         "local ARGC = #ARGV - tonumber(ARGV[#ARGV]) - 1\nlocal function put()\n{PUT}end\nlocal reply = put()\nif reply[1] ~= 'ok' then return reply end\n{END}return reply\n"
     )
@@ -306,23 +307,20 @@ impl RunStore for RedisRunStore {
         lease: &Lease,
         flags: &[String],
     ) -> Result<EndWritten, StoreError> {
-        let thread = &record.thread;
-        // A script reaches its own slot only: on a cluster, flags elsewhere are cleared by
-        // the caller, after the record, and the lease given up after them.
-        if self.conn.is_cluster() {
-            let slot = hash_slot(self.keys.lease(thread).as_bytes());
-            if flags.iter().any(|key| hash_slot(key.as_bytes()) != slot) {
-                return self
-                    .write(record, Some(lease.fence), None)
-                    .await
-                    .map(|()| EndWritten::Record);
-            }
+        // On a cluster, flags outside the thread's slot are cleared by the caller, after the
+        // record, and the lease given up after them.
+        if !self.end_in_script(&record.thread, flags) {
+            return self
+                .write(record, Some(lease.fence), None)
+                .await
+                .map(|()| EndWritten::Record);
         }
         self.write(record, Some(lease.fence), Some(flags)).await?;
         Ok(EndWritten::Released {
-            announced: self.notices.is_some(),
+            announced: self.announces(),
         })
     }
+
     async fn get(&self, run: RunId) -> Result<Option<RunRecord>, StoreError> {
         let pointer = self.keys.run_thread(run);
         let mut cmd = ::redis::cmd("GET");
@@ -582,22 +580,30 @@ impl RedisRunStore {
         fence: Option<Fence>,
         end: Option<&[String]>,
     ) -> Result<(), StoreError> {
+        let mut part = self.record_part(record, fence);
+        let lua = match end {
+            None => &self.put,
+            Some(flags) => {
+                self.end_part(&record.thread, flags, &mut part);
+                &self.put_end
+            }
+        };
+        let key = &part.keys[0];
+        let (reply, indexed) = self
+            .send(lua, record, lua.cmd(&part.keys, &part.args))
+            .await?;
+        self.recorded(record, fence, key, &reply, indexed).await
+    }
+
+    /// The keys and arguments of [`PUT`] writing `record`.
+    pub(crate) fn record_part(&self, record: &RunRecord, fence: Option<Fence>) -> Part {
         let thread = &record.thread;
-        let record_ttl_ms = self.record_ttl_ms(record.status);
-        let pointer = self.keys.run_thread(record.run_id);
-        let mut set_pointer = ::redis::cmd("SET");
-        set_pointer
-            .arg(&pointer)
-            .arg(thread.as_str())
-            .arg("PX")
-            .arg(record_ttl_ms);
-        let key = self.keys.run(thread, record.run_id);
         let (set, delete) = fields(record);
         let mut args = vec![
             self.ttl_ms.to_string(),
             token_arg(fence),
             record.run_id.to_string(),
-            record_ttl_ms.to_string(),
+            self.record_ttl_ms(record.status).to_string(),
             if record.status.is_open() { "0" } else { "1" }.to_owned(),
             self.keep_ended.unwrap_or(0).to_string(),
             self.keys.run_prefix(thread),
@@ -608,35 +614,70 @@ impl RedisRunStore {
             args.push(value);
         }
         args.extend(delete.into_iter().map(str::to_owned));
-        let mut keys = vec![
-            key.clone(),
-            self.keys.thread_runs(thread),
-            self.keys.fence(thread),
-        ];
-        let lua = match end {
-            None => &self.put,
-            Some(flags) => {
-                keys.push(self.keys.lease(thread));
-                keys.extend(flags.iter().cloned());
-                let before = args.len();
-                args.push(self.notices.clone().unwrap_or_default());
-                if self.notices.is_some() {
-                    args.extend(flags.iter().map(|key| {
-                        encode(&Notice {
-                            key: key.clone(),
-                            raised: false,
-                        })
-                    }));
-                }
-                args.push((args.len() - before).to_string());
-                &self.put_end
-            }
-        };
-        let script = lua.cmd(&keys, &args);
-        // The pointer, the record and the run's index entries go out as one pipeline (one
-        // round trip; on a cluster one per node, at once): the pointer and the indexes live in
-        // slots of their own, and the pointer's value never changes. The runs the script
-        // pruned leave the indexes after it.
+        Part {
+            keys: vec![
+                self.keys.run(thread, record.run_id),
+                self.keys.thread_runs(thread),
+                self.keys.fence(thread),
+            ],
+            args: args.into_iter().map(String::into_bytes).collect(),
+        }
+    }
+
+    /// Adds to `part` (a record's, see [`Self::record_part`]) what [`put_end_script`] reads
+    /// after it: the lease and the flags, the notices' channel and the notices.
+    pub(crate) fn end_part(&self, thread: &ThreadId, flags: &[String], part: &mut Part) {
+        part.keys.push(self.keys.lease(thread));
+        part.keys.extend(flags.iter().cloned());
+        let before = part.args.len();
+        part.args
+            .push(self.notices.clone().unwrap_or_default().into_bytes());
+        if self.notices.is_some() {
+            part.args.extend(flags.iter().map(|key| {
+                encode(&Notice {
+                    key: key.clone(),
+                    raised: false,
+                })
+                .into_bytes()
+            }));
+        }
+        part.args
+            .push((part.args.len() - before).to_string().into_bytes());
+    }
+
+    /// Whether a run's end may clear these flags in its record's script: a script reaches its
+    /// own slot only, so on a cluster every flag must be in the thread's.
+    pub(crate) fn end_in_script(&self, thread: &ThreadId, flags: &[String]) -> bool {
+        if !self.conn.is_cluster() {
+            return true;
+        }
+        let slot = hash_slot(self.keys.lease(thread).as_bytes());
+        flags.iter().all(|key| hash_slot(key.as_bytes()) == slot)
+    }
+
+    /// Whether the record's script publishes the notices that a run's end cleared its flags.
+    pub(crate) fn announces(&self) -> bool {
+        self.notices.is_some()
+    }
+
+    /// Sends `script` (an invocation of `lua` that writes `record`) with the record's pointer
+    /// and its index entries in one pipeline (one round trip; on a cluster one per node, at
+    /// once): the pointer and the indexes live in slots of their own, and the pointer's value
+    /// never changes. Answers the script's reply and whether the index updates went.
+    pub(crate) async fn send(
+        &self,
+        lua: &Lua,
+        record: &RunRecord,
+        script: ::redis::Cmd,
+    ) -> Result<(Value, Result<(), StoreError>), StoreError> {
+        let pointer = self.keys.run_thread(record.run_id);
+        let mut set_pointer = ::redis::cmd("SET");
+        set_pointer
+            .arg(&pointer)
+            .arg(record.thread.as_str())
+            .arg("PX")
+            .arg(self.record_ttl_ms(record.status));
+        let key = self.keys.run(&record.thread, record.run_id);
         let (index_keys, index_cmds): (Vec<String>, Vec<::redis::Cmd>) =
             self.index(record).into_iter().unzip();
         let cmds = [set_pointer, script]
@@ -655,30 +696,43 @@ impl RedisRunStore {
             .iter()
             .zip(replies)
             .try_for_each(|(key, reply)| reply::server_error(&reply, "a run index update", key));
-        let items = reply::array(&reply, &key)?;
-        match items.first().map(|s| reply::text(s, &key)).transpose()? {
+        Ok((reply, indexed))
+    }
+
+    /// What [`PUT`]'s `reply` says of `record`'s write at `key`; once it is written, the runs
+    /// it pruned leave the indexes (after `indexed`, the index updates sent with it, went).
+    pub(crate) async fn recorded(
+        &self,
+        record: &RunRecord,
+        fence: Option<Fence>,
+        key: &str,
+        reply: &Value,
+        indexed: Result<(), StoreError>,
+    ) -> Result<(), StoreError> {
+        let items = reply::array(reply, key)?;
+        match items.first().map(|s| reply::text(s, key)).transpose()? {
             Some("ok") => {
                 let pruned = items[1..]
                     .iter()
                     .map(|id| {
-                        let id = reply::text(id, &key)?;
+                        let id = reply::text(id, key)?;
                         id.parse::<RunId>()
-                            .map_err(|_| corrupt(&key, format!("pruned {id:?} is not a run id")))
+                            .map_err(|_| corrupt(key, format!("pruned {id:?} is not a run id")))
                     })
                     .collect::<Result<Vec<_>, _>>()?;
                 indexed?;
                 self.forget(&record.thread, &pruned).await
             }
             Some("fenced") => {
-                let current = items.get(1).map(|c| reply::text(c, &key)).transpose()?;
-                Err(fenced(thread, fence, current, &key))
+                let current = items.get(1).map(|c| reply::text(c, key)).transpose()?;
+                Err(fenced(&record.thread, fence, current, key))
             }
             Some("wrongtype") => {
                 let bad = items
                     .get(1)
-                    .map(|k| reply::text(k, &key))
+                    .map(|k| reply::text(k, key))
                     .transpose()?
-                    .unwrap_or(&key);
+                    .unwrap_or(key);
                 Err(corrupt(bad, "the key holds a value of another type"))
             }
             _ => Err(StoreError::Unavailable(format!(

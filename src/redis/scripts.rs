@@ -9,6 +9,16 @@ use runvisor_actors::StoreError;
 
 use super::conn::Conn;
 
+/// One script's keys and arguments: a step of a script made of several (see
+/// [`super::end`]), or the whole of one.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct Part {
+    /// Its keys, all in one slot.
+    pub(crate) keys: Vec<String>,
+    /// Its arguments.
+    pub(crate) args: Vec<Vec<u8>>,
+}
+
 /// A script and its source, to send by hash and load where it is unknown.
 #[derive(Debug, Clone)]
 pub(crate) struct Lua {

@@ -806,3 +806,95 @@ async fn a_run_end_on_a_cluster_clears_and_releases_in_its_record_only_within_it
         }
     }
 }
+
+/// A run's whole end on a cluster: checkpoint, messages and record in one script in the
+/// thread's slot, and the flags and the lease in it too only when every flag is in that slot.
+#[tokio::test]
+async fn a_whole_end_on_a_cluster_is_one_script_in_its_threads_slot() {
+    use runvisor::store::{EndWritten, StoredCheckpoint, WholeEnd};
+    use runvisor::{CheckpointId, LeaseHolder, RunId, WorkerId};
+
+    let cluster = RedisCluster::start();
+    let mut raw = raw_cluster(&cluster).await;
+    let stores = cluster_stores(&cluster).await;
+    for (name, elsewhere) in [("whole-here", false), ("whole-there", true)] {
+        let t = thread(name);
+        let run = RunId::new();
+        let holder = LeaseHolder {
+            worker: WorkerId::new("w1").expect("worker id"),
+            run,
+        };
+        let lease = stores
+            .leases
+            .acquire(&t, &holder, Duration::from_secs(10))
+            .await
+            .expect("free")
+            .lease;
+        let mut flags = vec![format!("stop:{{{t}}}:{run}")];
+        if elsewhere {
+            flags.push("agent_runtime_stopping:app:chat".to_owned());
+        }
+        for flag in &flags {
+            let _: () = cluster_cmd(&mut raw, &["SET", flag, "1", "EX", "60"]).await;
+        }
+        let checkpoint = StoredCheckpoint {
+            id: CheckpointId::new(),
+            run,
+            sequence: 1,
+            bytes: b"final".to_vec(),
+            link: None,
+        };
+        let messages = [Message::user("question"), Message::assistant("answer")];
+        let ended = runvisor::store::RunRecord {
+            status: RunStatus::Succeeded,
+            finished_at_ms: Some(1),
+            checkpoint_id: Some(checkpoint.id),
+            ..super::support::run_record(run, &t)
+        };
+        let written = stores
+            .ends
+            .put_whole_end(&WholeEnd {
+                checkpoint: &checkpoint,
+                messages: &messages,
+                record: &ended,
+                lease: &lease,
+                flags: &flags,
+            })
+            .await
+            .expect("whole end");
+        assert_eq!(
+            stores
+                .checkpoints
+                .get(&t, checkpoint.id)
+                .await
+                .expect("get"),
+            Some(checkpoint.clone()),
+            "{name}"
+        );
+        assert_eq!(
+            stores.history.load(&t).await.expect("history"),
+            messages.to_vec(),
+            "{name}"
+        );
+        assert_eq!(
+            stores.runs.get(run).await.expect("get"),
+            Some(ended),
+            "{name}"
+        );
+        let mut left = 0;
+        for flag in &flags {
+            let exists: i64 = cluster_cmd(&mut raw, &["EXISTS", flag]).await;
+            left += exists;
+        }
+        let held = stores.leases.lease(&t).await.expect("read lease");
+        if elsewhere {
+            assert_eq!(written, EndWritten::Record, "{name}");
+            assert_eq!(left, 2, "{name}: no flag is cleared by the script");
+            assert_eq!(held, Some(lease), "{name}: the lease is kept");
+        } else {
+            assert_eq!(written, EndWritten::Released { announced: false }, "{name}");
+            assert_eq!(left, 0, "{name}: the flag is gone");
+            assert_eq!(held, None, "{name}: the lease is given up");
+        }
+    }
+}

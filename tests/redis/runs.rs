@@ -275,3 +275,210 @@ async fn a_run_end_clears_its_flags_announces_it_and_gives_its_lease_up_after_it
     let left: i64 = cmd(&mut con, &["EXISTS", &flags[1]]).await;
     assert_eq!(left, 1, "the new run's flag stays");
 }
+
+/// A run's whole end in one step: its final checkpoint, then its messages, then its record,
+/// then its flags (deleted and announced) and its lease; a step that fails stops it there,
+/// with the steps before it stored and none after.
+#[tokio::test]
+async fn a_whole_end_writes_checkpoint_messages_record_flags_and_lease_in_order() {
+    use futures::StreamExt;
+    use runvisor::store::{
+        DeltaLink, EndFailed, EndStep, EndWritten, Notice, StoredCheckpoint, WholeEnd,
+    };
+    use runvisor::{LeaseHolder, Message, StoreError, WorkerId};
+
+    let server = RedisServer::start();
+    let stores = stores(&server).await;
+    let mut con = raw(&server).await;
+    let t = thread("chat:{whole}");
+    let holder = |run| LeaseHolder {
+        worker: WorkerId::new("w1").expect("worker id"),
+        run,
+    };
+    let run = RunId::new();
+    let lease = stores
+        .leases
+        .acquire(&t, &holder(run), std::time::Duration::from_secs(10))
+        .await
+        .expect("free")
+        .lease;
+    let flags = vec![
+        format!("runvisor:stop:{{{t}}}:{run}"),
+        "agent_runtime_stopping:app:chat".to_owned(),
+    ];
+    for flag in &flags {
+        let _: () = cmd(&mut con, &["SET", flag, "1", "EX", "60"]).await;
+    }
+    let mut notices = stores.signals.subscribe().await.expect("subscribe");
+    let checkpoint = |sequence, link| StoredCheckpoint {
+        id: CheckpointId::new(),
+        run,
+        sequence,
+        bytes: format!("snapshot {sequence}").into_bytes(),
+        link,
+    };
+    let messages = [Message::user("hello"), Message::assistant("hi there")];
+    let record = |checkpoint: &StoredCheckpoint| RunRecord {
+        status: RunStatus::Succeeded,
+        finished_at_ms: Some(now_ms()),
+        checkpoint_id: Some(checkpoint.id),
+        ..run_record(run, &t)
+    };
+    macro_rules! whole {
+        ($checkpoint:expr, $record:expr) => {
+            WholeEnd {
+                checkpoint: $checkpoint,
+                messages: &messages,
+                record: $record,
+                lease: &lease,
+                flags: &flags,
+            }
+        };
+    }
+    macro_rules! untouched {
+        ($what:expr) => {{
+            let what = $what;
+            assert_eq!(
+                stores.runs.get(run).await.expect("get"),
+                None,
+                "{what}: no record"
+            );
+            let left: i64 = cmd(&mut con, &["EXISTS", &flags[0], &flags[1]]).await;
+            assert_eq!(left, 2, "{what}: the flags stay");
+            assert_eq!(
+                stores.leases.lease(&t).await.expect("read lease"),
+                Some(lease.clone()),
+                "{what}: the lease is kept"
+            );
+        }};
+    }
+
+    // A delta whose base is not stored: refused at the first step, nothing written.
+    let missing = CheckpointId::new();
+    let orphan = checkpoint(
+        1,
+        Some(DeltaLink {
+            base: missing,
+            parent: missing,
+        }),
+    );
+    let orphan_record = record(&orphan);
+    match stores
+        .ends
+        .put_whole_end(&whole!(&orphan, &orphan_record))
+        .await
+    {
+        Err(EndFailed {
+            step: EndStep::Checkpoint,
+            error: StoreError::MissingParent { checkpoint },
+        }) => assert_eq!(checkpoint, missing),
+        other => panic!("a delta without its base must be refused: {other:?}"),
+    }
+    assert_eq!(stores.checkpoints.list(&t).await.expect("list"), vec![]);
+    assert!(stores.history.load(&t).await.expect("history").is_empty());
+    untouched!("missing base");
+
+    // A history of another type: the checkpoint is stored, nothing after it.
+    let history_key = format!("runvisor:hist:{{{t}}}");
+    let _: () = cmd(&mut con, &["SET", &history_key, "junk"]).await;
+    let first = checkpoint(1, None);
+    let first_record = record(&first);
+    match stores
+        .ends
+        .put_whole_end(&whole!(&first, &first_record))
+        .await
+    {
+        Err(EndFailed {
+            step: EndStep::History,
+            error: StoreError::Corrupt { key, .. },
+        }) => assert_eq!(key, history_key),
+        other => panic!("a junk history must stop the end at its step: {other:?}"),
+    }
+    assert_eq!(
+        stores.checkpoints.list(&t).await.expect("list"),
+        vec![first.id]
+    );
+    untouched!("junk history");
+    let _: i64 = cmd(&mut con, &["DEL", &history_key]).await;
+
+    // Every step, in one write.
+    let last = checkpoint(2, None);
+    let ended = record(&last);
+    let written = stores
+        .ends
+        .put_whole_end(&whole!(&last, &ended))
+        .await
+        .expect("whole end");
+    assert_eq!(written, EndWritten::Released { announced: true });
+    assert_eq!(
+        stores.checkpoints.get(&t, last.id).await.expect("get"),
+        Some(last.clone())
+    );
+    assert_eq!(
+        stores.history.load(&t).await.expect("history"),
+        messages.to_vec()
+    );
+    assert_eq!(
+        stores.runs.get(run).await.expect("get"),
+        Some(ended.clone())
+    );
+    assert_eq!(
+        stores.runs.list_thread(&t).await.expect("list"),
+        vec![ended.clone()],
+        "the record is in its thread's index"
+    );
+    let left: i64 = cmd(&mut con, &["EXISTS", &flags[0], &flags[1]]).await;
+    assert_eq!(left, 0, "the run's flags are gone");
+    assert_eq!(stores.leases.lease(&t).await.expect("read lease"), None);
+    for flag in &flags {
+        let notice = tokio::time::timeout(std::time::Duration::from_secs(5), notices.next())
+            .await
+            .expect("a notice within 5 s")
+            .expect("the notice stream goes on");
+        assert_eq!(
+            notice,
+            Notice {
+                key: flag.clone(),
+                raised: false
+            }
+        );
+    }
+
+    // Another run holds the thread: the old token writes nothing, that run's lease and flag
+    // stay.
+    let taken = stores
+        .leases
+        .acquire(
+            &t,
+            &holder(RunId::new()),
+            std::time::Duration::from_secs(10),
+        )
+        .await
+        .expect("free again")
+        .lease;
+    let _: () = cmd(&mut con, &["SET", &flags[1], "1", "EX", "60"]).await;
+    let late = checkpoint(3, None);
+    let late_record = record(&late);
+    match stores
+        .ends
+        .put_whole_end(&whole!(&late, &late_record))
+        .await
+    {
+        Err(EndFailed {
+            step: EndStep::Checkpoint,
+            error: StoreError::Fenced { .. },
+        }) => {}
+        other => panic!("a stale token must be refused: {other:?}"),
+    }
+    assert_eq!(
+        stores.checkpoints.get(&t, late.id).await.expect("get"),
+        None
+    );
+    assert_eq!(stores.runs.get(run).await.expect("get"), Some(ended));
+    assert_eq!(
+        stores.leases.lease(&t).await.expect("read lease"),
+        Some(taken)
+    );
+    let left: i64 = cmd(&mut con, &["EXISTS", &flags[1]]).await;
+    assert_eq!(left, 1, "the new run's flag stays");
+}

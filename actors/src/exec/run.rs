@@ -12,11 +12,11 @@ use super::config::RuntimeConfig;
 use super::supervisor::RunMsg;
 use crate::kinds::{Kinds, RunScope};
 use crate::model::{
-    CheckpointId, Fence, Lease, NodePath, RunEvent, RunId, RunLabels, RunOutcome, RunStatus,
-    ThreadId, Value,
+    CheckpointId, Fence, Lease, Message, NodePath, RunEvent, RunId, RunLabels, RunOutcome,
+    RunRecord, RunStatus, ThreadId, Value,
 };
 use crate::persist::snapshot::{SaveFailed, SnapshotWrite};
-use crate::persist::{HistoryStore, RunStore, SignalSource, SpillStore, WatchedKeys};
+use crate::persist::{EndWritten, HistoryStore, RunStore, SignalSource, SpillStore, WatchedKeys};
 
 /// What a run needs from the runtime that hosts it. The runtime implements it with its
 /// stores, its checkpointer, its stop watcher and its registry.
@@ -43,6 +43,19 @@ pub(crate) trait RunServices: Send + Sync + 'static {
         write: SnapshotWrite,
         deadline: tokio::time::Instant,
     ) -> Result<CheckpointId, SaveFailed>;
+    /// Whether the stores write a run's whole end in one step ([`save_end`](Self::save_end)).
+    fn writes_whole_end(&self) -> bool;
+    /// Writes a run's final checkpoint as [`save_awaited`](Self::save_awaited) does, its first
+    /// attempt as the run's whole end in one step (see [`EndStore`](crate::persist::EndStore)):
+    /// after the checkpoint, `end`'s messages to the history, its record (naming the
+    /// checkpoint), its flags and its lease. Answers the checkpoint as `save_awaited` does, and
+    /// how far the rest of the end went; what did not go is the caller's to write.
+    async fn save_end(
+        &self,
+        write: SnapshotWrite,
+        end: EndParts<'_>,
+        deadline: tokio::time::Instant,
+    ) -> (Result<CheckpointId, SaveFailed>, EndReached);
     /// Watches a run's stop and cancel flags; a raised flag stops it through `supervisor`.
     async fn watch(&self, run: RunId, keys: WatchedKeys, supervisor: ActorRef<RunMsg>);
     /// Stops watching a run's flags.
@@ -67,6 +80,30 @@ pub(crate) trait RunServices: Send + Sync + 'static {
     /// Gives a run's lease up (after [`stop_renewing`](Self::stop_renewing): a renewal landing
     /// after the release would take the thread again).
     async fn release_lease(&self, run: RunId, thread: &ThreadId, lease: &Lease);
+}
+
+/// What a run's whole end writes after its final checkpoint ([`RunServices::save_end`]).
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct EndParts<'a> {
+    /// The messages for the history.
+    pub(crate) messages: &'a [Message],
+    /// The record of the run's end; its checkpoint id is set to the final checkpoint's.
+    pub(crate) record: &'a RunRecord,
+    /// The run's lease.
+    pub(crate) lease: &'a Lease,
+    /// The run's stop and cancel flags.
+    pub(crate) flags: &'a [String],
+}
+
+/// How far a run's whole end went past its final checkpoint ([`RunServices::save_end`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum EndReached {
+    /// Nothing after the checkpoint (stored or not, as its answer says).
+    Checkpoint,
+    /// The checkpoint, then the messages.
+    History,
+    /// The checkpoint, the messages, the record and what [`EndWritten`] says.
+    Record(EndWritten),
 }
 
 /// The part of a live run that changes while it runs.

@@ -177,6 +177,64 @@ pub enum EndWritten {
     },
 }
 
+/// Writes a run's whole end in one step, for stores that can (on Redis, one script in the
+/// thread's slot): its final checkpoint, then its messages to the history, then its record,
+/// then, as [`RunStore::put_end`] does where it can, its flags deleted, the notices that they
+/// were cleared published and its lease given up. Each step runs only once the one before it
+/// succeeded, so the order a run's end keeps step by step holds: a stop request that sees a
+/// flag cleared finds the record and the checkpoint in place, and no other run can hold the
+/// thread before all of it is stored.
+///
+/// Every step is fenced by the run's lease and idempotent, as the step alone is (the
+/// checkpoint's sequence, the messages' ids, the record of one run), so after a failure the
+/// caller writes what did not go step by step, the way a run's end is written without such a
+/// store; after a failure whose answer was lost (a timeout), whatever landed is found there.
+#[async_trait]
+pub trait EndStore: Send + Sync + 'static {
+    /// Writes `end` as far as it goes. `Ok`: every step up to the record, and after it what
+    /// [`EndWritten`] says. `Err`: the step that failed and why; the steps before it are
+    /// stored, none after it is (unless the error is transient: then what landed is unknown).
+    async fn put_whole_end(&self, end: &WholeEnd<'_>) -> Result<EndWritten, EndFailed>;
+}
+
+/// A run's end as [`EndStore::put_whole_end`] writes it. The record's thread is the run's.
+#[derive(Debug, Clone, Copy)]
+pub struct WholeEnd<'a> {
+    /// The final checkpoint (a delta or a whole snapshot), fenced by `lease`.
+    pub checkpoint: &'a StoredCheckpoint,
+    /// The messages for the history (appended by id: those it holds already are skipped);
+    /// none: the history is not touched.
+    pub messages: &'a [Message],
+    /// The record of the run's end: it names `checkpoint`.
+    pub record: &'a RunRecord,
+    /// The run's lease: every step is fenced by it, and it is given up last.
+    pub lease: &'a Lease,
+    /// The run's stop and cancel flags, deleted after the record.
+    pub flags: &'a [String],
+}
+
+/// The steps of [`EndStore::put_whole_end`], in order.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum EndStep {
+    /// The final checkpoint.
+    Checkpoint,
+    /// The messages to the history.
+    History,
+    /// The record, with what follows it.
+    Record,
+}
+
+/// The step of a whole end that failed, and why.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{step:?} step of the run's end: {error}")]
+pub struct EndFailed {
+    /// The step: those before it are stored.
+    pub step: EndStep,
+    /// Why it failed.
+    pub error: StoreError,
+}
+
 /// Keeps each thread's history.
 ///
 /// Contract: `append` is idempotent by message id (appending a message already stored does

@@ -13,7 +13,8 @@ use crate::persist::memory::{
     MemoryCheckpointStore, MemoryHistoryStore, MemoryRunStore, MemorySignalSource,
 };
 use crate::persist::{
-    CheckpointStore, HistoryStore, LeaseStore, MemoryLeaseStore, RunStore, SignalSource, SpillStore,
+    CheckpointStore, EndStore, HistoryStore, LeaseStore, MemoryLeaseStore, RunStore, SignalSource,
+    SpillStore,
 };
 use crate::service::CheckpointObserver;
 
@@ -27,6 +28,7 @@ pub struct RuntimeBuilder {
     checkpoints: Option<Arc<dyn CheckpointStore>>,
     signals: Option<Arc<dyn SignalSource>>,
     leases: Option<Arc<dyn LeaseStore>>,
+    ends: Option<Arc<dyn EndStore>>,
     spill: Option<Arc<dyn SpillStore>>,
     probe: Option<Arc<dyn Probe>>,
     trace: Option<Arc<dyn TraceContext>>,
@@ -112,6 +114,15 @@ impl RuntimeBuilder {
     /// Uses this signal source.
     pub fn signal_source(mut self, source: Arc<dyn SignalSource>) -> Self {
         self.signals = Some(source);
+        self
+    }
+
+    /// Writes each run's end (final checkpoint, messages, record, flags and lease) in one step
+    /// through this store, where it can (see [`EndStore`]); it must write to the same place as
+    /// the checkpoint, history and run stores given. Without one, the end is written step by
+    /// step through those stores.
+    pub fn end_store(mut self, store: Arc<dyn EndStore>) -> Self {
+        self.ends = Some(store);
         self
     }
 
@@ -201,6 +212,7 @@ impl RuntimeBuilder {
                 ("run store", self.runs.is_some()),
                 ("checkpoint store", self.checkpoints.is_some()),
                 ("signal source", self.signals.is_some()),
+                ("end store", self.ends.is_some()),
             ];
             if let Some((store, _)) = given.into_iter().find(|(_, given)| *given) {
                 return Err(BuildError::LeaseStoreMissing { store });
@@ -234,6 +246,7 @@ impl RuntimeBuilder {
             checkpoints: self.checkpoints.unwrap_or_else(|| Arc::new(checkpoints)),
             signals: self.signals.unwrap_or_else(|| Arc::new(signals)),
             leases,
+            ends: self.ends,
             spill: self.spill,
         };
         let mut services = Services::new(stores, self.config, WorkerInfo::this_process(worker));
@@ -285,6 +298,7 @@ impl Runtime {
             checkpoints: None,
             signals: None,
             leases: None,
+            ends: None,
             spill: None,
             probe: None,
             trace: None,

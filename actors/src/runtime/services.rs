@@ -10,19 +10,21 @@ use async_trait::async_trait;
 use ractor::{Actor, ActorRef};
 
 use super::trace::TraceContext;
-use crate::exec::{LiveRun, RunMsg, RunServices, RuntimeConfig};
+use crate::exec::{EndParts, EndReached, LiveRun, RunMsg, RunServices, RuntimeConfig};
 use crate::model::{
-    CheckpointError, CheckpointId, Lease, RunId, RunOutcome, StopMode, StoreError, ThreadId,
-    WorkerInfo,
+    CheckpointError, CheckpointId, Lease, RunId, RunOutcome, RunRecord, StopMode, StoreError,
+    ThreadId, WorkerInfo,
 };
 use crate::persist::snapshot::{SaveFailed, SnapshotWrite};
 use crate::persist::{
-    CheckpointStore, HistoryStore, LeaseStore, RunStore, SignalSource, SpillStore, WatchedKeys,
+    CheckpointStore, EndFailed, EndStep, EndStore, HistoryStore, LeaseStore, RunStore,
+    SignalSource, SpillStore, WatchedKeys, WholeEnd,
 };
 use crate::service::CheckpointObserver;
 use crate::service::RunRegistry;
 use crate::service::checkpointer::{
-    Backlog, ChainSeed, Chains, CheckpointMsg, Checkpointer, CheckpointerArgs, write_awaited,
+    Backlog, ChainSeed, Chains, CheckpointMsg, Checkpointer, CheckpointerArgs, FirstPut,
+    write_awaited,
 };
 use crate::service::keeper::{KeeperArgs, KeeperMsg, LeaseKeeper};
 use crate::service::watcher::{StopWatcher, WatchMsg, WatcherArgs};
@@ -52,6 +54,8 @@ pub(crate) struct Services {
     pub(crate) leases: Arc<dyn LeaseStore>,
     /// Where the ends of runs the stores did not take are kept, if anywhere.
     pub(crate) spill: Option<Arc<dyn SpillStore>>,
+    /// Writes a run's whole end in one step, if the stores can.
+    ends: Option<Arc<dyn EndStore>>,
     /// This runtime as a worker.
     pub(crate) worker: WorkerInfo,
     keeper: tokio::sync::OnceCell<ActorRef<KeeperMsg>>,
@@ -70,6 +74,7 @@ pub(crate) struct Stores {
     pub(crate) checkpoints: Arc<dyn CheckpointStore>,
     pub(crate) signals: Arc<dyn SignalSource>,
     pub(crate) leases: Arc<dyn LeaseStore>,
+    pub(crate) ends: Option<Arc<dyn EndStore>>,
     pub(crate) spill: Option<Arc<dyn SpillStore>>,
 }
 
@@ -81,6 +86,7 @@ impl Services {
             checkpoints,
             signals,
             leases,
+            ends,
             spill,
         } = stores;
         let chains = Chains::new(
@@ -90,6 +96,7 @@ impl Services {
         Self {
             leases,
             spill,
+            ends,
             worker,
             keeper: tokio::sync::OnceCell::new(),
             adopter: std::sync::OnceLock::new(),
@@ -190,6 +197,46 @@ impl Services {
         }
     }
 
+    /// An awaited checkpoint write (see [`RunServices::save_awaited`]), its first attempt
+    /// `first` if given (see [`write_awaited`]).
+    async fn write_checkpoint(
+        &self,
+        write: SnapshotWrite,
+        deadline: tokio::time::Instant,
+        first: Option<FirstPut<'_>>,
+    ) -> Result<CheckpointId, SaveFailed> {
+        let checkpointer = self
+            .checkpointer()
+            .await
+            .map_err(|reason| CheckpointError::Unreachable { reason })?;
+        // A background snapshot of the run still waiting is older than this one: it goes.
+        // (One already being written is refused by the store's sequence check if it lands
+        // after this one.) The run's background writes were all handed before this call: its
+        // actor hands them and starts awaited writes in turn.
+        if self.handed.remove(&write.run).is_some() {
+            let _ = checkpointer.send_message(CheckpointMsg::Superseded(write.run));
+        }
+        // Written here, in the caller's task. Answered by the deadline, plus one store call
+        // that began before it.
+        let timeout = deadline.saturating_duration_since(tokio::time::Instant::now())
+            + self.config.store_deadline.min(Duration::from_secs(5))
+            + Duration::from_secs(1);
+        let writing = write_awaited(
+            self.checkpoints.clone(),
+            self.chains.clone(),
+            self.checkpoint_observer.clone(),
+            deadline,
+            write,
+            first,
+        );
+        match tokio::time::timeout(timeout, writing).await {
+            Ok(result) => result,
+            Err(_) => Err(SaveFailed::from(CheckpointError::Unreachable {
+                reason: format!("the checkpoint write did not end within {timeout:?}"),
+            })),
+        }
+    }
+
     /// The runtime's checkpointer, spawned on first use.
     async fn checkpointer(&self) -> Result<&ActorRef<CheckpointMsg>, String> {
         self.checkpointer
@@ -252,35 +299,77 @@ impl RunServices for Services {
         write: SnapshotWrite,
         deadline: tokio::time::Instant,
     ) -> Result<CheckpointId, SaveFailed> {
-        let checkpointer = self
-            .checkpointer()
-            .await
-            .map_err(|reason| CheckpointError::Unreachable { reason })?;
-        // A background snapshot of the run still waiting is older than this one: it goes.
-        // (One already being written is refused by the store's sequence check if it lands
-        // after this one.) The run's background writes were all handed before this call: its
-        // actor hands them and starts awaited writes in turn.
-        if self.handed.remove(&write.run).is_some() {
-            let _ = checkpointer.send_message(CheckpointMsg::Superseded(write.run));
-        }
-        // Written here, in the caller's task. Answered by the deadline, plus one store call
-        // that began before it.
-        let timeout = deadline.saturating_duration_since(tokio::time::Instant::now())
-            + self.config.store_deadline.min(Duration::from_secs(5))
-            + Duration::from_secs(1);
-        let writing = write_awaited(
-            self.checkpoints.clone(),
-            self.chains.clone(),
-            self.checkpoint_observer.clone(),
-            deadline,
-            write,
-        );
-        match tokio::time::timeout(timeout, writing).await {
-            Ok(result) => result,
-            Err(_) => Err(SaveFailed::from(CheckpointError::Unreachable {
-                reason: format!("the checkpoint write did not end within {timeout:?}"),
-            })),
-        }
+        self.write_checkpoint(write, deadline, None).await
+    }
+
+    fn writes_whole_end(&self) -> bool {
+        self.ends.is_some()
+    }
+
+    async fn save_end(
+        &self,
+        write: SnapshotWrite,
+        end: EndParts<'_>,
+        deadline: tokio::time::Instant,
+    ) -> (Result<CheckpointId, SaveFailed>, EndReached) {
+        let Some(ends) = self.ends.as_ref() else {
+            return (
+                self.write_checkpoint(write, deadline, None).await,
+                EndReached::Checkpoint,
+            );
+        };
+        let reached = std::sync::Mutex::new(EndReached::Checkpoint);
+        let reach = |to: EndReached| {
+            if let Ok(mut reached) = reached.lock() {
+                *reached = to;
+            }
+        };
+        let first: FirstPut<'_> = Box::new(|checkpoint| {
+            Box::pin(async move {
+                let record = RunRecord {
+                    checkpoint_id: Some(checkpoint.id),
+                    ..end.record.clone()
+                };
+                let whole = WholeEnd {
+                    checkpoint: &checkpoint,
+                    messages: end.messages,
+                    record: &record,
+                    lease: end.lease,
+                    flags: end.flags,
+                };
+                // A step after the checkpoint that failed is written again step by step by
+                // the caller, which then learns why it fails (or finds it passing).
+                match ends.put_whole_end(&whole).await {
+                    Ok(written) => {
+                        reach(EndReached::Record(written));
+                        Ok(())
+                    }
+                    Err(EndFailed {
+                        step: EndStep::Checkpoint,
+                        error,
+                    }) => Err(error),
+                    Err(
+                        failed @ EndFailed {
+                            step: EndStep::History,
+                            ..
+                        },
+                    ) => {
+                        tracing::debug!(run = %record.run_id, error = %failed, "the run's end stored its final checkpoint only");
+                        Ok(())
+                    }
+                    Err(failed) => {
+                        tracing::debug!(run = %record.run_id, error = %failed, "the run's end stored its final checkpoint and its messages only");
+                        reach(EndReached::History);
+                        Ok(())
+                    }
+                }
+            })
+        });
+        let result = self.write_checkpoint(write, deadline, Some(first)).await;
+        let reached = reached
+            .into_inner()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        (result, reached)
     }
 
     async fn watch(&self, run: RunId, keys: WatchedKeys, supervisor: ActorRef<RunMsg>) {

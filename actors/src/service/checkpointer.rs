@@ -574,12 +574,18 @@ impl CheckpointerState {
 /// An awaited write runs here in its caller's task (no hop through the checkpointer's
 /// mailbox and another task: on a multi-threaded runtime each hop may wake a parked thread),
 /// against the chains the checkpointer shares.
+///
+/// `first`, if given, makes the first attempt instead of the store's `put`: it writes the
+/// checkpoint it is handed (and may write more after it, as a run's whole end does) and
+/// answers for the checkpoint as `put` would. The attempts after it are plain puts of the
+/// same checkpoint, so one that finds the first landed counts it as stored.
 pub(crate) async fn write_awaited(
     store: Arc<dyn CheckpointStore>,
     chains: Chains,
     observer: Option<Arc<dyn CheckpointObserver>>,
     deadline: Instant,
     write: SnapshotWrite,
+    mut first: Option<FirstPut<'_>>,
 ) -> Result<CheckpointId, SaveFailed> {
     let encode = |write: &SnapshotWrite| {
         chains.encode(write).map_err(|e| CheckpointError::Encode {
@@ -600,7 +606,11 @@ pub(crate) async fn write_awaited(
     let mut attempts = 0u64;
     let error = loop {
         attempts += 1;
-        match store.put(&write.thread, stored.clone(), write.fence).await {
+        let put = match first.take() {
+            Some(first) => first(stored.clone()).await,
+            None => store.put(&write.thread, stored.clone(), write.fence).await,
+        };
+        match put {
             Ok(()) => {
                 span.end(started, attempts, None);
                 let id = stored.id;
@@ -676,6 +686,14 @@ pub(crate) async fn write_awaited(
         unwritten: Some(stored),
     })
 }
+
+/// The first attempt of an awaited write when it is not the store's `put` (see
+/// [`write_awaited`]): handed the checkpoint, it answers as `put` would for it.
+pub(crate) type FirstPut<'a> = Box<
+    dyn FnOnce(StoredCheckpoint) -> futures::future::BoxFuture<'a, Result<(), StoreError>>
+        + Send
+        + 'a,
+>;
 
 /// A checkpoint write as it is traced and observed: its span (a child of its run's: mode,
 /// id, sequence and size) and what the observer is told when it ends.

@@ -34,3 +34,4 @@ mod switch;
 mod validation;
 mod validation_scale;
 mod validation_scope;
+mod whole_end;

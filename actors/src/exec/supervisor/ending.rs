@@ -2,6 +2,7 @@
 //! flags cleared, and its outcome published to every caller.
 
 use super::*;
+use crate::exec::{EndParts, EndReached};
 use crate::model::{Spill, Unpersisted};
 use crate::persist::retry::{self, GaveUp};
 use crate::persist::snapshot::SaveFailed;
@@ -39,15 +40,44 @@ impl RunState {
         // and store its message twice.
         let mut messages = std::mem::take(&mut self.start_messages);
         messages.extend(std::mem::take(&mut self.exec.produced));
+        let failure = match &end {
+            Final::Failed(error) => Some(error.to_string()),
+            _ => None,
+        };
+        let flags = self.run.signal_keys.all();
+        // Where the stores write a run's whole end in one step, the final checkpoint's first
+        // attempt carries the rest of it (messages, record, flags, lease); what it did not
+        // store is written step by step below, as without such stores.
+        let mut reached = EndReached::Checkpoint;
+        let mut renewing = true;
         let mut unwritten = None;
         let (checkpoint_id, checkpoint_error) = if self.lease_lost.is_some() {
             // Another run holds the thread: its checkpoints are not this run's to write.
             (None, None)
         } else {
-            match self
-                .write_checkpoint(status, stop_reason, &messages, deadline)
-                .await
-            {
+            let pending = messages.iter().cloned().collect();
+            let mut write = self.snapshot(status, stop_reason, pending, self.history_before);
+            write.mode = "final";
+            let written = if self.run.services.writes_whole_end() {
+                // The whole end may give the lease up: nothing renews it from here on (a
+                // renewal landing after the release would take the thread again), nor watches
+                // the flags it deletes.
+                self.stop_renewing(&flags).await;
+                renewing = false;
+                self.close_record(status, stop_reason, None, failure.clone(), None);
+                let end = EndParts {
+                    messages: &messages,
+                    record: &self.record,
+                    lease: &self.run.lease,
+                    flags: &flags,
+                };
+                let (written, done) = self.run.services.save_end(write, end, deadline).await;
+                reached = done;
+                written
+            } else {
+                self.run.services.save_awaited(write, deadline).await
+            };
+            match written {
                 Ok(id) => (Some(id), None),
                 Err(SaveFailed {
                     error: CheckpointError::Refused(e @ StoreError::Fenced { .. }),
@@ -65,7 +95,13 @@ impl RunState {
             }
         };
         let flushed_messages = u64::try_from(messages.len()).unwrap_or(u64::MAX);
-        let history = self.persist_history(messages, deadline).await;
+        let history = match reached {
+            EndReached::Checkpoint => self.persist_history(messages, deadline).await,
+            EndReached::History | EndReached::Record(_) => HistoryFlush {
+                persisted: messages,
+                ..HistoryFlush::default()
+            },
+        };
         if let Some((span, _)) = self.stop_span.take() {
             span.record("runvisor.stop.flushed.messages", flushed_messages);
             span.record("runvisor.stop.flushed.history", history.error.is_none());
@@ -139,48 +175,45 @@ impl RunState {
                 })
             }
         };
-        self.record.status = status;
-        self.record.finished_at_ms = Some(now_ms());
-        self.record.checkpoint_id = checkpoint_id.or(self.record.checkpoint_id);
-        self.record.stop_reason = stop_reason.map(|r| r.as_str().to_owned());
-        self.record.failure_reason = outcome.error().map(ToString::to_string);
-        self.record.unpersisted = outcome.history().error.as_ref().map(|e| {
-            format!(
-                "{} message(s) not persisted: {e}",
-                outcome.history().not_persisted.len()
-            )
-        });
-        if let Some(e) = &checkpoint_error {
-            let note = format!("checkpoint not written: {e}");
-            self.record.unpersisted = Some(match self.record.unpersisted.take() {
-                Some(prev) => format!("{prev}; {note}"),
-                None => note,
-            });
-        }
         let mut record_error = None;
         // Where the store does it, the record's write also clears the run's flags, announces
         // it and gives the lease up, in that order (one round trip instead of three).
-        let mut written = EndWritten::Record;
-        let flags = self.run.signal_keys.all();
-        // From here on nothing renews the lease: a renewal landing after the store gave it up
-        // would take the thread again (and a lost lease has nothing left to renew).
-        self.run.services.stop_renewing(self.run.run_id).await;
-        if self.lease_lost.is_none() {
-            // Nor does anything watch the flags: they go now.
-            if !flags.is_empty() {
-                self.run.services.unwatch(self.run.run_id).await;
+        let mut end_written = EndWritten::Record;
+        if let EndReached::Record(written) = reached {
+            // The whole end wrote the record as it stands, naming the final checkpoint.
+            self.record.checkpoint_id = checkpoint_id.or(self.record.checkpoint_id);
+            end_written = written;
+        } else {
+            let mut unpersisted = outcome.history().error.as_ref().map(|e| {
+                format!(
+                    "{} message(s) not persisted: {e}",
+                    outcome.history().not_persisted.len()
+                )
+            });
+            if let Some(e) = &checkpoint_error {
+                let note = format!("checkpoint not written: {e}");
+                unpersisted = Some(match unpersisted.take() {
+                    Some(prev) => format!("{prev}; {note}"),
+                    None => note,
+                });
             }
-            let runs = self.run.services.runs();
-            let (record, lease) = (&self.record, &self.run.lease);
-            match retry::until(deadline, || runs.put_end(record, lease, &flags)).await {
-                Ok(done) => written = done,
-                Err(GaveUp {
-                    error: e @ StoreError::Fenced { .. },
-                    ..
-                }) => self.lease_lost = Some(Some(e)),
-                Err(gave_up) => {
-                    tracing::error!(parent: &self.span, error = %gave_up.error, attempts = gave_up.attempts, "could not record the run's end");
-                    record_error = Some(gave_up.error);
+            self.close_record(status, stop_reason, checkpoint_id, failure, unpersisted);
+            if renewing {
+                self.stop_renewing(&flags).await;
+            }
+            if self.lease_lost.is_none() {
+                let runs = self.run.services.runs();
+                let (record, lease) = (&self.record, &self.run.lease);
+                match retry::until(deadline, || runs.put_end(record, lease, &flags)).await {
+                    Ok(done) => end_written = done,
+                    Err(GaveUp {
+                        error: e @ StoreError::Fenced { .. },
+                        ..
+                    }) => self.lease_lost = Some(Some(e)),
+                    Err(gave_up) => {
+                        tracing::error!(parent: &self.span, error = %gave_up.error, attempts = gave_up.attempts, "could not record the run's end");
+                        record_error = Some(gave_up.error);
+                    }
                 }
             }
         }
@@ -198,7 +231,7 @@ impl RunState {
                 .await;
             outcome.set_unpersisted(unpersisted);
         }
-        match written {
+        match end_written {
             EndWritten::Released { announced } => {
                 if !announced {
                     self.announce_cleared(&flags).await;
@@ -320,6 +353,34 @@ impl RunState {
         })
     }
 
+    /// Makes the run's record say how it ended: `checkpoint` (if any) is its final
+    /// checkpoint, `failure` why it failed, `unpersisted` what of its end was not stored.
+    fn close_record(
+        &mut self,
+        status: RunStatus,
+        stop_reason: Option<StopReason>,
+        checkpoint: Option<CheckpointId>,
+        failure: Option<String>,
+        unpersisted: Option<String>,
+    ) {
+        let record = &mut self.record;
+        record.status = status;
+        record.finished_at_ms = Some(now_ms());
+        record.checkpoint_id = checkpoint.or(record.checkpoint_id);
+        record.stop_reason = stop_reason.map(|r| r.as_str().to_owned());
+        record.failure_reason = failure;
+        record.unpersisted = unpersisted;
+    }
+
+    /// Stops renewing the run's lease (its end gives it up) and, unless the lease is lost,
+    /// watching its `flags` (its end deletes them).
+    async fn stop_renewing(&self, flags: &[String]) {
+        self.run.services.stop_renewing(self.run.run_id).await;
+        if self.lease_lost.is_none() && !flags.is_empty() {
+            self.run.services.unwatch(self.run.run_id).await;
+        }
+    }
+
     /// Deletes the run's flags (it ended; nothing watches them any more). Returns the flags it
     /// deleted; none when the run has none or they could not be deleted (they expire by
     /// themselves, their TTL; nothing is lost).
@@ -426,22 +487,5 @@ impl RunState {
                 }
             }
         }
-    }
-
-    /// Writes the final snapshot of the run through the checkpointer and waits until it is
-    /// stored. The run's messages travel in it as pending (the history takes them next), so a
-    /// resume persists whichever the history did not (idempotently), and a fork finds the
-    /// history as it stood before the run plus these.
-    async fn write_checkpoint(
-        &mut self,
-        status: RunStatus,
-        stop_reason: Option<StopReason>,
-        messages: &[Message],
-        deadline: tokio::time::Instant,
-    ) -> Result<CheckpointId, SaveFailed> {
-        let pending = messages.iter().cloned().collect();
-        let mut write = self.snapshot(status, stop_reason, pending, self.history_before);
-        write.mode = "final";
-        self.run.services.save_awaited(write, deadline).await
     }
 }
