@@ -112,6 +112,13 @@
 //! - A run `put` writes the run's thread pointer, then index entry and hash in one Lua script;
 //!   a reader skips an index entry whose hash is missing.
 //! - A run's flag clear is one script over the fence counter and the flags.
+//! - A run's end ([`RedisEndStore`]) is one script in the thread's slot made of the scripts
+//!   above as Lua functions, each with its own keys and arguments: the final checkpoint's
+//!   `put`, then the history's `append` (when the run has messages), then the record's `put`,
+//!   then the run's flags deleted, their notices published (not on a cluster) and its lease
+//!   deleted if it still holds the run's token (where every flag is in the thread's slot).
+//!   Each runs only when the one before it answered ok, so one that refuses (a stale token, a
+//!   key of another type) leaves the steps after it undone and the steps before it stored.
 //! - Scripts check the types of their keys before writing, so a key holding something else
 //!   fails the call with [`StoreError::Corrupt`](crate::StoreError::Corrupt) and writes
 //!   nothing. Keys and values reach scripts as `KEYS` and `ARGV`, never as script text. The

@@ -75,7 +75,7 @@ fn whole_end_script() -> String {
 }
 
 /// [`EndStore`] on Redis: a run's final checkpoint, messages, record, flags and lease in one
-/// script in the thread's slot. See the [module](self).
+/// script in the thread's slot. See [Atomicity and fencing](super#atomicity-and-fencing).
 pub struct RedisEndStore {
     checkpoints: Arc<RedisCheckpointStore>,
     history: Arc<RedisHistoryStore>,
