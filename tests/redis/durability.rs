@@ -6,7 +6,8 @@
 //!   the test server keeps nothing) the pending snapshot and the final one land, and the run
 //!   record says succeeded;
 //! - a run outlasts a Redis frozen (SIGSTOP) for 3 s, in `sync` and `async` durability: calls
-//!   time out and are retried, and after the thaw the final state is stored and recorded;
+//!   time out and are retried, and after the thaw the final state is stored and recorded; so
+//!   does a run whose end (one write on Redis) is sent into the frozen server;
 //! - a checkpoint whose bytes were damaged in Redis (garbage, one flipped bit) is refused by
 //!   resume with `ResumeError::Corrupt` naming it, the run record's `not_resumable` says why,
 //!   the CLI prints one error line, and nothing panics; the original bytes resume fine;
@@ -547,6 +548,61 @@ async fn run_through_a_frozen_redis(durability: Durability, t: ThreadId) {
         );
         previous = cp.sequence;
     }
+}
+
+/// A run's end sent into a frozen Redis: its one write (checkpoint, messages, record, lease)
+/// times out and is tried again step by step while Redis stays frozen; at the thaw the first
+/// write lands, then the retries find it there. Everything is stored once and the thread is
+/// free.
+#[tokio::test]
+async fn a_run_end_sent_into_a_frozen_redis_lands_once_at_the_thaw() {
+    let server = RedisServer::start();
+    let t = thread("chat:frozen-end");
+    let nodes = ["a", "b", "c"];
+    let stores = stores(&server).await;
+    let (work, open) = Work::gated("c");
+    let rt = runtime(&stores, &work, Durability::Async);
+    let run = start(
+        &rt,
+        &chain("frozen-end", &nodes, 0),
+        &t,
+        "end into a freeze",
+    )
+    .await;
+
+    wait_until_called(&work, "c").await;
+    server.freeze();
+    open.send_replace(true);
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    server.thaw();
+
+    let outcome = finish(&run).await;
+    assert_eq!(outcome.status(), RunStatus::Succeeded, "{outcome:#?}");
+    assert!(outcome.is_persisted(), "{outcome:#?}");
+    assert_eq!(nodes.map(|n| work.calls(n)), [1; 3], "no node ran twice");
+    let latest = within("latest", stores.checkpoints.latest(&t))
+        .await
+        .expect("latest")
+        .expect("the final checkpoint");
+    let last = whole(&stores, &t, &latest).await;
+    assert_eq!(last.status, RunStatus::Succeeded);
+    assert_eq!(node_ids(&last), ["start", "a", "b", "c"]);
+    let rec = record(&stores, run.run_id()).await;
+    assert_eq!(rec.status, RunStatus::Succeeded, "{rec:#?}");
+    assert_eq!(rec.checkpoint_id, Some(latest.id), "{rec:#?}");
+    assert_eq!(rec.unpersisted, None, "{rec:#?}");
+    let history = stores.history.load(&t).await.expect("history");
+    assert_messages_kept(&history, &last, &nodes, &rec);
+    assert_eq!(
+        history.len(),
+        4,
+        "the query and one message per node: {history:#?}"
+    );
+    assert_eq!(
+        stores.leases.lease(&t).await.expect("lease"),
+        None,
+        "the thread is free"
+    );
 }
 
 #[tokio::test]
