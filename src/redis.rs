@@ -168,13 +168,14 @@ pub mod retention;
 mod run;
 mod scripts;
 pub mod signal;
+mod start;
 
 use std::fmt;
 use std::sync::Arc;
 use std::time::Duration;
 
 use runvisor_actors::store::{
-    CheckpointStore, EndStore, HistoryStore, LeaseStore, RunStore, SignalSource,
+    CheckpointStore, EndStore, HistoryStore, LeaseStore, RunStore, SignalSource, StartStore,
 };
 use runvisor_actors::{Runtime, RuntimeBuilder};
 use serde::{Deserialize, Serialize};
@@ -187,6 +188,7 @@ pub use lease::RedisLeaseStore;
 pub use retention::{Keep, KeepCheckpoints};
 pub use run::RedisRunStore;
 pub use signal::RedisSignalSource;
+pub use start::RedisStartStore;
 
 use crate::spill::{self, FileSpill, RecoverReport};
 use conn::{Conn, Endpoint};
@@ -398,6 +400,8 @@ pub struct RedisStores {
     pub leases: Arc<dyn LeaseStore>,
     /// Runs' whole ends in one step (final checkpoint, messages, record, flags, lease).
     pub ends: Arc<dyn EndStore>,
+    /// New runs' starts in one step (lease, first record, history read).
+    pub starts: Arc<dyn StartStore>,
     /// Where the ends of runs that Redis did not take are kept, to be replayed.
     spill: FileSpill,
     keys: Keys,
@@ -456,8 +460,14 @@ impl RedisStores {
             (!matches!(endpoint, Endpoint::Cluster(_))).then(|| signal::channel(&config.prefix)),
         ));
         let history = Arc::new(RedisHistoryStore::new(conn.clone(), keys.clone(), ttl));
+        let leases = Arc::new(RedisLeaseStore::new(conn.clone(), keys.clone(), ttl));
         Ok(Self {
             spill,
+            starts: Arc::new(RedisStartStore::new(
+                leases.clone(),
+                runs.clone(),
+                keys.clone(),
+            )),
             ends: Arc::new(RedisEndStore::new(
                 checkpoints.clone(),
                 history.clone(),
@@ -466,7 +476,7 @@ impl RedisStores {
             checkpoints,
             runs,
             history,
-            leases: Arc::new(RedisLeaseStore::new(conn.clone(), keys.clone(), ttl)),
+            leases,
             signals: Arc::new(RedisSignalSource::new(
                 conn.clone(),
                 Conn::connect(&config, &endpoint).await?,
@@ -491,6 +501,7 @@ impl RedisStores {
             .history_store(self.history.clone())
             .signal_source(self.signals.clone())
             .end_store(self.ends.clone())
+            .start_store(self.starts.clone())
     }
 
     /// The spill files of these stores: where runs whose end Redis did not take are kept.

@@ -56,9 +56,9 @@ pub mod store {
     pub use crate::persist::DeltaLink;
     pub use crate::persist::memory;
     pub use crate::persist::{
-        Acquired, CheckpointStore, EndFailed, EndStep, EndStore, EndWritten, HistoryStore,
+        Acquired, Begun, CheckpointStore, EndFailed, EndStep, EndStore, EndWritten, HistoryStore,
         LeaseStore, MemoryLeaseStore, Notice, NoticeStream, RunStore, Signal, SignalSource,
-        SpillStore, SpilledRun, StoredCheckpoint, WholeEnd,
+        SpillStore, SpilledRun, StartStore, StoredCheckpoint, WholeEnd,
     };
 }
 

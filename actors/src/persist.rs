@@ -23,8 +23,9 @@ pub use durability::Durability;
 pub(crate) use keys::WatchedKeys;
 pub use keys::{SignalConfig, escape_label, render_key};
 pub use ports::{
-    Acquired, CheckpointStore, DeltaLink, EndFailed, EndStep, EndStore, EndWritten, HistoryStore,
-    LeaseStore, Notice, NoticeStream, RunStore, Signal, SignalSource, StoredCheckpoint, WholeEnd,
+    Acquired, Begun, CheckpointStore, DeltaLink, EndFailed, EndStep, EndStore, EndWritten,
+    HistoryStore, LeaseStore, Notice, NoticeStream, RunStore, Signal, SignalSource, StartStore,
+    StoredCheckpoint, WholeEnd,
 };
 pub(crate) use snapshot::Snapshot;
 pub use spill::{SpillStore, SpilledRun};

@@ -174,15 +174,20 @@ impl HistoryStore for RedisHistoryStore {
         let mut cmd = ::redis::cmd("LRANGE");
         cmd.arg(&list).arg(0).arg(-1);
         let reply = self.conn.query(&list, &cmd).await?;
-        reply::array(&reply, &list)?
-            .iter()
-            .enumerate()
-            .map(|(i, entry)| {
-                decode(reply::bytes(entry, &list)?)
-                    .map_err(|e| corrupt(&list, format!("entry {i} is not a message: {e}")))
-            })
-            .collect()
+        entries(&reply, &list)
     }
+}
+
+/// The messages of a history `list` read whole (`LRANGE 0 -1`'s `reply`).
+pub(crate) fn entries(reply: &Value, list: &str) -> Result<Vec<Message>, StoreError> {
+    reply::array(reply, list)?
+        .iter()
+        .enumerate()
+        .map(|(i, entry)| {
+            decode(reply::bytes(entry, list)?)
+                .map_err(|e| corrupt(list, format!("entry {i} is not a message: {e}")))
+        })
+        .collect()
 }
 
 /// The format byte of a postcard entry.

@@ -33,6 +33,7 @@ use super::conn::Conn;
 use super::keys::Keys;
 use super::keys::ttl_ms;
 use super::reply::{self, Fields, corrupt};
+use super::scripts::Part;
 
 /// Lua prepended to every fenced script: `fence_refused(key, token, ttl)` answers the
 /// thread's current token when `token` (decimal text, or empty for an unfenced write) is not
@@ -105,7 +106,7 @@ pub(crate) fn fenced(
 /// `{"busy", worker, run, token}`, `{"wrongtype", key}` or `{"corrupt", key}`. Nothing is
 /// written before every check passed; a free thread's lease is taken in seven calls.
 /// Prepended with [`FENCE_CHECK`] (for `failed`).
-const ACQUIRE: &str = r#"
+pub(crate) const ACQUIRE: &str = r#"
 -- Reads that answer a key of another type with an error: no call asks a type.
 local held = redis.pcall('HMGET', KEYS[1], 'worker', 'run', 'token', 'expires')
 if failed(held) then return {'wrongtype', KEYS[1]} end
@@ -237,26 +238,57 @@ impl RedisLeaseStore {
         ttl: Duration,
         dead: Option<&str>,
     ) -> Result<Attempt, StoreError> {
-        let lease = self.keys.lease(thread);
-        let fence = self.keys.fence(thread);
+        let part = self.acquire_part(thread, holder, ttl, dead);
         let mut invocation = self.acquire.prepare_invoke();
-        invocation
-            .key(&lease)
-            .key(&fence)
-            .arg(holder.worker.as_str())
-            .arg(holder.run.to_string())
-            .arg(ttl_ms(ttl))
-            .arg(dead.unwrap_or(""))
-            .arg(self.data_ttl_ms);
+        for key in &part.keys {
+            invocation.key(key);
+        }
+        for arg in &part.args {
+            invocation.arg(arg.as_slice());
+        }
+        let lease = self.keys.lease(thread);
         let reply = self
             .conn
             .script("lease acquire", &lease, &invocation)
             .await?;
-        let items = texts(&reply, &lease)?;
+        self.attempt(&reply, thread)
+    }
+
+    /// The keys and arguments of [`ACQUIRE`] taking `thread`'s lease for `holder`, also the
+    /// first step of a run's start in one script.
+    pub(crate) fn acquire_part(
+        &self,
+        thread: &ThreadId,
+        holder: &LeaseHolder,
+        ttl: Duration,
+        dead: Option<&str>,
+    ) -> Part {
+        Part {
+            keys: vec![self.keys.lease(thread), self.keys.fence(thread)],
+            args: [
+                holder.worker.to_string(),
+                holder.run.to_string(),
+                ttl_ms(ttl).to_string(),
+                dead.unwrap_or("").to_owned(),
+                self.data_ttl_ms.to_string(),
+            ]
+            .into_iter()
+            .map(String::into_bytes)
+            .collect(),
+        }
+    }
+
+    /// What [`ACQUIRE`]'s `reply` says.
+    pub(crate) fn attempt(&self, reply: &Value, thread: &ThreadId) -> Result<Attempt, StoreError> {
+        let lease = self.keys.lease(thread);
+        let items = texts(reply, &lease)?;
         match items.as_slice() {
-            ["ok", token] => Ok(Attempt::Taken(token_of(token, &fence)?, None)),
+            ["ok", token] => Ok(Attempt::Taken(
+                token_of(token, &self.keys.fence(thread))?,
+                None,
+            )),
             ["ok", token, worker, run] => Ok(Attempt::Taken(
-                token_of(token, &fence)?,
+                token_of(token, &self.keys.fence(thread))?,
                 Some(holder_of(worker, run, &lease)?),
             )),
             ["busy", worker, run, token] => Ok(Attempt::Busy(
@@ -265,7 +297,7 @@ impl RedisLeaseStore {
             )),
             ["wrongtype", key] => Err(corrupt(key, "the key holds a value of another type")),
             ["corrupt", key] => Err(corrupt(key, "the lease or its counter is malformed")),
-            _ => Err(unexpected("acquire", &lease, &reply)),
+            _ => Err(unexpected("acquire", &lease, reply)),
         }
     }
 
@@ -316,7 +348,7 @@ impl RedisLeaseStore {
 }
 
 /// What one acquire script did.
-enum Attempt {
+pub(crate) enum Attempt {
     Taken(Fence, Option<LeaseHolder>),
     /// Held by this holder, with this token (as stored).
     Busy(LeaseHolder, String),
@@ -542,7 +574,11 @@ impl LeaseStore for RedisLeaseStore {
     }
 }
 
-fn acquired(holder: &LeaseHolder, fence: Fence, took_over: Option<LeaseHolder>) -> Acquired {
+pub(crate) fn acquired(
+    holder: &LeaseHolder,
+    fence: Fence,
+    took_over: Option<LeaseHolder>,
+) -> Acquired {
     Acquired::new(
         Lease {
             holder: holder.clone(),

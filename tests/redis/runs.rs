@@ -482,3 +482,138 @@ async fn a_whole_end_writes_checkpoint_messages_record_flags_and_lease_in_order(
     let left: i64 = cmd(&mut con, &["EXISTS", &flags[1]]).await;
     assert_eq!(left, 1, "the new run's flag stays");
 }
+
+/// A new run's start in one step: the thread's lease taken, the run's first record written
+/// with the new token, the thread's history read; a held lease or a refused record leaves
+/// nothing held or written.
+#[tokio::test]
+async fn a_start_takes_the_lease_writes_the_record_and_reads_the_history_in_one_step() {
+    use runvisor::store::Begun;
+    use runvisor::{LeaseHolder, Message, StoreError, WorkerId};
+    use std::time::Duration;
+
+    let server = RedisServer::start();
+    let stores = stores(&server).await;
+    let mut con = raw(&server).await;
+    let holder = |run| LeaseHolder {
+        worker: WorkerId::new("w1").expect("worker id"),
+        run,
+    };
+    let ttl = Duration::from_secs(10);
+
+    // A free thread with a history: lease, record and history in one step.
+    let t = thread("chat:{start}");
+    let earlier = [Message::user("before"), Message::assistant("reply")];
+    stores
+        .history
+        .append(&t, &earlier, None)
+        .await
+        .expect("append");
+    let run = RunId::new();
+    let first = run_record(run, &t);
+    let (lease, took_over, history) = match stores
+        .starts
+        .begin(&first, &holder(run), ttl)
+        .await
+        .expect("begin")
+    {
+        Begun::Started { acquired, history } => (acquired.lease, acquired.took_over, history),
+        other => panic!("a free thread must be started: {other:?}"),
+    };
+    assert_eq!(took_over, None);
+    assert_eq!(history.expect("history"), earlier.to_vec());
+    assert_eq!(
+        stores.leases.lease(&t).await.expect("lease"),
+        Some(lease.clone())
+    );
+    let recorded = RunRecord {
+        fence: Some(lease.fence.0),
+        ..first.clone()
+    };
+    assert_eq!(
+        stores.runs.get(run).await.expect("get"),
+        Some(recorded.clone())
+    );
+    assert_eq!(stores.runs.list_open().await.expect("open"), vec![recorded]);
+
+    // Held: nothing written, the lease is the first run's.
+    let second = RunId::new();
+    match stores
+        .starts
+        .begin(&run_record(second, &t), &holder(second), ttl)
+        .await
+        .expect("begin")
+    {
+        Begun::NotStarted => {}
+        other => panic!("a held thread must not be started: {other:?}"),
+    }
+    assert_eq!(stores.runs.get(second).await.expect("get"), None);
+    assert_eq!(stores.leases.lease(&t).await.expect("lease"), Some(lease));
+
+    // A record key of another type: not started, and the lease taken for it given back.
+    let junk = thread("chat:{start-junk}");
+    let third = RunId::new();
+    let key = format!("runvisor:run:{{{junk}}}:{third}");
+    let _: () = cmd(&mut con, &["SET", &key, "junk"]).await;
+    match stores
+        .starts
+        .begin(&run_record(third, &junk), &holder(third), ttl)
+        .await
+        .expect("begin")
+    {
+        Begun::NotStarted => {}
+        other => panic!("a refused record must not start the run: {other:?}"),
+    }
+    assert_eq!(stores.leases.lease(&junk).await.expect("lease"), None);
+    let kept: String = cmd(&mut con, &["GET", &key]).await;
+    assert_eq!(kept, "junk");
+
+    // A history of another type: started, and the history's error named.
+    let odd = thread("chat:{start-odd}");
+    let list = format!("runvisor:hist:{{{odd}}}");
+    let _: () = cmd(&mut con, &["SET", &list, "junk"]).await;
+    let fourth = RunId::new();
+    match stores
+        .starts
+        .begin(&run_record(fourth, &odd), &holder(fourth), ttl)
+        .await
+        .expect("begin")
+    {
+        Begun::Started {
+            history: Err(StoreError::Corrupt { key, .. }),
+            ..
+        } => assert_eq!(key, list),
+        other => panic!("a junk history must be named: {other:?}"),
+    }
+
+    // An expired lease is taken over in the same step, naming whose it was.
+    let old = thread("chat:{start-expired}");
+    let gone = RunId::new();
+    stores
+        .leases
+        .acquire(&old, &holder(gone), Duration::from_millis(1))
+        .await
+        .expect("free");
+    tokio::time::sleep(Duration::from_millis(20)).await;
+    let fifth = RunId::new();
+    match stores
+        .starts
+        .begin(&run_record(fifth, &old), &holder(fifth), ttl)
+        .await
+        .expect("begin")
+    {
+        Begun::Started { acquired, .. } => {
+            assert_eq!(acquired.took_over, Some(holder(gone)));
+            assert_eq!(
+                stores
+                    .runs
+                    .get(fifth)
+                    .await
+                    .expect("get")
+                    .and_then(|r| r.fence),
+                Some(acquired.lease.fence.0)
+            );
+        }
+        other => panic!("an expired lease must be taken: {other:?}"),
+    }
+}

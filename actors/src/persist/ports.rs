@@ -197,6 +197,46 @@ pub trait EndStore: Send + Sync + 'static {
     async fn put_whole_end(&self, end: &WholeEnd<'_>) -> Result<EndWritten, EndFailed>;
 }
 
+/// Starts a run in one step, for stores that can (on Redis, one script in the thread's
+/// slot): takes the thread's lease as [`LeaseStore::acquire`] does when the thread is free
+/// (or its lease expired), then writes the run's first record fenced by the new token, then
+/// reads the thread's history under it. Each step runs only once the one before it
+/// succeeded: a thread held by another run is left as it is, and nothing is written.
+#[async_trait]
+pub trait StartStore: Send + Sync + 'static {
+    /// Takes `record.thread`'s lease for `holder` for `ttl`, writes `record` with its
+    /// [`fence`](RunRecord::fence) set to the new token, and reads the thread's history.
+    ///
+    /// [`Begun::NotStarted`] leaves the start to the steps alone: the lease is held by another
+    /// run (by a live or a dead worker: a takeover from a dead worker is
+    /// [`LeaseStore::acquire`]'s), or the record could not be written (the lease taken for it
+    /// is given back). An error says the store failed or answered nothing that makes sense:
+    /// then what landed is unknown, as after a lost answer to [`LeaseStore::acquire`] (a lease
+    /// taken stays until it expires).
+    async fn begin(
+        &self,
+        record: &RunRecord,
+        holder: &LeaseHolder,
+        ttl: Duration,
+    ) -> Result<Begun, LeaseError>;
+}
+
+/// What [`StartStore::begin`] did.
+#[derive(Debug)]
+#[non_exhaustive]
+pub enum Begun {
+    /// The lease is taken, the record written; then the thread's history, as read, or why it
+    /// could not be.
+    Started {
+        /// The lease taken.
+        acquired: Acquired,
+        /// The thread's history, oldest first.
+        history: Result<Vec<Message>, StoreError>,
+    },
+    /// Nothing is held or written: the caller starts step by step.
+    NotStarted,
+}
+
 /// A run's end as [`EndStore::put_whole_end`] writes it. The record's thread is the run's.
 #[derive(Debug, Clone, Copy)]
 pub struct WholeEnd<'a> {

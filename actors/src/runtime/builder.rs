@@ -14,7 +14,7 @@ use crate::persist::memory::{
 };
 use crate::persist::{
     CheckpointStore, EndStore, HistoryStore, LeaseStore, MemoryLeaseStore, RunStore, SignalSource,
-    SpillStore,
+    SpillStore, StartStore,
 };
 use crate::service::CheckpointObserver;
 
@@ -29,6 +29,7 @@ pub struct RuntimeBuilder {
     signals: Option<Arc<dyn SignalSource>>,
     leases: Option<Arc<dyn LeaseStore>>,
     ends: Option<Arc<dyn EndStore>>,
+    starts: Option<Arc<dyn StartStore>>,
     spill: Option<Arc<dyn SpillStore>>,
     probe: Option<Arc<dyn Probe>>,
     trace: Option<Arc<dyn TraceContext>>,
@@ -126,6 +127,15 @@ impl RuntimeBuilder {
         self
     }
 
+    /// Starts each new run (its lease, its first record, its thread's history) in one step
+    /// through this store, where it can (see [`StartStore`]); it must write to the same place
+    /// as the lease, run and history stores given. Without one, a start takes the lease, then
+    /// writes the record and reads the history.
+    pub fn start_store(mut self, store: Arc<dyn StartStore>) -> Self {
+        self.starts = Some(store);
+        self
+    }
+
     /// Uses this lease store (workers' heartbeats, threads' leases and fencing tokens). The
     /// stores given with it check their writes against its tokens, so they must go together
     /// (`RedisStores::install` of the `runvisor` crate gives both); a store given without
@@ -213,6 +223,7 @@ impl RuntimeBuilder {
                 ("checkpoint store", self.checkpoints.is_some()),
                 ("signal source", self.signals.is_some()),
                 ("end store", self.ends.is_some()),
+                ("start store", self.starts.is_some()),
             ];
             if let Some((store, _)) = given.into_iter().find(|(_, given)| *given) {
                 return Err(BuildError::LeaseStoreMissing { store });
@@ -247,6 +258,7 @@ impl RuntimeBuilder {
             signals: self.signals.unwrap_or_else(|| Arc::new(signals)),
             leases,
             ends: self.ends,
+            starts: self.starts,
             spill: self.spill,
         };
         let mut services = Services::new(stores, self.config, WorkerInfo::this_process(worker));
@@ -299,6 +311,7 @@ impl Runtime {
             signals: None,
             leases: None,
             ends: None,
+            starts: None,
             spill: None,
             probe: None,
             trace: None,

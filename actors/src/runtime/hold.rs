@@ -7,10 +7,10 @@ use std::sync::Arc;
 
 use super::facade::Runtime;
 use crate::model::{
-    Fence, Lease, LeaseError, LeaseHolder, RunId, RunStatus, StopReason, StoreError, ThreadId,
-    WorkerId, now_ms,
+    Fence, Lease, LeaseError, LeaseHolder, Message, RunId, RunRecord, RunStatus, StopReason,
+    StoreError, ThreadId, WorkerId, now_ms,
 };
-use crate::persist::LeaseStore;
+use crate::persist::{Acquired, Begun, LeaseStore};
 use crate::service::ThreadClaim;
 
 /// Why a thread could not be held.
@@ -29,6 +29,9 @@ pub(crate) enum HoldError {
 pub(crate) struct ThreadHold {
     claim: Option<ThreadClaim>,
     lease: Lease,
+    /// Set when the lease was taken with the run's first record written and the thread's
+    /// history read, in one step ([`StartStore`]): the history, or why it could not be read.
+    pub(crate) begun: Option<Result<Vec<Message>, StoreError>>,
     thread: ThreadId,
     leases: Arc<dyn LeaseStore>,
     handed: bool,
@@ -90,11 +93,17 @@ impl Runtime {
     /// Holds `thread` for `run`: claims it in this process, then takes its lease. The record
     /// of the run the lease was taken from (its worker died), and `orphan` if given, are
     /// closed: they cannot be running any more.
+    ///
+    /// With `record` (the run's first, its fence to be set to the new token), a start store
+    /// (if the runtime has one) takes a free lease, writes the record and reads the thread's
+    /// history in one step ([`ThreadHold::begun`]); when it did not, the lease is asked for
+    /// again as without one (and the caller writes the record).
     pub(crate) async fn hold_thread(
         &self,
         thread: &ThreadId,
         run: RunId,
         orphan: Option<RunId>,
+        record: Option<&RunRecord>,
     ) -> Result<ThreadHold, HoldError> {
         let claim = self
             .registry()
@@ -112,8 +121,9 @@ impl Runtime {
             worker: self.services.worker.id.clone(),
             run,
         };
-        let ttl = self.config().lease.ttl;
-        match self.services.leases.acquire(thread, &holder, ttl).await {
+        // Boxed: the callers' futures (a start's, a resume's) stay small.
+        let (acquired, begun) = Box::pin(self.take_lease(thread, &holder, record)).await;
+        match acquired {
             Ok(acquired) => {
                 if let Some(previous) = &acquired.took_over {
                     tracing::info!(%thread, %previous, %run, "took an orphaned thread over");
@@ -126,6 +136,7 @@ impl Runtime {
                 Ok(ThreadHold {
                     claim: Some(claim),
                     lease: acquired.lease,
+                    begun,
                     thread: thread.clone(),
                     leases: self.services.leases.clone(),
                     handed: false,
@@ -140,6 +151,31 @@ impl Runtime {
                 "lease store: {other}"
             )))),
         }
+    }
+
+    /// Takes `thread`'s lease for `holder`; with `record`, through the start store if the
+    /// runtime has one (see [`Self::hold_thread`]), which also answers the history it read.
+    async fn take_lease(
+        &self,
+        thread: &ThreadId,
+        holder: &LeaseHolder,
+        record: Option<&RunRecord>,
+    ) -> (
+        Result<Acquired, LeaseError>,
+        Option<Result<Vec<Message>, StoreError>>,
+    ) {
+        let ttl = self.config().lease.ttl;
+        if let Some((record, starts)) = record.zip(self.services.starts.as_ref()) {
+            match starts.begin(record, holder, ttl).await {
+                Ok(Begun::Started { acquired, history }) => return (Ok(acquired), Some(history)),
+                Ok(Begun::NotStarted) => {}
+                Err(e) => return (Err(e), None),
+            }
+        }
+        (
+            self.services.leases.acquire(thread, holder, ttl).await,
+            None,
+        )
     }
 
     /// The record of a run whose thread was just taken over from its dead worker: still

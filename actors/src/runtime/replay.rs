@@ -82,7 +82,7 @@ impl Runtime {
         })
         .await
         .map_err(|g| failed(g.error))?;
-        let hold = match self.hold_thread(thread, spilled.run_id, None).await {
+        let hold = match self.hold_thread(thread, spilled.run_id, None, None).await {
             Ok(hold) => hold,
             Err(HoldError::Busy { run, worker }) => {
                 return Err(ReplayError::ThreadBusy {

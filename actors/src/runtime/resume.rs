@@ -343,7 +343,7 @@ impl Runtime {
         };
         let run_id = RunId::new();
         let hold = self
-            .hold_thread(&thread, run_id, options.orphan)
+            .hold_thread(&thread, run_id, options.orphan, None)
             .await
             .map_err(|e| match e {
                 HoldError::Busy { run, worker } => ResumeError::ThreadBusy {
@@ -555,33 +555,35 @@ impl Runtime {
             self.services.continue_chain(run_id, seed);
         }
         let launching = span.clone();
-        let launched = self
-            .launch(Launch {
-                run_id,
-                plan,
-                inputs: snapshot.inputs,
-                thread,
-                history: Some(history),
-                produced,
-                restore: Some(Restore {
-                    graph: snapshot.graph,
-                    variables: snapshot.variables,
-                    query,
-                    parent_run_id: snapshot.run_id,
-                }),
-                answers,
-                labels: match options.user {
-                    // Checked when it was set.
-                    Some(user) => snapshot
-                        .labels
-                        .clone()
-                        .with_user(user)
-                        .unwrap_or(snapshot.labels),
-                    None => snapshot.labels,
-                },
-                retry_failed: options.retry_failed,
-                lease: hold.lease().clone(),
-            })
+        let launch = Launch {
+            run_id,
+            plan,
+            inputs: snapshot.inputs,
+            thread,
+            history: Some(history),
+            produced,
+            restore: Some(Restore {
+                graph: snapshot.graph,
+                variables: snapshot.variables,
+                query,
+                parent_run_id: snapshot.run_id,
+            }),
+            answers,
+            labels: match options.user {
+                // Checked when it was set.
+                Some(user) => snapshot
+                    .labels
+                    .clone()
+                    .with_user(user)
+                    .unwrap_or(snapshot.labels),
+                None => snapshot.labels,
+            },
+            retry_failed: options.retry_failed,
+            lease: hold.lease().clone(),
+            started: None,
+        };
+        // Boxed, as a start's: the resume's future stays small.
+        let launched = Box::pin(self.launch(launch))
             .instrument(launching)
             .await;
         if launched.is_err() && continues {

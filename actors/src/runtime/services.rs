@@ -18,7 +18,7 @@ use crate::model::{
 use crate::persist::snapshot::{SaveFailed, SnapshotWrite};
 use crate::persist::{
     CheckpointStore, EndFailed, EndStep, EndStore, HistoryStore, LeaseStore, RunStore,
-    SignalSource, SpillStore, WatchedKeys, WholeEnd,
+    SignalSource, SpillStore, StartStore, WatchedKeys, WholeEnd,
 };
 use crate::service::CheckpointObserver;
 use crate::service::RunRegistry;
@@ -56,6 +56,8 @@ pub(crate) struct Services {
     pub(crate) spill: Option<Arc<dyn SpillStore>>,
     /// Writes a run's whole end in one step, if the stores can.
     ends: Option<Arc<dyn EndStore>>,
+    /// Starts a run (lease, record, history) in one step, if the stores can.
+    pub(crate) starts: Option<Arc<dyn StartStore>>,
     /// This runtime as a worker.
     pub(crate) worker: WorkerInfo,
     keeper: tokio::sync::OnceCell<ActorRef<KeeperMsg>>,
@@ -75,6 +77,7 @@ pub(crate) struct Stores {
     pub(crate) signals: Arc<dyn SignalSource>,
     pub(crate) leases: Arc<dyn LeaseStore>,
     pub(crate) ends: Option<Arc<dyn EndStore>>,
+    pub(crate) starts: Option<Arc<dyn StartStore>>,
     pub(crate) spill: Option<Arc<dyn SpillStore>>,
 }
 
@@ -87,6 +90,7 @@ impl Services {
             signals,
             leases,
             ends,
+            starts,
             spill,
         } = stores;
         let chains = Chains::new(
@@ -97,6 +101,7 @@ impl Services {
             leases,
             spill,
             ends,
+            starts,
             worker,
             keeper: tokio::sync::OnceCell::new(),
             adopter: std::sync::OnceLock::new(),

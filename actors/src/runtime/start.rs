@@ -16,8 +16,8 @@ use crate::exec::{LiveState, Restore, RunArgs, RunInfo, RunSupervisor};
 use crate::kinds::Kinds;
 use crate::kinds::RunScope;
 use crate::model::{
-    Lease, MAX_DEPTH, Map, Message, NodePath, RunId, RunLabels, RunRecord, RunStatus, ThreadId,
-    Value, now_ms,
+    Lease, MAX_DEPTH, Map, Message, NodePath, RunId, RunLabels, RunRecord, RunStatus, StoreError,
+    ThreadId, Value, now_ms,
 };
 use crate::persist::WatchedKeys;
 use crate::workflow::{GraphPlan, NodeSpec, Plan, Workflow};
@@ -53,9 +53,23 @@ impl Runtime {
         labels: RunLabels,
     ) -> Result<RunHandle, StartError> {
         let inputs = check_depth(inputs)?;
+        // Checked before the thread is held: a start refused for its inputs holds nothing.
+        let inputs = workflow
+            .check_inputs(inputs)
+            .map_err(|e| StartError::InvalidInput {
+                input: e.input,
+                problem: e.problem,
+            })?;
+        let plan = workflow.plan().clone();
+        if let Some(kind) = missing_kind(&plan.graph, &self.kinds) {
+            return Err(StartError::UnknownKind(kind));
+        }
         let run_id = RunId::new();
-        let hold = self
-            .hold_thread(&thread, run_id, None)
+        let span = self.run_span(&plan, &thread, run_id, None);
+        // The run's first record goes with its lease where a start store takes both at once.
+        let mut record = self.first_record(run_id, &thread, &plan, None, &labels, &span);
+        let mut hold = self
+            .hold_thread(&thread, run_id, None, Some(&record))
             .await
             .map_err(|e| match e {
                 HoldError::Busy { run, worker } => StartError::ThreadBusy {
@@ -68,38 +82,36 @@ impl Runtime {
                     error,
                 },
             })?;
-        let result: Result<RunHandle, StartError> = async {
-            let inputs = workflow
-                .check_inputs(inputs)
-                .map_err(|e| StartError::InvalidInput {
-                    input: e.input,
-                    problem: e.problem,
-                })?;
-            let mut produced = Vec::new();
-            if let Some(Value::String(query)) = inputs.get("query")
-                && !query.is_empty()
-            {
-                let mut message = Message::user(query.clone());
-                message.run_id = Some(run_id);
-                produced.push(message);
-            }
-            let handle = self
-                .launch(Launch {
-                    run_id,
-                    plan: workflow.plan().clone(),
-                    inputs,
-                    thread,
-                    history: None,
-                    produced,
-                    restore: None,
-                    answers: HashMap::new(),
-                    labels,
-                    retry_failed: false,
-                    lease: hold.lease().clone(),
-                })
-                .await?;
-            Ok(handle)
+        record.fence = Some(hold.lease().fence.0);
+        let started = Started {
+            span,
+            record,
+            begun: hold.begun.take(),
+        };
+        let mut produced = Vec::new();
+        if let Some(Value::String(query)) = inputs.get("query")
+            && !query.is_empty()
+        {
+            let mut message = Message::user(query.clone());
+            message.run_id = Some(run_id);
+            produced.push(message);
         }
+        // Boxed: a start's future would otherwise carry the launch's inline, and a caller
+        // that keeps it on its stack (a `block_on`) carries all of it.
+        let result = Box::pin(self.launch(Launch {
+            run_id,
+            plan,
+            inputs,
+            thread,
+            history: None,
+            produced,
+            restore: None,
+            answers: HashMap::new(),
+            labels,
+            retry_failed: false,
+            lease: hold.lease().clone(),
+            started: Some(started),
+        }))
         .await;
         match result {
             Ok(handle) => {
@@ -124,6 +136,70 @@ impl Runtime {
             })
     }
 
+    /// The span of a run: a child of the span current here (a request's, a resume's), so a
+    /// run started within a trace joins it. Its lease's token is recorded once it is held.
+    fn run_span(
+        &self,
+        plan: &Plan,
+        thread: &ThreadId,
+        run_id: RunId,
+        parent: Option<RunId>,
+    ) -> tracing::Span {
+        let workflow_id = &plan.def.id;
+        tracing::info_span!(
+            "run",
+            otel.name = format!("invoke_workflow {workflow_id}"),
+            gen_ai.operation.name = "invoke_workflow",
+            gen_ai.conversation.id = %thread,
+            runvisor.run.id = %run_id,
+            runvisor.thread.id = %thread,
+            runvisor.workflow.id = %workflow_id,
+            runvisor.worker.id = %self.services.worker.id,
+            runvisor.lease.fence = tracing::field::Empty,
+            runvisor.run.resumed_from = parent.map(|p| p.to_string()),
+            runvisor.run.status = tracing::field::Empty,
+            otel.status_code = tracing::field::Empty,
+            otel.status_description = tracing::field::Empty,
+        )
+    }
+
+    /// A run's first record: running, started now, on this worker, naming `span` as its
+    /// trace; its fence is set once its lease is held.
+    fn first_record(
+        &self,
+        run_id: RunId,
+        thread: &ThreadId,
+        plan: &Plan,
+        parent: Option<RunId>,
+        labels: &RunLabels,
+        span: &tracing::Span,
+    ) -> RunRecord {
+        let traceparent = self
+            .services
+            .trace
+            .as_ref()
+            .and_then(|trace| trace.traceparent(span))
+            .filter(|t| t.len() <= MAX_TRACEPARENT);
+        RunRecord {
+            run_id,
+            thread: thread.clone(),
+            workflow_id: plan.def.id.clone(),
+            status: RunStatus::Running,
+            parent_run_id: parent,
+            checkpoint_id: None,
+            started_at_ms: now_ms(),
+            finished_at_ms: None,
+            failure_reason: None,
+            stop_reason: None,
+            unpersisted: None,
+            labels: labels.clone(),
+            not_resumable: None,
+            worker: Some(self.services.worker.id.clone()),
+            fence: None,
+            traceparent,
+        }
+    }
+
     /// Records and spawns a run.
     pub(crate) async fn launch(&self, launch: Launch) -> Result<RunHandle, StartError> {
         let Launch {
@@ -138,67 +214,52 @@ impl Runtime {
             labels,
             retry_failed,
             lease,
+            started,
         } = launch;
         if let Some(kind) = missing_kind(&plan.graph, &self.kinds) {
             return Err(StartError::UnknownKind(kind));
         }
-        let workflow_id = plan.def.id.clone();
-        // The run's span: a child of the span current here (a request's, a resume's), so a
-        // run started within a trace joins it.
-        let span = tracing::info_span!(
-            "run",
-            otel.name = format!("invoke_workflow {workflow_id}"),
-            gen_ai.operation.name = "invoke_workflow",
-            gen_ai.conversation.id = %thread,
-            runvisor.run.id = %run_id,
-            runvisor.thread.id = %thread,
-            runvisor.workflow.id = %workflow_id,
-            runvisor.worker.id = %self.services.worker.id,
-            runvisor.lease.fence = lease.fence.0,
-            runvisor.run.resumed_from = restore.as_ref().map(|r| r.parent_run_id.to_string()),
-            runvisor.run.status = tracing::field::Empty,
-            otel.status_code = tracing::field::Empty,
-            otel.status_description = tracing::field::Empty,
-        );
-        let traceparent = self
-            .services
-            .trace
-            .as_ref()
-            .and_then(|trace| trace.traceparent(&span))
-            .filter(|t| t.len() <= MAX_TRACEPARENT);
-        let record = RunRecord {
-            run_id,
-            thread: thread.clone(),
-            workflow_id: plan.def.id.clone(),
-            status: RunStatus::Running,
-            parent_run_id: restore.as_ref().map(|r| r.parent_run_id),
-            checkpoint_id: None,
-            started_at_ms: now_ms(),
-            finished_at_ms: None,
-            failure_reason: None,
-            stop_reason: None,
-            unpersisted: None,
-            labels: labels.clone(),
-            not_resumable: None,
-            worker: Some(self.services.worker.id.clone()),
-            fence: Some(lease.fence.0),
-            traceparent,
+        let parent = restore.as_ref().map(|r| r.parent_run_id);
+        let (span, mut record, begun) = match started {
+            Some(Started {
+                span,
+                record,
+                begun,
+            }) => (span, record, begun),
+            None => {
+                let span = self.run_span(&plan, &thread, run_id, parent);
+                let record = self.first_record(run_id, &thread, &plan, parent, &labels, &span);
+                (span, record, None)
+            }
         };
-        // The record, the workflow's definition and, for a new run, the thread's history go
-        // at once (the definition is stored once per thread, by hash; if it cannot be stored,
-        // each snapshot carries it instead). The history is read under the lease, as every
-        // write to it is fenced by it.
+        record.fence = Some(lease.fence.0);
+        span.record("runvisor.lease.fence", lease.fence.0);
+        let workflow_id = record.workflow_id.clone();
+        // The record and, for a new run, the thread's history (unless both went with the
+        // lease), and the workflow's definition go at once (the definition is stored once per
+        // thread, by hash; if it cannot be stored, each snapshot carries it instead). The
+        // history is read under the lease, as every write to it is fenced by it.
         let workflow_hash = plan.def_hash();
         let definition = plan.def_json();
+        let recorded = begun.is_some();
         let (recorded, workflow_stored, history) = tokio::join!(
-            self.services.runs.put(&record, Some(lease.fence)),
+            async {
+                if recorded {
+                    return Ok(());
+                }
+                self.services.runs.put(&record, Some(lease.fence)).await
+            },
             self.services
                 .checkpoints
                 .put_workflow(&thread, &workflow_hash, &definition),
             async {
-                match history {
-                    Some(history) => Ok(history),
-                    None => self.load_history(&thread).await,
+                match (begun, history) {
+                    (Some(read), _) => read.map_err(|error| StartError::History {
+                        thread: thread.clone(),
+                        error,
+                    }),
+                    (None, Some(history)) => Ok(history),
+                    (None, None) => self.load_history(&thread).await,
                 }
             }
         );
@@ -317,6 +378,22 @@ pub(crate) struct Launch {
     pub(crate) retry_failed: bool,
     /// The run's lease on its thread.
     pub(crate) lease: Lease,
+    /// The run's span and first record, made before its thread was held; `None`: made here.
+    pub(crate) started: Option<Started>,
+}
+
+/// A run's span and first record, made before its thread is held (a start store writes the
+/// record with the lease).
+pub(crate) struct Started {
+    /// The run's span, which the record names.
+    pub(crate) span: tracing::Span,
+    /// The run's first record.
+    pub(crate) record: RunRecord,
+    /// Set when the record was written with the lease and the thread's history read, in one
+    /// step ([`ThreadHold`]'s `begun`): the history, or why it could not be read.
+    ///
+    /// [`ThreadHold`]: super::hold::ThreadHold
+    pub(crate) begun: Option<Result<Vec<Message>, StoreError>>,
 }
 
 /// Refuses inputs that nest too deep: the inputs are one object (the `begin` node's output),
