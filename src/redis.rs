@@ -112,6 +112,10 @@
 //! - A run `put` writes the run's thread pointer, then index entry and hash in one Lua script;
 //!   a reader skips an index entry whose hash is missing.
 //! - A run's flag clear is one script over the fence counter and the flags.
+//! - A new run's start ([`RedisStartStore`]) is one script in the thread's slot: the lease's
+//!   acquire, then the run's first record fenced by (and naming) the new token, then the
+//!   thread's history read whole. A lease held by another run writes nothing; a record that
+//!   is refused gives the lease back; either way the start goes on step by step.
 //! - A run's end ([`RedisEndStore`]) is one script in the thread's slot made of the scripts
 //!   above as Lua functions, each with its own keys and arguments: the final checkpoint's
 //!   `put`, then the history's `append` (when the run has messages), then the record's `put`,

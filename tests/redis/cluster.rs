@@ -898,3 +898,47 @@ async fn a_whole_end_on_a_cluster_is_one_script_in_its_threads_slot() {
         }
     }
 }
+
+/// A new run's start on a cluster: lease, record and history read in one script in the
+/// thread's slot.
+#[tokio::test]
+async fn a_start_on_a_cluster_is_one_script_in_its_threads_slot() {
+    use runvisor::store::Begun;
+    use runvisor::{LeaseHolder, RunId, WorkerId};
+
+    let cluster = RedisCluster::start();
+    let stores = cluster_stores(&cluster).await;
+    let t = thread("start-here");
+    let earlier = [Message::user("question"), Message::assistant("answer")];
+    stores
+        .history
+        .append(&t, &earlier, None)
+        .await
+        .expect("append");
+    let run = RunId::new();
+    let holder = LeaseHolder {
+        worker: WorkerId::new("w1").expect("worker id"),
+        run,
+    };
+    let first = super::support::run_record(run, &t);
+    let Begun::Started { acquired, history } = stores
+        .starts
+        .begin(&first, &holder, Duration::from_secs(10))
+        .await
+        .expect("begin")
+    else {
+        panic!("a free thread must be started")
+    };
+    assert_eq!(history.expect("history"), earlier.to_vec());
+    assert_eq!(
+        stores.leases.lease(&t).await.expect("lease"),
+        Some(acquired.lease.clone())
+    );
+    assert_eq!(
+        stores.runs.get(run).await.expect("get"),
+        Some(runvisor::store::RunRecord {
+            fence: Some(acquired.lease.fence.0),
+            ..first
+        })
+    );
+}
