@@ -498,13 +498,7 @@ impl CheckpointStore for RedisCheckpointStore {
         fence: Option<Fence>,
     ) -> Result<(), StoreError> {
         let part = self.put_part(thread, &checkpoint, fence);
-        let mut invocation = self.put.prepare_invoke();
-        for key in &part.keys {
-            invocation.key(key);
-        }
-        for arg in &part.args {
-            invocation.arg(arg.as_slice());
-        }
+        let invocation = part.invoke(&self.put);
         let reply = self
             .conn
             .script("checkpoint put", &part.keys[0], &invocation)

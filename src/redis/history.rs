@@ -154,13 +154,7 @@ impl HistoryStore for RedisHistoryStore {
             return Ok(());
         }
         let part = self.append_part(thread, messages, fence)?;
-        let mut invocation = self.append.prepare_invoke();
-        for key in &part.keys {
-            invocation.key(key);
-        }
-        for arg in &part.args {
-            invocation.arg(arg.as_slice());
-        }
+        let invocation = part.invoke(&self.append);
         let list = self.keys.history(thread);
         let reply = self
             .conn

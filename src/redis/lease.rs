@@ -239,13 +239,7 @@ impl RedisLeaseStore {
         dead: Option<&str>,
     ) -> Result<Attempt, StoreError> {
         let part = self.acquire_part(thread, holder, ttl, dead);
-        let mut invocation = self.acquire.prepare_invoke();
-        for key in &part.keys {
-            invocation.key(key);
-        }
-        for arg in &part.args {
-            invocation.arg(arg.as_slice());
-        }
+        let invocation = part.invoke(&self.acquire);
         let lease = self.keys.lease(thread);
         let reply = self
             .conn

@@ -19,6 +19,20 @@ pub(crate) struct Part {
     pub(crate) args: Vec<Vec<u8>>,
 }
 
+impl Part {
+    /// An invocation of `script` (alone) with these keys and arguments.
+    pub(crate) fn invoke<'a>(&self, script: &'a Script) -> ::redis::ScriptInvocation<'a> {
+        let mut invocation = script.prepare_invoke();
+        for key in &self.keys {
+            invocation.key(key);
+        }
+        for arg in &self.args {
+            invocation.arg(arg.as_slice());
+        }
+        invocation
+    }
+}
+
 /// A script and its source, to send by hash and load where it is unknown.
 #[derive(Debug, Clone)]
 pub(crate) struct Lua {

@@ -172,26 +172,25 @@ async fn a_record_is_written_after_the_server_forgot_its_script() {
     assert_eq!(runs.list_recent(10).await, Ok(vec![ended]));
 }
 
-/// A run's end in one write: its record, then its flags deleted and announced, then its lease
-/// given up; and nothing of it when the record is refused.
-#[tokio::test]
-async fn a_run_end_clears_its_flags_announces_it_and_gives_its_lease_up_after_its_record() {
-    use futures::StreamExt;
-    use runvisor::store::{EndWritten, Notice};
-    use runvisor::{LeaseHolder, StoreError, WorkerId};
-
-    let server = RedisServer::start();
-    let stores = stores(&server).await;
-    let mut con = raw(&server).await;
-    let t = thread("chat:{end}");
-    let holder = |run| LeaseHolder {
-        worker: WorkerId::new("w1").expect("worker id"),
+/// The lease holder of `run` on worker `w1`.
+fn holder(run: RunId) -> runvisor::LeaseHolder {
+    runvisor::LeaseHolder {
+        worker: runvisor::WorkerId::new("w1").expect("worker id"),
         run,
-    };
+    }
+}
+
+/// A new run holding `t`'s lease, with its two flags raised: its stop flag in the thread's
+/// slot and a FastGPT label flag elsewhere.
+async fn flagged_holder(
+    stores: &runvisor::redis::RedisStores,
+    con: &mut ::redis::aio::MultiplexedConnection,
+    t: &ThreadId,
+) -> (RunId, runvisor::Lease, Vec<String>) {
     let run = RunId::new();
     let lease = stores
         .leases
-        .acquire(&t, &holder(run), std::time::Duration::from_secs(10))
+        .acquire(t, &holder(run), std::time::Duration::from_secs(10))
         .await
         .expect("free")
         .lease;
@@ -200,8 +199,24 @@ async fn a_run_end_clears_its_flags_announces_it_and_gives_its_lease_up_after_it
         "agent_runtime_stopping:app:chat".to_owned(),
     ];
     for flag in &flags {
-        let _: () = cmd(&mut con, &["SET", flag, "1", "EX", "60"]).await;
+        let _: () = cmd(con, &["SET", flag, "1", "EX", "60"]).await;
     }
+    (run, lease, flags)
+}
+
+/// A run's end in one write: its record, then its flags deleted and announced, then its lease
+/// given up; and nothing of it when the record is refused.
+#[tokio::test]
+async fn a_run_end_clears_its_flags_announces_it_and_gives_its_lease_up_after_its_record() {
+    use futures::StreamExt;
+    use runvisor::StoreError;
+    use runvisor::store::{EndWritten, Notice};
+
+    let server = RedisServer::start();
+    let stores = stores(&server).await;
+    let mut con = raw(&server).await;
+    let t = thread("chat:{end}");
+    let (run, lease, flags) = flagged_holder(&stores, &mut con, &t).await;
     let mut notices = stores.signals.subscribe().await.expect("subscribe");
     let ended = RunRecord {
         status: RunStatus::Succeeded,
@@ -285,30 +300,13 @@ async fn a_whole_end_writes_checkpoint_messages_record_flags_and_lease_in_order(
     use runvisor::store::{
         DeltaLink, EndFailed, EndStep, EndWritten, Notice, StoredCheckpoint, WholeEnd,
     };
-    use runvisor::{LeaseHolder, Message, StoreError, WorkerId};
+    use runvisor::{Message, StoreError};
 
     let server = RedisServer::start();
     let stores = stores(&server).await;
     let mut con = raw(&server).await;
     let t = thread("chat:{whole}");
-    let holder = |run| LeaseHolder {
-        worker: WorkerId::new("w1").expect("worker id"),
-        run,
-    };
-    let run = RunId::new();
-    let lease = stores
-        .leases
-        .acquire(&t, &holder(run), std::time::Duration::from_secs(10))
-        .await
-        .expect("free")
-        .lease;
-    let flags = vec![
-        format!("runvisor:stop:{{{t}}}:{run}"),
-        "agent_runtime_stopping:app:chat".to_owned(),
-    ];
-    for flag in &flags {
-        let _: () = cmd(&mut con, &["SET", flag, "1", "EX", "60"]).await;
-    }
+    let (run, lease, flags) = flagged_holder(&stores, &mut con, &t).await;
     let mut notices = stores.signals.subscribe().await.expect("subscribe");
     let checkpoint = |sequence, link| StoredCheckpoint {
         id: CheckpointId::new(),
@@ -489,16 +487,12 @@ async fn a_whole_end_writes_checkpoint_messages_record_flags_and_lease_in_order(
 #[tokio::test]
 async fn a_start_takes_the_lease_writes_the_record_and_reads_the_history_in_one_step() {
     use runvisor::store::Begun;
-    use runvisor::{LeaseHolder, Message, StoreError, WorkerId};
+    use runvisor::{Message, StoreError};
     use std::time::Duration;
 
     let server = RedisServer::start();
     let stores = stores(&server).await;
     let mut con = raw(&server).await;
-    let holder = |run| LeaseHolder {
-        worker: WorkerId::new("w1").expect("worker id"),
-        run,
-    };
     let ttl = Duration::from_secs(10);
 
     // A free thread with a history: lease, record and history in one step.
