@@ -458,6 +458,56 @@ async fn a_busy_thread_refuses_starts_and_resumes_from_other_workers_and_one_res
     winner.1.wait().await;
 }
 
+/// Two workers start a new thread at once, twenty times: each time one run starts, the other
+/// start is refused as busy naming it, and the thread holds the winner's record only, fenced
+/// by the lease it holds.
+#[tokio::test]
+async fn two_workers_starting_one_new_thread_at_once_start_one_run_and_record_only_it() {
+    let server = RedisServer::start();
+    let stores = stores(&server).await;
+    let one = worker(&stores, "one", LeaseConfig::default());
+    let two = worker(
+        &super::support::stores(&server).await,
+        "two",
+        LeaseConfig::default(),
+    );
+    let workflow = one.load_json(NAP).expect("valid");
+    for i in 0..20 {
+        let t = thread(&format!("race-{i}"));
+        let (a, b) = tokio::join!(
+            one.start(&workflow, Map::new(), t.clone()),
+            two.start(&workflow, Map::new(), t.clone()),
+        );
+        let (winner, run, loser) = match (a, b) {
+            (Ok(run), Err(e)) => (&one, run, e),
+            (Err(e), Ok(run)) => (&two, run, e),
+            (a, b) => panic!(
+                "exactly one start should win: {:?} / {:?}",
+                a.map(|r| r.run_id()),
+                b.map(|r| r.run_id())
+            ),
+        };
+        assert!(
+            matches!(loser, StartError::ThreadBusy { run: r, .. } if r == run.run_id()),
+            "{loser:?}"
+        );
+        let records = stores.runs.list_thread(&t).await.expect("list");
+        assert_eq!(
+            records.iter().map(|r| r.run_id).collect::<Vec<_>>(),
+            vec![run.run_id()],
+            "race {i}"
+        );
+        let held = stores.leases.lease(&t).await.expect("lease").expect("held");
+        assert_eq!(held.holder.run, run.run_id());
+        assert_eq!(records[0].fence, Some(held.fence.0));
+        winner
+            .stop(run.run_id(), StopMode::Force)
+            .await
+            .expect("stop");
+        run.wait().await;
+    }
+}
+
 #[tokio::test]
 async fn a_run_whose_thread_is_taken_over_stops_with_lease_lost_and_writes_nothing_more() {
     let server = RedisServer::start();
