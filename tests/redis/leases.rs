@@ -508,6 +508,59 @@ async fn two_workers_starting_one_new_thread_at_once_start_one_run_and_record_on
     }
 }
 
+/// A start on a thread an orphaned run holds takes it over, whether the lease is still held
+/// by a worker with no heartbeat (the start asks the lease store after its one-step start
+/// found it held) or expired (the one-step start takes it): the new run records itself,
+/// fenced by its lease, and the orphan's record is closed as stopped, `lease_lost`.
+#[tokio::test]
+async fn a_start_takes_an_orphaned_thread_over_and_closes_the_orphans_record() {
+    let server = RedisServer::start();
+    let stores = stores(&server).await;
+    let live = worker(&stores, "live", LeaseConfig::default());
+    let workflow = live.load_json(NAP).expect("valid");
+    for (name, ttl) in [("held-by-dead", TTL), ("expired", Duration::from_millis(1))] {
+        let t = thread(name);
+        let dead = holder("dead");
+        let held = stores.leases.acquire(&t, &dead, ttl).await.expect("free");
+        let orphan = runvisor::store::RunRecord {
+            fence: Some(held.lease.fence.0),
+            ..run_record(dead.run, &t)
+        };
+        stores
+            .runs
+            .put(&orphan, Some(held.lease.fence))
+            .await
+            .expect("the orphan's record");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+
+        let run = live
+            .start(&workflow, Map::new(), t.clone())
+            .await
+            .unwrap_or_else(|e| panic!("{name}: the orphaned thread is taken over: {e}"));
+        let lease = stores.leases.lease(&t).await.expect("lease").expect("held");
+        assert_eq!(lease.holder.run, run.run_id(), "{name}");
+        assert!(lease.fence > held.lease.fence, "{name}");
+        let mine = stores
+            .runs
+            .get(run.run_id())
+            .await
+            .expect("get")
+            .expect("recorded");
+        assert_eq!(mine.fence, Some(lease.fence.0), "{name}");
+        let closed = stores.runs.get(dead.run).await.expect("get").expect("kept");
+        assert_eq!(
+            closed.status,
+            runvisor::RunStatus::Stopped,
+            "{name}: {closed:?}"
+        );
+        assert_eq!(closed.stop_reason.as_deref(), Some("lease_lost"), "{name}");
+        live.stop(run.run_id(), StopMode::Force)
+            .await
+            .expect("stop");
+        run.wait().await;
+    }
+}
+
 #[tokio::test]
 async fn a_run_whose_thread_is_taken_over_stops_with_lease_lost_and_writes_nothing_more() {
     let server = RedisServer::start();
