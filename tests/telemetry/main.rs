@@ -123,6 +123,14 @@ async fn a_run_exports_its_span_tree_and_a_resume_links_back() {
             break;
         }
     }
+    // A start while the thread is held is refused: its span ends as an error saying why.
+    match runtime.start(&workflow, Map::new(), thread.clone()).await {
+        Err(runvisor::StartError::ThreadBusy { .. }) => {}
+        other => panic!(
+            "a held thread refuses a start: {:?}",
+            other.map(|r| r.run_id())
+        ),
+    }
     second
         .stop(StopMode::Graceful {
             timeout: Duration::from_secs(5),
@@ -135,6 +143,17 @@ async fn a_run_exports_its_span_tree_and_a_resume_links_back() {
 
     let spans = receiver.wait_for(PATIENCE, |spans| spans.iter().any(|s| s.name == "stop"));
     assert!(spans.iter().all(|s| s.service == "runvisor-test"));
+
+    let refused = one(&spans, "refused start", |s| {
+        s.name == "invoke_workflow traced"
+            && s.attr("runvisor.run.id")
+                .is_some_and(|id| id != first_id && id != second_id)
+    });
+    assert_eq!(refused.status_code, 2, "an error: {refused:?}");
+    assert!(
+        refused.attr("runvisor.lease.fence").is_none(),
+        "no lease was held: {refused:?}"
+    );
 
     // The first run: its own trace, the loop's iterations and the parallel's items between
     // the nodes and theirs.

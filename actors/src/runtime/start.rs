@@ -68,20 +68,27 @@ impl Runtime {
         let span = self.run_span(&plan, &thread, run_id, None);
         // The run's first record goes with its lease where a start store takes both at once.
         let mut record = self.first_record(run_id, &thread, &plan, None, &labels, &span);
-        let mut hold = self
-            .hold_thread(&thread, run_id, None, Some(&record))
-            .await
-            .map_err(|e| match e {
-                HoldError::Busy { run, worker } => StartError::ThreadBusy {
-                    thread: thread.clone(),
-                    run,
-                    worker,
-                },
-                HoldError::Store(error) => StartError::Lease {
-                    thread: thread.clone(),
-                    error,
-                },
-            })?;
+        let mut hold = match self.hold_thread(&thread, run_id, None, Some(&record)).await {
+            Ok(hold) => hold,
+            Err(e) => {
+                let error = match e {
+                    HoldError::Busy { run, worker } => StartError::ThreadBusy {
+                        thread: thread.clone(),
+                        run,
+                        worker,
+                    },
+                    HoldError::Store(error) => StartError::Lease {
+                        thread: thread.clone(),
+                        error,
+                    },
+                };
+                // The span was made before the thread was held (its record names it): a
+                // start refused there ends it as an error, saying why.
+                span.record("otel.status_code", "ERROR");
+                span.record("otel.status_description", error.to_string());
+                return Err(error);
+            }
+        };
         record.fence = Some(hold.lease().fence.0);
         let started = Started {
             span,
