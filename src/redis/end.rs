@@ -134,18 +134,12 @@ impl EndStore for RedisEndStore {
             history.args.len(),
             usize::from(released),
         ];
-        let mut keys = Vec::with_capacity(counts[0] + counts[2] + last.keys.len());
-        let mut args = Vec::with_capacity(counts[1] + counts[3] + last.args.len() + 5);
-        for part in [checkpoint, history, last] {
-            keys.extend(part.keys);
-            args.extend(part.args);
-        }
-        args.extend(counts.iter().map(|n| n.to_string().into_bytes()));
+        let whole = Part::joined([checkpoint, history, last], &counts);
         // A reply that did not come (or makes no sense) leaves what landed unknown: the
         // caller writes every step again, each idempotent.
         let (reply, indexed) = self
             .runs
-            .send(&self.lua, record, self.lua.cmd(&keys, &args))
+            .send(&self.lua, record, self.lua.cmd(&whole.keys, &whole.args))
             .await
             .map_err(failed(EndStep::Checkpoint))?;
         let (step, answer) = steps(&reply, &key).map_err(failed(EndStep::Checkpoint))?;

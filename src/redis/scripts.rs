@@ -20,6 +20,20 @@ pub(crate) struct Part {
 }
 
 impl Part {
+    /// The keys and arguments of a script made of several steps: each part's, one after the
+    /// other, then `counts` as the last arguments (how the script tells the parts apart).
+    pub(crate) fn joined(parts: impl IntoIterator<Item = Part>, counts: &[usize]) -> Part {
+        let mut whole = Part::default();
+        for part in parts {
+            whole.keys.extend(part.keys);
+            whole.args.extend(part.args);
+        }
+        whole
+            .args
+            .extend(counts.iter().map(|n| n.to_string().into_bytes()));
+        whole
+    }
+
     /// An invocation of `script` (alone) with these keys and arguments.
     pub(crate) fn invoke<'a>(&self, script: &'a Script) -> ::redis::ScriptInvocation<'a> {
         let mut invocation = script.prepare_invoke();

@@ -22,7 +22,7 @@ use super::keys::Keys;
 use super::lease::{self, Attempt, FENCE_CHECK, RedisLeaseStore, acquired};
 use super::reply;
 use super::run::{self, RedisRunStore};
-use super::scripts::Lua;
+use super::scripts::{Lua, Part};
 
 /// Runs the steps in order.
 ///
@@ -116,15 +116,14 @@ impl StartStore for RedisStartStore {
         let history_key = self.keys.history(thread);
         let counts = [taking.keys.len(), taking.args.len(), at];
         let key = written.keys[0].clone();
-        let mut keys = taking.keys;
-        keys.extend(written.keys);
-        keys.push(history_key.clone());
-        let mut args = taking.args;
-        args.extend(written.args);
-        args.extend(counts.iter().map(|n| n.to_string().into_bytes()));
+        let read = Part {
+            keys: vec![history_key.clone()],
+            args: Vec::new(),
+        };
+        let whole = Part::joined([taking, written, read], &counts);
         let (reply, indexed) = self
             .runs
-            .send(&self.lua, record, self.lua.cmd(&keys, &args))
+            .send(&self.lua, record, self.lua.cmd(&whole.keys, &whole.args))
             .await?;
         let items = reply::array(&reply, &key)?;
         let step = items
