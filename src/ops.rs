@@ -29,8 +29,8 @@ pub struct RunRow {
     pub thread: ThreadId,
     /// The workflow it runs.
     pub workflow_id: String,
-    /// Its status: `running`, `awaiting_input`, `orphaned`, `stopped`, `succeeded`, `failed`
-    /// or `cancelled`.
+    /// Its status: `running`, `awaiting_input`, `orphaned`, `answered`, `stopped`,
+    /// `succeeded`, `failed` or `cancelled`.
     pub status: RunStatus,
     /// Its app id, if it has one.
     #[serde(skip_serializing_if = "Option::is_none")]

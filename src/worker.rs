@@ -230,7 +230,8 @@ fn ended_for_good(record: &RunRecord) -> bool {
         RunStatus::Succeeded
         | RunStatus::Failed
         | RunStatus::Cancelled
-        | RunStatus::AwaitingInput => true,
+        | RunStatus::AwaitingInput
+        | RunStatus::Answered => true,
         RunStatus::Stopped => !matches!(
             record.stop_reason.as_deref(),
             Some(reason) if reason == StopReason::Shutdown.as_str()

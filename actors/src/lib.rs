@@ -33,7 +33,7 @@ pub use model::{
     NodeId, NodeOutput, NodePath, ObjectMap, Outputs, ResolveError, Role, Route, RunError,
     RunEvent, RunId, RunLabels, RunOutcome, RunRecord, RunStatus, SelectOption, Spill, StopError,
     StopMode, StopReason, StopReply, StopRequested, StopResult, StoreError, ThreadId, TooDeep,
-    Unpersisted, Usage, Value, WorkerId, WorkerInfo,
+    UnknownStatus, Unpersisted, Usage, Value, WorkerId, WorkerInfo,
 };
 pub use persist::{Durability, SignalConfig, escape_label, render_key};
 pub use runtime::{

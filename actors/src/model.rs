@@ -46,7 +46,7 @@ pub use outcome::{
 pub use path::{Frame, NodePath};
 pub use record::RunRecord;
 pub use route::Route;
-pub use status::RunStatus;
+pub use status::{RunStatus, UnknownStatus};
 pub use stop::{StopMode, StopReason};
 pub use tree::ActorTree;
 pub use usage::Usage;

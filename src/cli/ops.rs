@@ -17,7 +17,8 @@ pub(crate) struct PsArgs {
     #[arg(short, long)]
     all: bool,
     /// Only runs with this status (repeat for several): running, awaiting_input, orphaned,
-    /// stopped, succeeded, failed, cancelled.
+    /// answered, stopped, succeeded, failed, cancelled. A status of ended runs looks among
+    /// the newest runs, as `--all` does.
     #[arg(long, value_name = "STATUS", value_parser = parse_status)]
     status: Vec<RunStatus>,
     /// Only runs of this thread.
@@ -83,12 +84,7 @@ pub(crate) fn durability(args: &WorkerArgs) -> Option<super::DurabilityArg> {
 }
 
 fn parse_status(text: &str) -> Result<RunStatus, String> {
-    serde_json::from_value(serde_json::Value::String(text.to_owned())).map_err(|_| {
-        format!(
-            "unknown status {text:?}: running, awaiting_input, orphaned, stopped, succeeded, \
-             failed or cancelled"
-        )
-    })
+    RunStatus::parse(text).map_err(|e| e.to_string())
 }
 
 fn now_ms() -> u64 {

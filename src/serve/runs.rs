@@ -205,8 +205,8 @@ pub(super) async fn answer_run(
 #[serde(deny_unknown_fields)]
 #[into_params(parameter_in = Query)]
 pub(super) struct ListParams {
-    /// Comma-separated statuses: running, awaiting_input, orphaned, stopped, succeeded,
-    /// failed, cancelled.
+    /// Comma-separated statuses: running, awaiting_input, orphaned, answered, stopped,
+    /// succeeded, failed, cancelled.
     status: Option<String>,
     /// Only runs of this thread.
     thread: Option<String>,
@@ -247,14 +247,8 @@ pub(super) async fn list(
         if name.is_empty() {
             continue;
         }
-        let status: RunStatus =
-            serde_json::from_value(Value::String(name.to_owned())).map_err(|_| {
-                ApiError::bad_request(format!(
-                    "unknown status {name:?}: running, awaiting_input, orphaned, stopped, \
-                     succeeded, failed or cancelled"
-                ))
-                .with("field", "status")
-            })?;
+        let status = RunStatus::parse(name)
+            .map_err(|e| ApiError::bad_request(e.to_string()).with("field", "status"))?;
         statuses.push(status);
     }
     let limit = params.limit.unwrap_or(100);
@@ -270,7 +264,7 @@ pub(super) async fn list(
         .with("field", "offset"));
     }
     let query = RunQuery {
-        include_ended: params.all || statuses.iter().any(|s| !s.is_open()),
+        include_ended: params.all,
         // One more than the page, to tell whether another page follows.
         limit: params.offset + limit + 1,
         statuses,

@@ -263,3 +263,82 @@ async fn ps_and_tree_see_runs_of_other_processes_and_a_worker_adopts_an_orphan()
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert_eq!(stderr.lines().count(), 1, "{stderr}");
 }
+
+/// A run paused for input is listed as open until a resume from another process answers it:
+/// then its record says `answered` (no longer open), the answering run is the one listed, and
+/// once the thread's last question is answered nothing is open.
+#[test]
+fn a_paused_run_answered_from_another_process_is_no_longer_listed_as_open() {
+    let setup = Setup::new();
+    let interactive = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/examples/workflows/interactive.json"
+    );
+    let statuses = |extra: &[&str]| -> Vec<(String, String)> {
+        setup
+            .ps(extra)
+            .iter()
+            .map(|row| {
+                let text = |field: &str| row[field].as_str().unwrap_or_default().to_owned();
+                (text("run_id"), text("status"))
+            })
+            .collect()
+    };
+    let ok = |out: Output| {
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    };
+
+    ok(setup.run(&["run", interactive, "--thread", "ask-1"]));
+    let open = statuses(&[]);
+    assert_eq!(open.len(), 1, "{open:?}");
+    assert_eq!(open[0].1, "awaiting_input");
+    let asked = open[0].0.clone();
+
+    // A wrong answer changes nothing.
+    let out = setup.run(&[
+        "resume",
+        "--thread",
+        "ask-1",
+        "--answer",
+        r#"{"name": "Ann"}"#,
+    ]);
+    assert_eq!(out.status.code(), Some(2), "{out:?}");
+    assert_eq!(
+        statuses(&[]),
+        [(asked.clone(), "awaiting_input".to_owned())]
+    );
+
+    ok(setup.run(&[
+        "resume",
+        "--thread",
+        "ask-1",
+        "--answer",
+        r#"{"email": "ann@example.com", "name": "Ann"}"#,
+    ]));
+    let open = statuses(&[]);
+    assert_eq!(open.len(), 1, "{open:?}");
+    assert_eq!(open[0].1, "awaiting_input");
+    let chose = open[0].0.clone();
+    assert_ne!(chose, asked);
+    assert_eq!(
+        statuses(&["--status", "answered"]),
+        [(asked.clone(), "answered".to_owned())]
+    );
+
+    ok(setup.run(&["resume", "--thread", "ask-1", "--answer", "pro"]));
+    assert_eq!(statuses(&[]), []);
+    let all = statuses(&["--all", "--thread", "ask-1"]);
+    assert_eq!(all.len(), 3, "{all:?}");
+    assert_eq!(all[0].1, "succeeded");
+    assert_eq!(
+        all[1..],
+        [
+            (chose, "answered".to_owned()),
+            (asked, "answered".to_owned())
+        ]
+    );
+}

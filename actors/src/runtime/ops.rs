@@ -17,7 +17,9 @@ pub struct RunQuery {
     pub include_ended: bool,
     /// At most this many runs, newest first.
     pub limit: usize,
-    /// Only runs whose status (as derived) is one of these; any status when empty.
+    /// Only runs whose status (as derived) is one of these; any status when empty. Naming a
+    /// status of ended runs (not running, orphaned or awaiting input) lists the newest `limit`
+    /// runs as [`RunQuery::include_ended`] does.
     pub statuses: Vec<RunStatus>,
     /// Only runs of this thread.
     pub thread: Option<ThreadId>,
@@ -105,7 +107,8 @@ impl Runtime {
     /// whose worker is gone is `orphaned`; a run of this process shows its live status and
     /// running nodes.
     pub async fn list_runs(&self, query: &RunQuery) -> Result<Vec<RunView>, StoreError> {
-        let mut records = if query.include_ended {
+        let ended = query.include_ended || query.statuses.iter().any(|s| !s.is_open());
+        let mut records = if ended {
             self.services.runs.list_recent(query.limit).await?
         } else {
             let mut open = self.services.runs.list_open().await?;

@@ -26,7 +26,7 @@ use super::start::Launch;
 use crate::exec::Restore;
 use crate::model::{
     AnswerError, CheckpointId, Fence, Interaction, InteractionId, InvalidId, Message, RunId,
-    RunLabels, RunStatus, StopReason, StoreError, ThreadId, TooDeep, Value, WorkerId,
+    RunLabels, RunRecord, RunStatus, StopReason, StoreError, ThreadId, TooDeep, Value, WorkerId,
 };
 use crate::persist::delta::{MaterializeError, materialize, materialize_chain};
 use crate::persist::snapshot::SnapshotError;
@@ -341,6 +341,7 @@ impl Runtime {
             },
             other => other,
         };
+        let answering = matches!(input, ResumeInput::Answer { .. });
         let run_id = RunId::new();
         let hold = self
             .hold_thread(&thread, run_id, options.orphan, None)
@@ -531,21 +532,36 @@ impl Runtime {
             runvisor.worker.id = %self.services.worker.id,
             runvisor.resume.fork = fork,
         );
-        if let Some(trace) = &self.services.trace
-            && !span.is_disabled()
-        {
+        // The run this resume answers (one paused at the thread's checkpoint, which the
+        // resume continues in its thread): its record stops saying it waits once this run is
+        // started.
+        let answers_paused = !fork
+            && snapshot.status == RunStatus::AwaitingInput
+            && answering;
+        let traced = self.services.trace.as_ref().filter(|_| !span.is_disabled());
+        let resumed_record = if traced.is_some() || answers_paused {
             match self.services.runs.get(snapshot.run_id).await {
-                Ok(Some(record)) => {
-                    if let Some(traceparent) = &record.traceparent {
-                        trace.link(&span, traceparent);
-                    }
-                }
-                Ok(None) => {}
+                Ok(record) => record,
                 Err(e) => {
-                    tracing::debug!(run = %snapshot.run_id, error = %e, "no trace to link the resume to")
+                    tracing::debug!(run = %snapshot.run_id, error = %e, "could not read the record of the run resumed");
+                    None
                 }
             }
+        } else {
+            None
+        };
+        if let Some((trace, traceparent)) = traced.zip(
+            resumed_record
+                .as_ref()
+                .and_then(|record| record.traceparent.as_ref()),
+        ) {
+            trace.link(&span, traceparent);
         }
+        let answered = resumed_record.filter(|record| {
+            answers_paused
+                && record.status == RunStatus::AwaitingInput
+                && record.thread == thread
+        });
         // The run's checkpoints continue the chain of the thread's newest checkpoint when it
         // resumed from that one. Not from an older one:
         // the chain would then interleave with newer checkpoints, which retention keeps only
@@ -589,7 +605,11 @@ impl Runtime {
         if launched.is_err() && continues {
             self.services.forget_chain(run_id);
         }
-        Ok(launched?)
+        let handle = launched?;
+        if let Some(record) = answered {
+            self.close_answered(record, run_id, fence).await;
+        }
+        Ok(handle)
         }
         .await;
         match result {
@@ -637,6 +657,17 @@ impl Runtime {
         record.finished_at_ms = Some(record.finished_at_ms.unwrap_or(snapshot.created_at_ms));
         if let Err(e) = self.run_store().put(&record, fence).await {
             tracing::warn!(%run, error = %e, "could not record how a run that ended ended");
+        }
+    }
+
+    /// The record of a paused run a resume answered, once the resumed run (`by`) is started:
+    /// `awaiting_input` becomes `answered`, written with the resumed run's token. A failure
+    /// only leaves the record saying it waits (the resumed run goes on).
+    async fn close_answered(&self, mut record: RunRecord, by: RunId, fence: Option<Fence>) {
+        let run = record.run_id;
+        record.status = RunStatus::Answered;
+        if let Err(e) = self.run_store().put(&record, fence).await {
+            tracing::warn!(%run, resumed_by = %by, error = %e, "could not record that the paused run was answered");
         }
     }
 

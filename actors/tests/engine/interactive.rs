@@ -8,7 +8,7 @@ use std::collections::BTreeSet;
 use runvisor_actors::testkit::persisted;
 use runvisor_actors::{
     AnswerError, FieldType, FormField, InteractionId, InteractionKind, QueryError, ResumeError,
-    ResumeInput, RunStatus, SelectOption, Value,
+    ResumeInput, RunId, RunStatus, SelectOption, Value,
 };
 use serde_json::json;
 
@@ -720,6 +720,25 @@ async fn wrong_answers_are_refused_precisely_and_the_run_stays_resumable() {
         }
     );
     waiting(second.run_id());
+    // In the run store too, which operators of other processes read: the first run was
+    // answered, and only the second waits.
+    let open_in_store = |expected: Vec<RunId>| {
+        let rt = b.rt.clone();
+        async move {
+            let open = rt.run_store().list_open().await.expect("open runs");
+            let open: Vec<RunId> = open.iter().map(|r| r.run_id).collect();
+            assert_eq!(open, expected);
+        }
+    };
+    let status_in_store = |id: RunId| {
+        let rt = b.rt.clone();
+        async move {
+            let record = rt.run_store().get(id).await.expect("record read");
+            record.expect("recorded").status
+        }
+    };
+    assert_eq!(status_in_store(run.run_id()).await, RunStatus::Answered);
+    open_in_store(vec![second.run_id()]).await;
     let saved = persisted(&b.rt, &t).await;
     let l = loop_frame(&saved.snapshot().graph, "l");
     // The optional field took its default.
@@ -758,9 +777,22 @@ async fn wrong_answers_are_refused_precisely_and_the_run_stays_resumable() {
         }
     );
     waiting(second.run_id());
+    // Answers refused change no record.
+    assert_eq!(
+        status_in_store(second.run_id()).await,
+        RunStatus::AwaitingInput
+    );
+    open_in_store(vec![second.run_id()]).await;
 
     let outcome = answer(&b.rt, &t, s, val(json!("a"))).await;
     completed(&outcome);
+    assert_eq!(status_in_store(second.run_id()).await, RunStatus::Answered);
+    assert_eq!(status_in_store(run.run_id()).await, RunStatus::Answered);
+    assert_eq!(
+        status_in_store(outcome.run_id()).await,
+        RunStatus::Succeeded
+    );
+    open_in_store(Vec::new()).await;
     assert_eq!(
         b.tally.inputs_of("after"),
         [val(
