@@ -13,10 +13,6 @@ pub enum RunStatus {
     Running,
     /// Paused at an interactive node, waiting for an answer.
     AwaitingInput,
-    /// Paused at an interactive node, then answered: the run of its thread whose
-    /// `parent_run_id` names it continues from its checkpoint. Not open: nothing waits for it
-    /// any more. A resume that answers it writes this once its own run is started.
-    Answered,
     /// Stopped by a user or a shutdown; resumable.
     Stopped,
     /// Finished normally.
@@ -30,6 +26,11 @@ pub enum RunStatus {
     /// orphaned run then says `stopped` with reason `lease_lost`. Never written: readers
     /// derive it.
     Orphaned,
+    // New statuses go last: snapshots encode a status by its place in this list.
+    /// Paused at an interactive node, then answered: the run of its thread whose
+    /// `parent_run_id` names it continues from its checkpoint. Not open: nothing waits for it
+    /// any more. A resume that answers it writes this once its own run is started.
+    Answered,
 }
 
 impl RunStatus {
