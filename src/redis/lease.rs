@@ -104,7 +104,10 @@ pub(crate) fn fenced(
 /// holder the caller saw (empty: the caller saw none), data TTL in ms.
 /// Returns `{"ok", token}`, `{"ok", token, worker, run}` (taken from that dead holder),
 /// `{"busy", worker, run, token}`, `{"wrongtype", key}` or `{"corrupt", key}`. Nothing is
-/// written before every check passed; a free thread's lease is taken in seven calls.
+/// written before every check passed; a free thread's lease is taken in seven calls. A live
+/// lease held by the same worker and run answers `{"ok", token}` with nothing written: run
+/// ids are never reused, so it is an earlier attempt of this very acquire that landed (its
+/// answer lost to a timeout), and trying again is safe.
 /// Prepended with [`FENCE_CHECK`] (for `failed`).
 pub(crate) const ACQUIRE: &str = r#"
 -- Reads that answer a key of another type with an error: no call asks a type.
@@ -122,6 +125,8 @@ if exists then
   if not (held[1] and held[2] and held[3]) then return {'corrupt', KEYS[1]} end
   local expires = tonumber(held[4] or '')
   local expired = expires ~= nil and expires <= now_ms
+  -- The caller's own live lease: an earlier attempt of this acquire landed, its answer lost.
+  if held[1] == ARGV[1] and held[2] == ARGV[2] and not expired then return {'ok', held[3]} end
   if held[3] ~= ARGV[4] and not expired then return {'busy', held[1], held[2], held[3]} end
 end
 if counter and not (string.match(counter, '^%d+$') and #counter <= 16

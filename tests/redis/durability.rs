@@ -605,6 +605,65 @@ async fn a_run_end_sent_into_a_frozen_redis_lands_once_at_the_thaw() {
     );
 }
 
+/// A start sent into a frozen Redis: its one write (lease, record, history read) times out and
+/// is tried again while Redis stays frozen; at the thaw the first attempt lands and the
+/// retries find the run's own lease there. The run starts once, with the one token its lease
+/// got, and the thread is free after it (no lease left behind for a start that failed).
+#[tokio::test]
+async fn a_start_sent_into_a_frozen_redis_starts_once_at_the_thaw() {
+    let server = RedisServer::start();
+    let t = thread("chat:frozen-start");
+    let nodes = ["a", "b"];
+    let stores = stores(&server).await;
+    let mut con = raw(&server).await;
+    let (work, open) = Work::gated("hold");
+    let rt = runtime(&stores, &work, Durability::Sync);
+    let workflow = chain("frozen-start", &nodes, 0);
+    // A run of another thread holds its lease meanwhile, so this worker's heartbeat is known
+    // to be up and the start's first call is its one write.
+    let other = start(
+        &rt,
+        &chain("other", &["hold"], 0),
+        &thread("chat:other"),
+        "hold on",
+    )
+    .await;
+    wait_until_called(&work, "hold").await;
+
+    server.freeze();
+    let starting = {
+        let rt = rt.clone();
+        let t = t.clone();
+        tokio::spawn(async move { start(&rt, &workflow, &t, "start into a freeze").await })
+    };
+    // Several attempts time out (300 ms each) while Redis is frozen.
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    assert!(!starting.is_finished(), "the start waits for the store");
+    server.thaw();
+    let run = within("the start", starting).await.expect("start task");
+    open.send_replace(true);
+    let outcome = finish(&other).await;
+    assert_eq!(outcome.status(), RunStatus::Succeeded, "{outcome:#?}");
+
+    let outcome = finish(&run).await;
+    assert_eq!(outcome.status(), RunStatus::Succeeded, "{outcome:#?}");
+    assert_eq!(nodes.map(|n| work.calls(n)), [1; 2], "no node ran twice");
+    let rec = record(&stores, run.run_id()).await;
+    assert_eq!(rec.status, RunStatus::Succeeded, "{rec:#?}");
+    // One token was issued: the retries took no lease of their own.
+    let counter: String = cmd(&mut con, &["GET", &format!("runvisor:fence:{{{t}}}")]).await;
+    assert_eq!(rec.fence.map(|f| f.to_string()), Some(counter), "{rec:#?}");
+    let runs = within("runs", stores.runs.list_thread(&t))
+        .await
+        .expect("runs of the thread");
+    assert_eq!(runs.len(), 1, "{runs:#?}");
+    assert_eq!(
+        stores.leases.lease(&t).await.expect("lease"),
+        None,
+        "the thread is free"
+    );
+}
+
 #[tokio::test]
 async fn a_sync_run_waits_out_a_frozen_redis_and_stores_its_final_state_after_the_thaw() {
     run_through_a_frozen_redis(Durability::Sync, thread("chat:frozen-sync")).await;

@@ -49,6 +49,18 @@ async fn a_thread_is_leased_to_one_run_at_a_time_and_tokens_only_grow() {
         stores.leases.acquire(&t, &b, TTL).await,
         Err(LeaseError::Busy { holder: a.clone() })
     );
+    // Another run of the same worker is refused too; the same run asking again (its first
+    // answer lost) is answered with its own lease, token unchanged.
+    let a_again = LeaseHolder {
+        run: RunId::new(),
+        ..a.clone()
+    };
+    assert_eq!(
+        stores.leases.acquire(&t, &a_again, TTL).await,
+        Err(LeaseError::Busy { holder: a.clone() })
+    );
+    let again = stores.leases.acquire(&t, &a, TTL).await.expect("its own");
+    assert_eq!((again.lease, again.took_over), (first.lease.clone(), None));
     assert_eq!(
         stores.leases.lease(&t).await.expect("read"),
         Some(first.lease.clone())

@@ -113,6 +113,10 @@ impl LeaseStore for MemoryLeaseStore {
         let now = Instant::now();
         let mut tables = self.lock();
         if let Some(lease) = tables.live_lease(thread, now) {
+            // The holder's own lease (an earlier attempt of this acquire): taken already.
+            if lease.holder == *holder {
+                return Ok(Acquired::new(lease.clone(), None));
+            }
             return Err(LeaseError::Busy {
                 holder: lease.holder.clone(),
             });
@@ -209,6 +213,9 @@ mod tests {
             store.acquire(&t, &b, ttl).await,
             Err(LeaseError::Busy { holder }) if holder == a
         ));
+        // The same holder asking again (its first answer lost) gets its own lease back.
+        let again = store.acquire(&t, &a, ttl).await.expect("its own");
+        assert_eq!((again.lease, again.took_over), (first.lease.clone(), None));
         assert!(store.check(&t, Some(Fence(1))).is_ok());
         // `a`'s worker stops heartbeating: its run is orphaned, `b` takes it over.
         tokio::time::advance(Duration::from_secs(5)).await;

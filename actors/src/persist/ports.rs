@@ -211,8 +211,9 @@ pub trait StartStore: Send + Sync + 'static {
     /// run (by a live or a dead worker: a takeover from a dead worker is
     /// [`LeaseStore::acquire`]'s), or the record could not be written (the lease taken for it
     /// is given back). An error says the store failed or answered nothing that makes sense:
-    /// then what landed is unknown, as after a lost answer to [`LeaseStore::acquire`] (a lease
-    /// taken stays until it expires).
+    /// then what landed is unknown, as after a lost answer to [`LeaseStore::acquire`]; trying
+    /// again with the same holder and record is safe (the holder's own live lease answers as
+    /// taken, and the record is written again as it is).
     async fn begin(
         &self,
         record: &RunRecord,
@@ -367,7 +368,10 @@ impl Acquired {
 /// - `acquire` is atomic. It refuses ([`LeaseError::Busy`]) while the thread's lease is held
 ///   and its holder's worker heartbeats; otherwise it bumps the thread's fencing counter and
 ///   takes the lease with the new token, which is greater than every token the thread had.
-///   A lease whose worker stopped heartbeating (or that expired) is taken over.
+///   A lease whose worker stopped heartbeating (or that expired) is taken over. A live lease
+///   held by the same holder (worker and run) answers as taken, with its token and nothing
+///   written: run ids are never reused, so it was an earlier attempt of the same acquire that
+///   landed with its answer lost, and the caller may try again after a transient error.
 /// - `renew` and `release` act only while the token is the thread's. `renew` answers
 ///   [`LeaseError::Lost`] once another run took the thread (the token moved on); a lease that
 ///   merely expired, with nobody taking it since, is taken back. So a store out of reach for

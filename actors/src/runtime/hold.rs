@@ -10,6 +10,7 @@ use crate::model::{
     Fence, Lease, LeaseError, LeaseHolder, Message, RunId, RunRecord, RunStatus, StopReason,
     StoreError, ThreadId, WorkerId, now_ms,
 };
+use crate::persist::retry::Backoff;
 use crate::persist::{Acquired, Begun, LeaseStore};
 use crate::service::ThreadClaim;
 
@@ -112,23 +113,38 @@ impl Runtime {
                 run: holder,
                 worker: Some(self.services.worker.id.clone()),
             })?;
-        // A lease whose worker has no heartbeat may be taken over at once.
-        self.services
-            .ensure_heartbeat()
-            .await
-            .map_err(HoldError::Store)?;
         let holder = LeaseHolder {
             worker: self.services.worker.id.clone(),
             run,
         };
-        // Boxed: the callers' futures (a start's, a resume's) stay small.
-        let (acquired, begun) = Box::pin(self.take_lease(thread, &holder, record)).await;
+        // A store failing for a moment (a timeout whose request may have landed) is tried
+        // again until the store deadline: the holder's own lease answers as taken, so the
+        // start neither fails for a blip nor leaves a lease nobody uses.
+        let deadline = tokio::time::Instant::now() + self.config().store_deadline;
+        let mut backoff = Backoff::until(deadline);
+        let (acquired, begun) = loop {
+            // A lease whose worker has no heartbeat may be taken over at once.
+            let attempt = match self.services.ensure_heartbeat().await {
+                // Boxed: the callers' futures (a start's, a resume's) stay small.
+                Ok(()) => Box::pin(self.take_lease(thread, &holder, record)).await,
+                Err(e) => (Err(LeaseError::Store(e)), None),
+            };
+            match &attempt.0 {
+                Err(LeaseError::Store(e)) if e.is_transient() && backoff.wait().await => {
+                    tracing::warn!(%thread, %run, error = %e, "taking the thread's lease failed; trying again");
+                }
+                _ => break attempt,
+            }
+        };
         match acquired {
             Ok(acquired) => {
                 if let Some(previous) = &acquired.took_over {
                     tracing::info!(%thread, %previous, %run, "took an orphaned thread over");
                 }
+                // Never this run's own record: an attempt that landed unanswered, retried
+                // after its lease expired, takes that lease over from itself.
                 let orphans = acquired.took_over.iter().map(|p| p.run).chain(orphan);
+                let orphans = orphans.filter(|previous| *previous != run);
                 for previous in orphans.collect::<std::collections::BTreeSet<_>>() {
                     self.close_orphan(thread, previous, acquired.lease.fence)
                         .await;
