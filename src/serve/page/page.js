@@ -212,7 +212,8 @@ function renderRun(run) {
   $("stop").disabled = !live;
   $("force").disabled = !live;
   $("cancel").disabled = !live;
-  $("resume").disabled = run.status === "running" || run.status === "succeeded";
+  // An answered run's thread went on without it: nothing of it is left to resume.
+  $("resume").disabled = ["running", "succeeded", "answered"].includes(run.status);
   if (run.outcome && run.outcome.stop && !$("result").hasChildNodes()) showOutcome(run.outcome);
 }
 
