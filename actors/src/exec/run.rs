@@ -104,6 +104,10 @@ pub(crate) enum EndReached {
     History,
     /// The checkpoint, the messages, the record and what [`EndWritten`] says.
     Record(EndWritten),
+    /// The checkpoint, the messages and the record, found stored after the answer was lost,
+    /// while another run took the thread since (its retry was refused as fenced): what
+    /// follows the record (flags, notices, lease) is not this run's to touch any more.
+    Taken,
 }
 
 /// The part of a live run that changes while it runs.

@@ -242,6 +242,20 @@ impl Services {
         }
     }
 
+    /// Whether `run`'s record names `checkpoint`: a run's whole end writes the record naming
+    /// its final checkpoint after the checkpoint and the messages, in one step, so then all of
+    /// those are stored. A record that cannot be read says no.
+    async fn landed(&self, run: RunId, checkpoint: CheckpointId) -> bool {
+        match self.runs.get(run).await {
+            Ok(Some(record)) => record.checkpoint_id == Some(checkpoint),
+            Ok(None) => false,
+            Err(e) => {
+                tracing::warn!(%run, error = %e, "could not read the record to learn whether the run's end was stored");
+                false
+            }
+        }
+    }
+
     /// The runtime's checkpointer, spawned on first use.
     async fn checkpointer(&self) -> Result<&ActorRef<CheckpointMsg>, String> {
         self.checkpointer
@@ -324,6 +338,9 @@ impl RunServices for Services {
             );
         };
         let reached = std::sync::Mutex::new(EndReached::Checkpoint);
+        // Whether the whole end failed in a way that may have stored all of it (a timeout).
+        let answer_lost = std::sync::atomic::AtomicBool::new(false);
+        let lost = &answer_lost;
         let reach = |to: EndReached| {
             if let Ok(mut reached) = reached.lock() {
                 *reached = to;
@@ -352,7 +369,12 @@ impl RunServices for Services {
                     Err(EndFailed {
                         step: EndStep::Checkpoint,
                         error,
-                    }) => Err(error),
+                    }) => {
+                        if error.is_transient() {
+                            lost.store(true, std::sync::atomic::Ordering::Relaxed);
+                        }
+                        Err(error)
+                    }
                     Err(
                         failed @ EndFailed {
                             step: EndStep::History,
@@ -370,10 +392,25 @@ impl RunServices for Services {
                 }
             })
         });
+        let run = write.run;
         let result = self.write_checkpoint(write, deadline, Some(first)).await;
-        let reached = reached
+        let mut reached = reached
             .into_inner()
             .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let answer_lost = answer_lost.load(std::sync::atomic::Ordering::Relaxed);
+        let result = match result {
+            // The whole end's answer was lost and a retry was refused as fenced: another run
+            // took the thread, which it can only once the end gave the lease up. The record
+            // says whether the end landed: only the whole end names this checkpoint in it.
+            Err(SaveFailed {
+                error: CheckpointError::Refused(StoreError::Fenced { .. }),
+                unwritten: Some(checkpoint),
+            }) if answer_lost && self.landed(run, checkpoint.id).await => {
+                reached = EndReached::Taken;
+                Ok(checkpoint.id)
+            }
+            other => other,
+        };
         (result, reached)
     }
 

@@ -11,7 +11,10 @@ use runvisor_actors::store::{
     CheckpointStore, EndFailed, EndStep, EndStore, EndWritten, HistoryStore, LeaseStore,
     MemoryLeaseStore, RunStore, WholeEnd,
 };
-use runvisor_actors::{Durability, RunStatus, Runtime, RuntimeConfig, StoreError, async_trait};
+use runvisor_actors::{
+    Durability, LeaseHolder, RunId, RunStatus, Runtime, RuntimeConfig, StoreError, WorkerId,
+    async_trait,
+};
 use serde_json::json;
 
 use super::support::*;
@@ -25,10 +28,14 @@ enum Stop {
     At(EndStep),
     /// After every step, with a timeout: all of it landed, the answer was lost.
     AnswerLost,
+    /// As `AnswerLost`, the lease given up as the end does, and another run takes the thread
+    /// before the end is tried again (the retry is refused as fenced).
+    AnswerLostThenTaken,
 }
 
 /// An end store over the in-memory stores, step after step, that stops where told.
 struct SteppedEnd {
+    leases: Arc<MemoryLeaseStore>,
     checkpoints: Arc<MemoryCheckpointStore>,
     history: Arc<MemoryHistoryStore>,
     runs: Arc<MemoryRunStore>,
@@ -69,10 +76,29 @@ impl EndStore for SteppedEnd {
             .put_end(end.record, end.lease, end.flags)
             .await
             .map_err(failed(EndStep::Record))?;
-        if self.stop == Stop::AnswerLost {
+        if self.stop == Stop::AnswerLostThenTaken {
+            self.leases
+                .release(thread, end.lease)
+                .await
+                .map_err(failed(EndStep::Record))?;
+            self.leases
+                .acquire(thread, &next_holder(), Duration::from_secs(10))
+                .await
+                .expect("the released thread is free");
+        }
+        if let Stop::AnswerLost | Stop::AnswerLostThenTaken = self.stop {
             return Err(timeout(EndStep::Checkpoint));
         }
         Ok(written)
+    }
+}
+
+/// The run that takes the thread in [`Stop::AnswerLostThenTaken`].
+fn next_holder() -> LeaseHolder {
+    static RUN: std::sync::OnceLock<RunId> = std::sync::OnceLock::new();
+    LeaseHolder {
+        worker: WorkerId::new("next-worker").expect("id"),
+        run: *RUN.get_or_init(RunId::new),
     }
 }
 
@@ -84,12 +110,14 @@ async fn a_whole_end_that_stops_at_any_step_is_finished_step_by_step() {
         Stop::At(EndStep::History),
         Stop::At(EndStep::Record),
         Stop::AnswerLost,
+        Stop::AnswerLostThenTaken,
     ] {
         let leases = Arc::new(MemoryLeaseStore::new());
         let end = Arc::new(SteppedEnd {
-            checkpoints: Arc::new(MemoryCheckpointStore::new()),
-            history: Arc::new(MemoryHistoryStore::new()),
-            runs: Arc::new(MemoryRunStore::new()),
+            leases: leases.clone(),
+            checkpoints: Arc::new(MemoryCheckpointStore::new().fenced_by(leases.clone())),
+            history: Arc::new(MemoryHistoryStore::new().fenced_by(leases.clone())),
+            runs: Arc::new(MemoryRunStore::new().fenced_by(leases.clone())),
             stop,
             calls: AtomicU64::new(0),
         });
@@ -125,6 +153,14 @@ async fn a_whole_end_that_stops_at_any_step_is_finished_step_by_step() {
             "{stop:?}: {outcome:#?}"
         );
         assert!(outcome.is_persisted(), "{stop:?}: {outcome:#?}");
+        // The outcome says the messages were stored, as they were.
+        let flushed = outcome.history();
+        assert_eq!(
+            (flushed.persisted.len(), flushed.not_persisted.len()),
+            (2, 0),
+            "{stop:?}: {outcome:#?}"
+        );
+        assert_eq!(flushed.error, None, "{stop:?}: {outcome:#?}");
         assert_eq!(
             end.calls.load(Ordering::SeqCst),
             1,
@@ -150,10 +186,8 @@ async fn a_whole_end_that_stops_at_any_step_is_finished_step_by_step() {
         assert_eq!(record.status, RunStatus::Succeeded, "{stop:?}");
         assert_eq!(record.checkpoint_id, stored.first().copied(), "{stop:?}");
         assert_eq!(record.unpersisted, None, "{stop:?}");
-        assert_eq!(
-            leases.lease(&t).await.expect("lease"),
-            None,
-            "{stop:?}: the lease is given up"
-        );
+        let holder = leases.lease(&t).await.expect("lease").map(|l| l.holder);
+        let taken = (stop == Stop::AnswerLostThenTaken).then(next_holder);
+        assert_eq!(holder, taken, "{stop:?}: the lease is given up");
     }
 }

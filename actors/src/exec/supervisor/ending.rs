@@ -72,6 +72,12 @@ impl RunState {
                     flags: &flags,
                 };
                 let (written, done) = self.run.services.save_end(write, end, deadline).await;
+                if done == EndReached::Taken {
+                    // Stored, but the thread is another run's now: the rest of the end (flags,
+                    // notices, lease) is not this run's to touch.
+                    tracing::info!(parent: &self.span, "the run's end was stored, then another run took the thread");
+                    self.lease_lost = Some(None);
+                }
                 reached = done;
                 written
             } else {
@@ -97,7 +103,7 @@ impl RunState {
         let flushed_messages = u64::try_from(messages.len()).unwrap_or(u64::MAX);
         let history = match reached {
             EndReached::Checkpoint => self.persist_history(messages, deadline).await,
-            EndReached::History | EndReached::Record(_) => HistoryFlush {
+            EndReached::History | EndReached::Record(_) | EndReached::Taken => HistoryFlush {
                 persisted: messages,
                 ..HistoryFlush::default()
             },
@@ -179,10 +185,12 @@ impl RunState {
         // Where the store does it, the record's write also clears the run's flags, announces
         // it and gives the lease up, in that order (one round trip instead of three).
         let mut end_written = EndWritten::Record;
-        if let EndReached::Record(written) = reached {
+        if let EndReached::Record(_) | EndReached::Taken = reached {
             // The whole end wrote the record as it stands, naming the final checkpoint.
             self.record.checkpoint_id = checkpoint_id.or(self.record.checkpoint_id);
-            end_written = written;
+            if let EndReached::Record(written) = reached {
+                end_written = written;
+            }
         } else {
             let mut unpersisted = outcome.history().error.as_ref().map(|e| {
                 format!(
