@@ -68,7 +68,17 @@ impl Runtime {
         let span = self.run_span(&plan, &thread, run_id, None);
         // The run's first record goes with its lease where a start store takes both at once.
         let mut record = self.first_record(run_id, &thread, &plan, None, &labels, &span);
-        let mut hold = match self.hold_thread(&thread, run_id, None, Some(&record)).await {
+        // The workflow's definition goes out while the thread is taken (the two share one
+        // round trip): it is stored by its hash, the same whatever run writes it, and needs no
+        // lease; a start refused for a busy thread leaves it to expire.
+        let (workflow_hash, definition) = (plan.def_hash(), plan.def_json());
+        let (held, workflow) = tokio::join!(
+            self.hold_thread(&thread, run_id, None, Some(&record)),
+            self.services
+                .checkpoints
+                .put_workflow(&thread, &workflow_hash, &definition)
+        );
+        let mut hold = match held {
             Ok(hold) => hold,
             Err(e) => {
                 let error = match e {
@@ -94,6 +104,7 @@ impl Runtime {
             span,
             record,
             begun: hold.begun.take(),
+            workflow,
         };
         let mut produced = Vec::new();
         if let Some(Value::String(query)) = inputs.get("query")
@@ -227,27 +238,28 @@ impl Runtime {
             return Err(StartError::UnknownKind(kind));
         }
         let parent = restore.as_ref().map(|r| r.parent_run_id);
-        let (span, mut record, begun) = match started {
+        let (span, mut record, begun, workflow) = match started {
             Some(Started {
                 span,
                 record,
                 begun,
-            }) => (span, record, begun),
+                workflow,
+            }) => (span, record, begun, Some(workflow)),
             None => {
                 let span = self.run_span(&plan, &thread, run_id, parent);
                 let record = self.first_record(run_id, &thread, &plan, parent, &labels, &span);
-                (span, record, None)
+                (span, record, None, None)
             }
         };
         record.fence = Some(lease.fence.0);
         span.record("runvisor.lease.fence", lease.fence.0);
         let workflow_id = record.workflow_id.clone();
         // The record and, for a new run, the thread's history (unless both went with the
-        // lease), and the workflow's definition go at once (the definition is stored once per
-        // thread, by hash; if it cannot be stored, each snapshot carries it instead). The
-        // history is read under the lease, as every write to it is fenced by it.
+        // lease), and the workflow's definition (unless it went beside the lease) go at once
+        // (the definition is stored once per thread, by hash; if it cannot be stored, each
+        // snapshot carries it instead). The history is read under the lease, as every write to
+        // it is fenced by it.
         let workflow_hash = plan.def_hash();
-        let definition = plan.def_json();
         let recorded = begun.is_some();
         let (recorded, workflow_stored, history) = tokio::join!(
             async {
@@ -256,9 +268,18 @@ impl Runtime {
                 }
                 self.services.runs.put(&record, Some(lease.fence)).await
             },
-            self.services
-                .checkpoints
-                .put_workflow(&thread, &workflow_hash, &definition),
+            async {
+                match workflow {
+                    Some(stored) => stored,
+                    None => {
+                        let definition = plan.def_json();
+                        self.services
+                            .checkpoints
+                            .put_workflow(&thread, &workflow_hash, &definition)
+                            .await
+                    }
+                }
+            },
             async {
                 match (begun, history) {
                     (Some(read), _) => read.map_err(|error| StartError::History {
@@ -401,6 +422,8 @@ pub(crate) struct Started {
     ///
     /// [`ThreadHold`]: super::hold::ThreadHold
     pub(crate) begun: Option<Result<Vec<Message>, StoreError>>,
+    /// Whether the workflow's definition was stored while the thread was taken, or why not.
+    pub(crate) workflow: Result<(), StoreError>,
 }
 
 /// Refuses inputs that nest too deep: the inputs are one object (the `begin` node's output),

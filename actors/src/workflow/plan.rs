@@ -17,6 +17,8 @@ pub(crate) struct Plan {
     pub(crate) graph: Arc<GraphPlan>,
     /// The definition as compact JSON, made once for the snapshots that carry it.
     pub(crate) def_json: std::sync::OnceLock<Arc<str>>,
+    /// The definition's content hash, made once: every start stores the definition by it.
+    pub(crate) def_hash: std::sync::OnceLock<Arc<str>>,
 }
 
 impl Plan {
@@ -28,10 +30,12 @@ impl Plan {
 
     /// The content hash of the definition's JSON: 128-bit xxh3, as hex.
     pub(crate) fn def_hash(&self) -> String {
-        format!(
-            "{:032x}",
-            xxhash_rust::xxh3::xxh3_128(self.def_json().as_bytes())
-        )
+        self.def_hash
+            .get_or_init(|| {
+                let hash = xxhash_rust::xxh3::xxh3_128(self.def_json().as_bytes());
+                Arc::from(format!("{hash:032x}"))
+            })
+            .to_string()
     }
 }
 

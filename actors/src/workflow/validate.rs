@@ -76,6 +76,7 @@ pub(super) fn validate(
             inputs,
             graph: Arc::new(graph),
             def_json: Default::default(),
+            def_hash: Default::default(),
         }),
         _ => Err(ValidationErrors::from(errors)),
     }
