@@ -29,6 +29,9 @@ pub struct RunRow {
     pub thread: ThreadId,
     /// The workflow it runs.
     pub workflow_id: String,
+    /// The run it resumed (or answered), if any.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub parent_run_id: Option<RunId>,
     /// Its status: `running`, `awaiting_input`, `orphaned`, `answered`, `stopped`,
     /// `succeeded`, `failed` or `cancelled`.
     pub status: RunStatus,
@@ -187,6 +190,7 @@ fn row(
         user_id: record.labels.user_id().map(str::to_owned),
         thread: record.thread,
         workflow_id: record.workflow_id,
+        parent_run_id: record.parent_run_id,
         status,
         worker: record.worker,
         worker_alive,

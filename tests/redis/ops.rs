@@ -328,6 +328,13 @@ fn a_paused_run_answered_from_another_process_is_no_longer_listed_as_open() {
         statuses(&["--status", "answered"]),
         [(asked.clone(), "answered".to_owned())]
     );
+    // The run that answered names the one it continues.
+    let rows = setup.ps(&[]);
+    assert_eq!(
+        rows[0]["parent_run_id"].as_str(),
+        Some(asked.as_str()),
+        "{rows:#?}"
+    );
 
     ok(setup.run(&["resume", "--thread", "ask-1", "--answer", "pro"]));
     assert_eq!(statuses(&[]), []);
