@@ -107,7 +107,9 @@ pub(crate) fn fenced(
 /// written before every check passed; a free thread's lease is taken in seven calls. A live
 /// lease held by the same worker and run answers `{"ok", token}` with nothing written: run
 /// ids are never reused, so it is an earlier attempt of this very acquire that landed (its
-/// answer lost to a timeout), and trying again is safe.
+/// answer lost to a timeout), and trying again is safe; a lease taken over keeps the holder it
+/// was taken from (`took_worker`, `took_run`), so that answer names it as the first would
+/// have, and the orphaned run's record is closed all the same.
 /// Prepended with [`FENCE_CHECK`] (for `failed`).
 pub(crate) const ACQUIRE: &str = r#"
 -- Reads that answer a key of another type with an error: no call asks a type.
@@ -125,8 +127,13 @@ if exists then
   if not (held[1] and held[2] and held[3]) then return {'corrupt', KEYS[1]} end
   local expires = tonumber(held[4] or '')
   local expired = expires ~= nil and expires <= now_ms
-  -- The caller's own live lease: an earlier attempt of this acquire landed, its answer lost.
-  if held[1] == ARGV[1] and held[2] == ARGV[2] and not expired then return {'ok', held[3]} end
+  -- The caller's own live lease: an earlier attempt of this acquire landed, its answer lost;
+  -- it answers as that attempt did, naming the holder it took the lease from, if any.
+  if held[1] == ARGV[1] and held[2] == ARGV[2] and not expired then
+    local took = redis.call('HMGET', KEYS[1], 'took_worker', 'took_run')
+    if took[1] and took[2] then return {'ok', held[3], took[1], took[2]} end
+    return {'ok', held[3]}
+  end
   if held[3] ~= ARGV[4] and not expired then return {'busy', held[1], held[2], held[3]} end
 end
 if counter and not (string.match(counter, '^%d+$') and #counter <= 16
@@ -138,6 +145,9 @@ redis.call('SET', KEYS[2], token, 'PX', ARGV[5])
 if exists then redis.call('DEL', KEYS[1]) end
 redis.call('HSET', KEYS[1], 'worker', ARGV[1], 'run', ARGV[2], 'token', token,
   'expires', string.format('%.0f', now_ms + tonumber(ARGV[3])))
+if held[3] then
+  redis.call('HSET', KEYS[1], 'took_worker', held[1], 'took_run', held[2])
+end
 redis.call('PEXPIRE', KEYS[1], ARGV[5])
 if held[3] then return {'ok', token, held[1], held[2]} end
 return {'ok', token}

@@ -155,6 +155,12 @@ async fn an_expired_lease_is_free_and_its_taker_learns_whose_it_was() {
     let taken = stores.leases.acquire(&t, &b, TTL).await.expect("expired");
     assert_eq!(taken.took_over, Some(a.clone()));
     assert!(taken.lease.fence > first.lease.fence);
+    // `b` asking again (its answer lost) is told the same: its lease, taken from `a`.
+    let again = stores.leases.acquire(&t, &b, TTL).await.expect("its own");
+    assert_eq!(
+        (&again.lease, &again.took_over),
+        (&taken.lease, &Some(a.clone()))
+    );
     assert!(matches!(
         stores.leases.renew(&t, &first.lease, TTL).await,
         Err(LeaseError::Lost { .. })
