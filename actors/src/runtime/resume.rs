@@ -29,6 +29,7 @@ use crate::model::{
     RunLabels, RunRecord, RunStatus, StopReason, StoreError, ThreadId, TooDeep, Value, WorkerId,
 };
 use crate::persist::delta::{MaterializeError, materialize, materialize_chain};
+use crate::persist::retry;
 use crate::persist::snapshot::SnapshotError;
 use crate::persist::{Snapshot, check_graph};
 use crate::service::checkpointer::ChainSeed;
@@ -661,13 +662,16 @@ impl Runtime {
     }
 
     /// The record of a paused run a resume answered, once the resumed run (`by`) is started:
-    /// `awaiting_input` becomes `answered`, written with the resumed run's token. A failure
-    /// only leaves the record saying it waits (the resumed run goes on).
+    /// `awaiting_input` becomes `answered`, written with the resumed run's token (a store
+    /// failing for a moment is tried again until the store deadline). A failure only leaves
+    /// the record saying it waits (the resumed run goes on).
     async fn close_answered(&self, mut record: RunRecord, by: RunId, fence: Option<Fence>) {
         let run = record.run_id;
         record.status = RunStatus::Answered;
-        if let Err(e) = self.run_store().put(&record, fence).await {
-            tracing::warn!(%run, resumed_by = %by, error = %e, "could not record that the paused run was answered");
+        let deadline = tokio::time::Instant::now() + self.config().store_deadline;
+        let runs = self.run_store();
+        if let Err(gave_up) = retry::until(deadline, || runs.put(&record, fence)).await {
+            tracing::warn!(%run, resumed_by = %by, error = %gave_up.error, "could not record that the paused run was answered");
         }
     }
 

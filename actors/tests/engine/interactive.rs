@@ -813,3 +813,110 @@ async fn wrong_answers_are_refused_precisely_and_the_run_stays_resumable() {
         }
     );
 }
+
+/// A run store that fails, for a moment, the write saying a paused run was answered.
+struct BlinksAtAnswered {
+    inner: runvisor_actors::store::memory::MemoryRunStore,
+    failures: std::sync::atomic::AtomicU32,
+}
+
+#[runvisor_actors::async_trait]
+impl runvisor_actors::store::RunStore for BlinksAtAnswered {
+    async fn put(
+        &self,
+        record: &runvisor_actors::RunRecord,
+        fence: Option<runvisor_actors::Fence>,
+    ) -> Result<(), runvisor_actors::StoreError> {
+        use std::sync::atomic::Ordering;
+        if record.status == RunStatus::Answered
+            && self
+                .failures
+                .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1))
+                .is_ok()
+        {
+            return Err(runvisor_actors::StoreError::Timeout(
+                std::time::Duration::from_millis(100),
+            ));
+        }
+        self.inner.put(record, fence).await
+    }
+    async fn get(
+        &self,
+        run: RunId,
+    ) -> Result<Option<runvisor_actors::RunRecord>, runvisor_actors::StoreError> {
+        self.inner.get(run).await
+    }
+    async fn list_thread(
+        &self,
+        thread: &runvisor_actors::ThreadId,
+    ) -> Result<Vec<runvisor_actors::RunRecord>, runvisor_actors::StoreError> {
+        self.inner.list_thread(thread).await
+    }
+    async fn list_open(
+        &self,
+    ) -> Result<Vec<runvisor_actors::RunRecord>, runvisor_actors::StoreError> {
+        self.inner.list_open().await
+    }
+    async fn list_recent(
+        &self,
+        limit: usize,
+    ) -> Result<Vec<runvisor_actors::RunRecord>, runvisor_actors::StoreError> {
+        self.inner.list_recent(limit).await
+    }
+}
+
+/// The write that says a paused run was answered is tried again while the run store fails
+/// for a moment: the paused run is not left listed as waiting.
+#[tokio::test]
+async fn a_paused_run_is_marked_answered_through_a_run_store_blink() {
+    use runvisor_actors::store::MemoryLeaseStore;
+    use runvisor_actors::store::memory::{
+        MemoryCheckpointStore, MemoryHistoryStore, MemoryRunStore,
+    };
+    use std::sync::Arc;
+    let leases = Arc::new(MemoryLeaseStore::new());
+    let runs = Arc::new(BlinksAtAnswered {
+        inner: MemoryRunStore::new().fenced_by(leases.clone()),
+        failures: std::sync::atomic::AtomicU32::new(2),
+    });
+    let rt = runvisor_actors::Runtime::builder()
+        .lease_store(leases.clone())
+        .checkpoint_store(Arc::new(
+            MemoryCheckpointStore::new().fenced_by(leases.clone()),
+        ))
+        .history_store(Arc::new(
+            MemoryHistoryStore::new().fenced_by(leases.clone()),
+        ))
+        .run_store(runs.clone())
+        .build();
+    let wf = load(
+        &rt,
+        json!({"id": "blink", "nodes": [
+            {"id": "start", "kind": "begin"},
+            {"id": "ask", "kind": "interactive", "params": {
+                "mode": "form_input", "prompt": "Name?",
+                "fields": [{"name": "name", "required": true}]
+            }}
+        ], "edges": [{"from": "start", "to": "ask"}]}),
+    );
+    let t = thread("blink");
+    let run = rt.start(&wf, inputs([]), t.clone()).await.expect("start");
+    let first = finish(&run).await;
+    let form = paused(&first);
+    let second = answer(&rt, &t, form.id, val(json!({"name": "Ann"}))).await;
+    completed(&second);
+    let status = |id| {
+        let runs = runs.clone();
+        async move {
+            let read = runvisor_actors::store::RunStore::get(&runs.inner, id).await;
+            read.expect("read").expect("recorded").status
+        }
+    };
+    assert_eq!(status(first.run_id()).await, RunStatus::Answered);
+    assert_eq!(status(second.run_id()).await, RunStatus::Succeeded);
+    assert_eq!(
+        runs.failures.load(std::sync::atomic::Ordering::SeqCst),
+        0,
+        "both failures were met and tried past"
+    );
+}
