@@ -20,6 +20,9 @@ struct Tables {
     leases: HashMap<ThreadId, (Lease, Instant)>,
     /// The newest fencing token of each thread (never goes down).
     fences: HashMap<ThreadId, u64>,
+    /// Whom each thread's current lease was taken from, when it was taken over: its holder
+    /// asking again is told again.
+    took: HashMap<ThreadId, LeaseHolder>,
 }
 
 impl Tables {
@@ -115,13 +118,18 @@ impl LeaseStore for MemoryLeaseStore {
         if let Some(lease) = tables.live_lease(thread, now) {
             // The holder's own lease (an earlier attempt of this acquire): taken already.
             if lease.holder == *holder {
-                return Ok(Acquired::new(lease.clone(), None));
+                let took_over = tables.took.get(thread).cloned();
+                return Ok(Acquired::new(lease.clone(), took_over));
             }
             return Err(LeaseError::Busy {
                 holder: lease.holder.clone(),
             });
         }
         let took_over = tables.leases.remove(thread).map(|(lease, _)| lease.holder);
+        match &took_over {
+            Some(previous) => tables.took.insert(thread.clone(), previous.clone()),
+            None => tables.took.remove(thread),
+        };
         let token = tables.fences.entry(thread.clone()).or_insert(0);
         *token += 1;
         let lease = Lease {
@@ -167,6 +175,7 @@ impl LeaseStore for MemoryLeaseStore {
             .is_some_and(|(held, _)| held.fence == lease.fence)
         {
             tables.leases.remove(thread);
+            tables.took.remove(thread);
         }
         Ok(())
     }
@@ -224,6 +233,12 @@ mod tests {
         let second = store.acquire(&t, &b, ttl).await.expect("taken over");
         assert_eq!(second.lease.fence, Fence(2));
         assert_eq!(second.took_over, Some(a.clone()));
+        // Asking again, `b` is told the same: its lease, taken from `a`.
+        let again = store.acquire(&t, &b, ttl).await.expect("its own");
+        assert_eq!(
+            (&again.lease, &again.took_over),
+            (&second.lease, &Some(a.clone()))
+        );
         assert!(matches!(
             store.check(&t, Some(Fence(1))),
             Err(StoreError::Fenced {

@@ -371,8 +371,8 @@ impl Acquired {
 ///   A lease whose worker stopped heartbeating (or that expired) is taken over. A live lease
 ///   held by the same holder (worker and run) answers as taken, with its token and nothing
 ///   written: run ids are never reused, so it was an earlier attempt of the same acquire that
-///   landed with its answer lost, and the caller may try again after a transient error. A
-///   store whose answers can be lost keeps whom it took the lease from, and says so again.
+///   landed with its answer lost, and the caller may try again after a transient error; a
+///   lease taken over says again whom it was taken from.
 /// - `renew` and `release` act only while the token is the thread's. `renew` answers
 ///   [`LeaseError::Lost`] once another run took the thread (the token moved on); a lease that
 ///   merely expired, with nobody taking it since, is taken back. So a store out of reach for
