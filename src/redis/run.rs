@@ -240,10 +240,7 @@ fn record(run_id: RunId, fields: &Fields<'_>, key: &str) -> Result<Option<RunRec
         return Ok(None);
     }
     let status_text = fields.required_text("status")?;
-    let status: RunStatus = serde_json::from_value(serde_json::Value::String(
-        status_text.to_owned(),
-    ))
-    .map_err(|_| {
+    let status = RunStatus::parse(status_text).map_err(|_| {
         corrupt(
             key,
             format!("field `status`: unknown status {status_text:?}"),
