@@ -311,7 +311,8 @@ return drop_missing(KEYS[1], ids, ARGV[1])
 /// Reads a run of checkpoints at once (a delta's chain): the index entries from id `from` to
 /// id `to` (both included; members sort by id text), at most `max`, each with its value (a
 /// hash's fields and values as earlier releases wrote it); entries whose payload expired are
-/// left out.
+/// left out. Each value takes one call: a `GET`, which answers a hash (or a key of another
+/// type) with an error, and only then is the key asked its type.
 ///
 /// KEYS: index zset. ARGV: the thread's checkpoint key prefix, from, to, max.
 /// Returns `{"ok", id, value or {hash fields and values}, id, …}` or `{"wrongtype", key}`.
@@ -323,29 +324,30 @@ local ids = redis.call('ZRANGEBYLEX', KEYS[1], '[' .. ARGV[2], '[' .. ARGV[3], '
 local out = {'ok'}
 for _, id in ipairs(ids) do
   local key = ARGV[1] .. id
-  local kt = redis.call('TYPE', key)['ok']
-  if kt == 'string' then
+  local value = redis.pcall('GET', key)
+  if type(value) == 'table' then
+    if redis.call('TYPE', key)['ok'] ~= 'hash' then return {'wrongtype', key} end
+    value = redis.call('HGETALL', key)
+  end
+  if value then
     out[#out + 1] = id
-    out[#out + 1] = redis.call('GET', key)
-  elseif kt == 'hash' then
-    out[#out + 1] = id
-    out[#out + 1] = redis.call('HGETALL', key)
-  elseif kt ~= 'none' then
-    return {'wrongtype', key}
+    out[#out + 1] = value
   end
 end
 return out
 "#;
 
-/// Reads one checkpoint.
+/// Reads one checkpoint, with one call unless it is not a string (as for [`RANGE`]).
 ///
 /// KEYS: its key.
 /// Returns `{"value", value}`, `{"hash", {fields and values}}` (as earlier releases wrote
 /// it), `{"none"}` or `{"wrongtype", key}`.
 pub(crate) const READ: &str = r#"
-local t = redis.call('TYPE', KEYS[1])['ok']
-if t == 'string' then return {'value', redis.call('GET', KEYS[1])} end
-if t == 'hash' then return {'hash', redis.call('HGETALL', KEYS[1])} end
-if t == 'none' then return {'none'} end
+local value = redis.pcall('GET', KEYS[1])
+if type(value) == 'string' then return {'value', value} end
+if not value then return {'none'} end
+if redis.call('TYPE', KEYS[1])['ok'] == 'hash' then
+  return {'hash', redis.call('HGETALL', KEYS[1])}
+end
 return {'wrongtype', KEYS[1]}
 "#;
