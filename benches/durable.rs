@@ -409,14 +409,9 @@ async fn restore_time(stores: &RedisStores, thread: &ThreadId, name: &str, len: 
         chain = snapshot.graph.completed.len();
     }
     let deltas = store
-        .range(
-            thread,
-            stored.link.map_or(stored.id, |l| l.base),
-            stored.id,
-            10_000,
-        )
+        .chain(thread, stored.id, 10_000)
         .await
-        .expect("range")
+        .expect("chain")
         .len()
         .saturating_sub(1);
     eprintln!(

@@ -18,9 +18,10 @@
 //! the index's oldest entry for it).
 //! `prune` trims in batches, each batch one script. Reads follow the index and drop the entries
 //! whose payload expired (checked again inside a script): `list` every one it sees, `latest`
-//! those newer than the checkpoint it returns, `get` the one asked for. `range` reads a delta's
-//! chain (the index entries from its base to its parent, with their payloads) in one script,
-//! so restoring a checkpoint is one round trip whatever its chain's length. The scripts are in
+//! those newer than the checkpoint it returns, `get` the one asked for. `chain` reads what a
+//! delta builds on (its parent, the parent's parent, and so on back to the base, by the links
+//! the headers name) in one script, so restoring a checkpoint is one round trip whatever its
+//! chain's length. The scripts are in
 //! [`lua`].
 //!
 //! One value instead of a hash of five fields: Redis keeps a hash whose payload field is over
@@ -86,7 +87,7 @@ pub(crate) struct ThreadScripts {
     pub(crate) count: Lua,
     list: Lua,
     drop: Lua,
-    range: Lua,
+    chain: Lua,
     read: Lua,
 }
 
@@ -98,7 +99,7 @@ impl ThreadScripts {
             count: with_helpers(COUNT),
             list: with_helpers(lua::LIST),
             drop: with_helpers(lua::DROP),
-            range: Lua::new(lua::RANGE.to_owned()),
+            chain: Lua::new(lua::CHAIN.to_owned()),
             read: Lua::new(lua::READ.to_owned()),
         }
     }
@@ -519,44 +520,42 @@ impl CheckpointStore for RedisCheckpointStore {
         Ok(found)
     }
 
-    async fn range(
+    async fn chain(
         &self,
         thread: &ThreadId,
         from: CheckpointId,
-        to: CheckpointId,
         max: usize,
     ) -> Result<Vec<StoredCheckpoint>, StoreError> {
-        let index = self.keys.checkpoint_index(thread);
-        let mut invocation = self.scripts.range.script().prepare_invoke();
+        let first = self.keys.checkpoint(thread, from);
+        let mut invocation = self.scripts.chain.script().prepare_invoke();
         invocation
-            .key(&index)
+            .key(&first)
             .arg(self.keys.checkpoint_prefix(thread))
             .arg(from.to_string())
-            .arg(to.to_string())
             .arg(max);
         let reply = self
             .conn
-            .script("checkpoint range", &index, &invocation)
+            .script("checkpoint chain", &first, &invocation)
             .await?;
-        reply::server_error(&reply, "the checkpoint range script", &index)?;
-        let items = reply::array(&reply, &index)?;
+        reply::server_error(&reply, "the checkpoint chain script", &first)?;
+        let items = reply::array(&reply, &first)?;
         match items.split_first() {
-            Some((status, rest)) if reply::text(status, &index)? == "ok" && rest.len() % 2 == 0 => {
+            Some((status, rest)) if reply::text(status, &first)? == "ok" && rest.len() % 2 == 0 => {
                 let mut found = Vec::with_capacity(rest.len() / 2);
                 for pair in rest.chunks_exact(2) {
-                    let member = reply::text(&pair[0], &index)?;
-                    let id = parse_id(member, &index)?;
+                    let id = parse_id(reply::text(&pair[0], &first)?, &first)?;
                     let key = self.keys.checkpoint(thread, id);
-                    if let Some(checkpoint) = stored_from(&pair[1], &key, id)? {
-                        found.push(checkpoint);
+                    match stored_from(&pair[1], &key, id)? {
+                        Some(checkpoint) => found.push(checkpoint),
+                        None => break,
                     }
                 }
                 Ok(found)
             }
-            Some((status, _)) if reply::text(status, &index)? == "wrongtype" => {
-                Err(wrong_type(items, &index))
+            Some((status, _)) if reply::text(status, &first)? == "wrongtype" => {
+                Err(wrong_type(items, &first))
             }
-            _ => Err(unexpected("range", &index, &reply)),
+            _ => Err(unexpected("chain", &first, &reply)),
         }
     }
 

@@ -209,7 +209,7 @@ async fn junk_checkpoints_are_corrupt() {
         let _: () = cmd(&mut con, &["SET", &payload, value]).await;
         assert_corrupt_at(checkpoints.get(&t, id).await, &payload);
         assert_corrupt_at(checkpoints.latest(&t).await, &payload);
-        assert_corrupt_at(checkpoints.range(&t, id, id, 10).await, &payload);
+        assert_corrupt_at(checkpoints.chain(&t, id, 10).await, &payload);
     }
     // As earlier releases wrote it: a hash, whose fields are checked the same way.
     let _: i64 = cmd(&mut con, &["DEL", &payload]).await;
@@ -228,7 +228,7 @@ async fn junk_checkpoints_are_corrupt() {
     let _: i64 = cmd(&mut con, &["DEL", &payload]).await;
     let _: i64 = cmd(&mut con, &["RPUSH", &payload, "x"]).await;
     assert_corrupt_at(checkpoints.get(&t, id).await, &payload);
-    assert_corrupt_at(checkpoints.range(&t, id, id, 10).await, &payload);
+    assert_corrupt_at(checkpoints.chain(&t, id, 10).await, &payload);
     let _: i64 = cmd(&mut con, &["DEL", &payload]).await;
     let _: () = cmd(&mut con, &["SET", &payload, &header]).await;
 

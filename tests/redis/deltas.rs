@@ -180,22 +180,40 @@ async fn retention_keeps_chains_on_a_cluster() {
 
 /// Reads a long chain with `range` (all of it, a part of it, none of it) and restores its
 /// newest delta, which reads the chain at once.
+/// [`chain`], with every tenth delta merged: its parent is the tenth before it, and it holds
+/// what the ten steps since changed.
+fn merged_chain(run: RunId, t: &ThreadId, deltas: usize) -> Vec<StoredCheckpoint> {
+    let mut out = chain(run, t, deltas);
+    let base = out[0].id;
+    for n in (10..=deltas).step_by(10) {
+        let link = DeltaLink {
+            base,
+            parent: out[n - 10].id,
+        };
+        out[n].bytes =
+            SnapshotDelta::between(&snapshot(run, t, n - 10), &snapshot(run, t, n), link)
+                .encode()
+                .expect("encodes");
+        out[n].link = Some(link);
+    }
+    out
+}
+
 async fn a_chain_reads_at_once(store: &dyn CheckpointStore, t: &ThreadId) {
     let run = RunId::new();
     let cs = chain(run, t, 300);
     for c in &cs {
         store.put(t, c.clone(), None).await.expect("put");
     }
-    let (base, last) = (cs[0].id, cs[300].id);
     let ids = |cs: &[StoredCheckpoint]| cs.iter().map(|c| c.id).collect::<Vec<_>>();
-    let all = store.range(t, base, last, 1000).await.expect("range");
-    assert_eq!(all, cs);
-    let part = store.range(t, cs[10].id, last, 5).await.expect("range");
-    assert_eq!(ids(&part), ids(&cs[10..15]));
-    assert_eq!(store.range(t, last, base, 1000).await, Ok(Vec::new()));
+    let newest_first = |cs: &[StoredCheckpoint]| cs.iter().rev().cloned().collect::<Vec<_>>();
+    let all = store.chain(t, cs[300].id, 1000).await.expect("chain");
+    assert_eq!(all, newest_first(&cs));
+    let part = store.chain(t, cs[150].id, 5).await.expect("chain");
+    assert_eq!(ids(&part), ids(&newest_first(&cs[146..=150])));
     assert_eq!(
         store
-            .range(&thread("no-such-thread"), base, last, 1000)
+            .chain(&thread("no-such-thread"), cs[300].id, 1000)
             .await,
         Ok(Vec::new())
     );
@@ -207,26 +225,69 @@ async fn a_chain_reads_at_once(store: &dyn CheckpointStore, t: &ThreadId) {
         materialize(store, t, &cs[150]).await,
         Ok(snapshot(run, t, 150))
     );
+
+    // Merged deltas: only what a restore applies is read, and every checkpoint restores.
+    let t = thread(&format!("{}-merged", t.as_str()));
+    let cs = merged_chain(run, &t, 300);
+    for c in &cs {
+        store.put(&t, c.clone(), None).await.expect("put");
+    }
+    let read = store.chain(&t, cs[299].id, 1000).await.expect("chain");
+    let mut path: Vec<usize> = (290..=299).rev().collect();
+    path.extend((0..290).step_by(10).rev());
+    assert_eq!(
+        ids(&read),
+        path.iter().map(|&n| cs[n].id).collect::<Vec<_>>()
+    );
+    for n in [1, 9, 10, 11, 155, 290, 299, 300] {
+        assert_eq!(
+            materialize(store, &t, &cs[n]).await,
+            Ok(snapshot(run, &t, n)),
+            "checkpoint {n}"
+        );
+    }
 }
 
 #[tokio::test]
-async fn a_long_chain_is_read_in_one_range_and_restores() {
+async fn a_long_chain_is_read_in_one_call_and_restores() {
     let server = RedisServer::start();
     let redis = stores(&server).await;
     let t = thread("long-chain");
     a_chain_reads_at_once(&*redis.checkpoints, &t).await;
     a_chain_reads_at_once(&MemoryCheckpointStore::new(), &t).await;
-    // A payload key of another type in the range is a typed error naming it.
+    // A link that is gone is named; one off the path is not read.
     let mut con = raw(&server).await;
-    let id = CheckpointId::new().to_string();
+    let t = thread("merged-gaps");
+    let run = RunId::new();
+    let cs = merged_chain(run, &t, 300);
+    for c in &cs {
+        redis
+            .checkpoints
+            .put(&t, c.clone(), None)
+            .await
+            .expect("put");
+    }
+    for n in [150, 155] {
+        let key = format!("runvisor:cp:{{{}}}:{}", t.as_str(), cs[n].id);
+        let _: i64 = cmd(&mut con, &["DEL", &key]).await;
+    }
+    assert_eq!(
+        materialize(&*redis.checkpoints, &t, &cs[299]).await,
+        Err(MaterializeError::Snapshot(SnapshotError::MissingLink {
+            checkpoint: cs[150].id
+        }))
+    );
+    assert_eq!(
+        materialize(&*redis.checkpoints, &t, &cs[145]).await,
+        Ok(snapshot(run, &t, 145))
+    );
+    // A payload key of another type on the way is a typed error naming it.
+    let t = thread("long-chain");
+    let id = CheckpointId::new();
     let key = format!("runvisor:cp:{{{}}}:{id}", t.as_str());
-    let _: () = cmd(&mut con, &["SET", &key, "x"]).await;
-    let index = format!("runvisor:cpidx:{{{}}}", t.as_str());
-    let _: i64 = cmd(&mut con, &["ZADD", &index, "0", &id]).await;
-    let listed = redis.checkpoints.list(&t).await.expect("list");
-    let (first, last) = (listed[0], listed[listed.len() - 1]);
+    let _: i64 = cmd(&mut con, &["RPUSH", &key, "x"]).await;
     assert!(matches!(
-        redis.checkpoints.range(&t, first, last, 10_000).await,
+        redis.checkpoints.chain(&t, id, 10).await,
         Err(StoreError::Corrupt { .. })
     ));
 }
@@ -509,6 +570,7 @@ async fn run_sync_chain(
     server: &RedisServer,
     config: RuntimeConfig,
     nodes: usize,
+    inputs: Map,
     t: &ThreadId,
 ) -> (RedisStores, Runtime, Vec<StoredCheckpoint>) {
     let stores = within(
@@ -535,7 +597,7 @@ async fn run_sync_chain(
     }
     let workflow = runtime.validate(def).expect("valid");
     let run = runtime
-        .start(&workflow, Map::new(), t.clone())
+        .start(&workflow, inputs, t.clone())
         .await
         .expect("start");
     let outcome = within("the run", run.wait()).await;
@@ -573,7 +635,7 @@ async fn bases_cost_a_bounded_share_of_the_deltas() {
         ..RuntimeConfig::default()
     };
     assert_eq!(config.checkpoint_compact_percent, 100);
-    let (_, _, written) = run_sync_chain(&server, config, 400, &t).await;
+    let (_, _, written) = run_sync_chain(&server, config, 400, Map::new(), &t).await;
     let (mut bases, mut delta_bytes) = (Vec::new(), 0);
     for stored in &written {
         match stored.link {
@@ -604,6 +666,7 @@ async fn a_sync_run_writes_deltas_of_flat_size_and_resumes_from_any_of_them() {
             ..RuntimeConfig::default()
         },
         60,
+        Map::new(),
         &t,
     )
     .await;
@@ -647,6 +710,93 @@ async fn a_sync_run_writes_deltas_of_flat_size_and_resumes_from_any_of_them() {
     )
     .await
     .expect("fork from a delta");
+    let outcome = within("the fork", resumed.wait()).await;
+    assert_eq!(
+        outcome.status(),
+        runvisor::RunStatus::Succeeded,
+        "{outcome:?}"
+    );
+}
+
+/// A state that outweighs the deltas the count bound allows: where compaction by count would
+/// write the state whole every `checkpoint_compact_every` steps, the chain gets a merged delta
+/// (everything since its last merge point) instead. No restore applies more deltas than the
+/// bound, the state is written whole once, every checkpoint restores, and a fork from one
+/// right after a merge finishes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_large_state_gets_merged_deltas_instead_of_bases_and_every_checkpoint_restores() {
+    let server = RedisServer::start();
+    let t = thread("merged-chain");
+    let mut inputs = Map::new();
+    inputs.insert("document".to_owned(), Value::from("x".repeat(20_000)));
+    // Merge points are taken while at most half the bound deep: 32 + 31 + ... + 17 steps
+    // before a base, more than the run's.
+    let every = 32;
+    let (stores, runtime, written) = run_sync_chain(
+        &server,
+        RuntimeConfig {
+            durability: Durability::Sync,
+            checkpoint_compact_every: every,
+            ..RuntimeConfig::default()
+        },
+        200,
+        inputs,
+        &t,
+    )
+    .await;
+    let bases = written.iter().filter(|c| c.link.is_none()).count();
+    assert_eq!(bases, 1, "the state is written whole once");
+    let mut merged = Vec::new();
+    for (i, stored) in written.iter().enumerate().skip(1) {
+        let link = stored.link.expect("a delta");
+        if link.parent != written[i - 1].id {
+            merged.push(i);
+        }
+        let applied = stores
+            .checkpoints
+            .chain(&t, stored.id, 10_000)
+            .await
+            .expect("chain")
+            .len()
+            - 1;
+        assert!(
+            applied <= every as usize,
+            "checkpoint {i} applies {applied} deltas"
+        );
+    }
+    // A merge at least every `every` steps.
+    assert!(
+        merged.len() >= written.len() / every as usize,
+        "merged deltas at {merged:?} of {}",
+        written.len()
+    );
+    // Each checkpoint holds one completed node more than the one before it.
+    let mut completed = Vec::new();
+    for stored in &written {
+        let whole = materialize(&*stores.checkpoints, &t, stored)
+            .await
+            .expect("materializes");
+        completed.push(whole.graph.completed.len());
+    }
+    assert!(
+        completed.windows(2).all(|w| w[1] >= w[0]),
+        "completed nodes per checkpoint: {completed:?}"
+    );
+    let fork_at = written[merged[merged.len() / 2]].id;
+    let forked = thread("merged-chain-fork");
+    let resumed = within(
+        "fork",
+        runtime.resume(
+            ResumeFrom::Fork {
+                thread: t.clone(),
+                checkpoint: fork_at,
+                into: Some(forked.clone()),
+            },
+            ResumeInput::Continue,
+        ),
+    )
+    .await
+    .expect("fork from a merged delta");
     let outcome = within("the fork", resumed.wait()).await;
     assert_eq!(
         outcome.status(),

@@ -6,8 +6,11 @@
 //! variables that changed, the completed nodes appended, the frontier, each loop's and
 //! parallel's frame as a delta of its own (iterations and results appended, items set, the
 //! current iteration's or items' progress as nested graph deltas), the messages appended.
-//! Restoring a delta reads its chain back to the base and applies the deltas in order
-//! ([`materialize`]).
+//! A delta's parent is usually the checkpoint its run wrote just before it; a merged delta's
+//! is an older one of the same chain (the chain's last merge point), and it holds everything
+//! that changed since, so the deltas after it do not make a restore longer. Restoring a delta
+//! reads its parents back to the base (only those: [`CheckpointStore::chain`]) and applies
+//! them in order ([`materialize`]).
 //!
 //! Envelope: the snapshot envelope (see [`snapshot`](super::snapshot)) with the magic bytes
 //! `RVDL` and its own schema version, [`DELTA_SCHEMA_VERSION`]: 1. Checksummed, bounded and
@@ -35,8 +38,9 @@ use crate::model::{
 
 /// The [`SnapshotDelta`] schema version this build writes and reads.
 pub const DELTA_SCHEMA_VERSION: u16 = 1;
-/// The longest chain (deltas after a base) a restore follows: writers compact by then
-/// (a `checkpoint_compact_every` above it counts as this).
+/// The most deltas a restore applies on a base (a delta, its parent, and so on back to the
+/// base): writers compact or merge by then (a `checkpoint_compact_every` above it counts as
+/// this).
 pub const MAX_CHAIN: usize = 4096;
 
 /// The fields of a snapshot that rarely change within a run, sent whole when one does.
@@ -669,7 +673,7 @@ fn apply_parallel(state: &mut ParallelState, delta: ParallelDelta) -> Result<(),
 }
 
 /// A stored checkpoint read back whole: a base as it is, a delta on top of the checkpoints it
-/// builds on (read from `store`, back to its base, in one [`range`](CheckpointStore::range)
+/// builds on (read from `store`, back to its base, in one [`chain`](CheckpointStore::chain)
 /// read). Errors name the checkpoint at fault: a
 /// missing one ([`SnapshotError::MissingLink`]) or one that does not decode
 /// ([`SnapshotError::InChain`] when it is not `stored` itself).
@@ -683,16 +687,17 @@ pub async fn materialize(
         .map(|(snapshot, _)| snapshot)
 }
 
-/// The chain a stored checkpoint ends: its base, how many deltas lead from the base to it
-/// (the checkpoint itself included), and their bytes. A run that continues from the
-/// checkpoint continues its chain, compacting it by the same measure.
+/// The chain a stored checkpoint ends: its base, how many deltas a restore of it applies on
+/// the base (the checkpoint itself included: its parents back to the base), and their bytes.
+/// A run that continues from the checkpoint continues its chain, compacting it by the same
+/// measure.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct ChainInfo {
     /// The chain's whole snapshot (the checkpoint itself when it is whole).
     pub base: CheckpointId,
     /// The checkpoint the chain ends with.
     pub last: CheckpointId,
-    /// Deltas from the base to `last`.
+    /// Deltas a restore of `last` applies on the base.
     pub deltas: u32,
     /// Their bytes of postcard (before any compression).
     pub delta_bytes: usize,
@@ -722,20 +727,14 @@ pub async fn materialize_chain(
         stored.id,
         decode_delta(stored.id, &stored.bytes, stored.id)?,
     )];
-    // The chain is read at once: the thread's checkpoints from its base to its parent (one
-    // run writes a thread's chain at a time, so they are the chain's). A link not among them
-    // is read on its own, which names it when it is gone.
-    let mut read: HashMap<CheckpointId, StoredCheckpoint> = if link.base <= link.parent {
-        store
-            .range(thread, link.base, link.parent, MAX_CHAIN + 1)
-            .await
-            .map_err(MaterializeError::Store)?
-            .into_iter()
-            .map(|c| (c.id, c))
-            .collect()
-    } else {
-        HashMap::new()
-    };
+    // What the delta builds on is read at once, newest first, by the parents the links name
+    // (a merged delta's parent is older than the checkpoint written before it). The first
+    // link the store did not answer for is the one missing.
+    let mut read = store
+        .chain(thread, link.parent, MAX_CHAIN + 1)
+        .await
+        .map_err(MaterializeError::Store)?
+        .into_iter();
     let mut next = link.parent;
     let base = loop {
         if deltas.len() > MAX_CHAIN {
@@ -743,15 +742,19 @@ pub async fn materialize_chain(
                 format!("a chain of more than {MAX_CHAIN} deltas"),
             )));
         }
-        let parent = match read.remove(&next) {
-            Some(parent) => parent,
-            None => store
-                .get(thread, next)
-                .await
-                .map_err(MaterializeError::Store)?
-                .ok_or(MaterializeError::Snapshot(SnapshotError::MissingLink {
+        let parent = match read.next() {
+            Some(parent) if parent.id == next => parent,
+            Some(other) => {
+                return Err(MaterializeError::Store(StoreError::Unavailable(format!(
+                    "the store answered checkpoint {} for checkpoint {next} of thread {thread}",
+                    other.id
+                ))));
+            }
+            None => {
+                return Err(MaterializeError::Snapshot(SnapshotError::MissingLink {
                     checkpoint: next,
-                }))?,
+                }));
+            }
         };
         match parent.link {
             None => break parent,
@@ -1076,6 +1079,46 @@ mod tests {
                 prop_assert_eq!(&restored, &next);
                 parent = CheckpointId::new();
                 state = next;
+            }
+        }
+    }
+
+    /// The changes one run makes while its lists only grow within one execution of a graph
+    /// (no graph runs a node twice: workflows are acyclic, and a loop's body starts over
+    /// with each iteration), which merged deltas rely on, as coalesced ones do.
+    fn growing_op() -> impl Strategy<Value = Op> {
+        op().prop_filter("keeps lists growing", |op| {
+            !matches!(
+                op,
+                Op::Truncate(_) | Op::DropFrames | Op::Finish(..) | Op::ItemStep(..)
+            )
+        })
+    }
+
+    proptest! {
+        /// A merged delta, of any earlier checkpoint of the run, restores the later one
+        /// exactly, through the envelope.
+        #[test]
+        fn a_delta_of_any_earlier_checkpoint_restores(
+            ops in proptest::collection::vec(growing_op(), 1..40),
+        ) {
+            let mut states = vec![start()];
+            for op in &ops {
+                let mut next = states[states.len() - 1].clone();
+                apply_op(&mut next, op);
+                states.push(next);
+            }
+            let link = DeltaLink { base: CheckpointId::new(), parent: CheckpointId::new() };
+            for (i, old) in states.iter().enumerate() {
+                for new in &states[i + 1..] {
+                    let bytes = SnapshotDelta::between(old, new, link).encode().expect("encodes");
+                    let mut restored = old.clone();
+                    SnapshotDelta::decode(&bytes)
+                        .expect("decodes")
+                        .apply(&mut restored)
+                        .expect("applies");
+                    prop_assert_eq!(&restored, new);
+                }
             }
         }
     }

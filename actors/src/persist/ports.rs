@@ -81,26 +81,28 @@ pub trait CheckpointStore: Send + Sync + 'static {
         thread: &ThreadId,
         id: CheckpointId,
     ) -> Result<Option<StoredCheckpoint>, StoreError>;
-    /// Reads, oldest first, up to `max` stored checkpoints of a thread whose ids lie from
-    /// `from` to `to` (both included): the chain a delta builds on, read at once. A store may
-    /// answer in one round trip; this default reads the index and then each one.
-    async fn range(
+    /// Reads checkpoint `from` and what it builds on, newest first: `from`, then the parent
+    /// its link names, and so on, up to and including the first whole snapshot (a base), at
+    /// most `max` of them. It stops early at a checkpoint that is not stored: the caller knows
+    /// which one it asked for next, and names it. A delta's parent need not be the checkpoint
+    /// written just before it (a merged delta builds on an older one), so this reads only what
+    /// a restore applies. A store may answer in one round trip; this default reads each one.
+    async fn chain(
         &self,
         thread: &ThreadId,
         from: CheckpointId,
-        to: CheckpointId,
         max: usize,
     ) -> Result<Vec<StoredCheckpoint>, StoreError> {
-        let ids = self.list(thread).await?;
         let mut found = Vec::new();
-        for id in ids
-            .into_iter()
-            .filter(|id| (from..=to).contains(id))
-            .take(max)
+        let mut next = Some(from);
+        while let Some(id) = next
+            && found.len() < max
         {
-            if let Some(checkpoint) = self.get(thread, id).await? {
-                found.push(checkpoint);
-            }
+            let Some(checkpoint) = self.get(thread, id).await? else {
+                break;
+            };
+            next = checkpoint.link.map(|link| link.parent);
+            found.push(checkpoint);
         }
         Ok(found)
     }

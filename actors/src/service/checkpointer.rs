@@ -117,17 +117,26 @@ pub(crate) struct CheckpointerArgs {
     pub(crate) chains: Chains,
 }
 
-/// The chain of checkpoints a running run writes: its base, and its last stored checkpoint
-/// with the state it holds, which the next delta is computed against.
+/// The chain of checkpoints a running run writes: its base, its last stored checkpoint, which
+/// the next delta is computed against, and its last merge point, which a merged delta is.
 struct Chain {
     thread: ThreadId,
     base: CheckpointId,
-    last: CheckpointId,
     sequence: u64,
+    base_bytes: usize,
+    last: Point,
+    /// The chain's last merge point (its base, the checkpoint the run continued, or its newest
+    /// merged delta) when that is not `last`.
+    anchor: Option<Point>,
+}
+
+/// A stored checkpoint of a chain, with the state it holds and what restoring it costs: the
+/// deltas it applies on the base (its parents back to the base) and their bytes.
+struct Point {
+    id: CheckpointId,
     snapshot: Snapshot,
     deltas: u32,
     delta_bytes: usize,
-    base_bytes: usize,
 }
 
 /// Each running run's chain, shared by the checkpointer and the awaited writes.
@@ -139,9 +148,9 @@ pub(crate) struct Chains {
 }
 
 impl Chains {
-    /// No chain yet. `compact_every`: deltas after a base before the next base at most (0:
-    /// every checkpoint whole); `compact_percent`: delta bytes, in percent of the base's,
-    /// past which the next checkpoint is a base (0: every checkpoint whole).
+    /// No chain yet. `compact_every`: deltas a restore applies on a base at most (0: every
+    /// checkpoint whole); `compact_percent`: their bytes, in percent of the base's, past which
+    /// the next checkpoint is a base (0: every checkpoint whole).
     pub(crate) fn new(compact_every: u32, compact_percent: u32) -> Self {
         Self {
             runs: Arc::new(DashMap::new()),
@@ -150,25 +159,60 @@ impl Chains {
         }
     }
 
-    /// Encodes a write: a delta of the run's last stored checkpoint when its chain allows
-    /// one, otherwise whole.
+    /// Encodes a write: a delta of the run's last stored checkpoint while restoring it stays
+    /// within the compaction's bounds; once the count bound is reached, a merged delta of the
+    /// chain's last merge point when that is cheaper than a base by half and keeps within the
+    /// bounds; otherwise whole.
+    ///
+    /// A merged delta holds every change since its merge point, so a restore of it (and of
+    /// the deltas after it) skips the deltas between. It replaces a base that compaction by
+    /// count would write: when the state outweighs the deltas since the merge point, a base
+    /// would cost the whole state every `compact_every` steps, where a merged delta costs only
+    /// what those steps changed. Its merge point is taken only while it is at most half the
+    /// count bound deep, so at least that many steps follow each merge.
     fn encode(&self, write: &SnapshotWrite) -> Result<(Vec<u8>, Option<DeltaLink>), SnapshotError> {
-        if self.incremental()
-            && let Some(chain) = self.runs.get(&write.run)
-            && chain.thread == write.thread
-            && chain.sequence < write.sequence
-            && (chain.deltas as usize) < (self.compact_every as usize).min(MAX_CHAIN)
-            && (chain.delta_bytes as u128) * 100
-                <= (chain.base_bytes as u128) * u128::from(self.compact_percent)
-        {
-            let link = DeltaLink {
-                base: chain.base,
-                parent: chain.last,
-            };
-            let delta = SnapshotDelta::between(&chain.snapshot, &write.snapshot, link);
-            drop(chain);
-            return Ok((delta.encode()?, Some(link)));
+        if !self.incremental() {
+            return Ok((write.snapshot.encode()?, None));
         }
+        let cap = (self.compact_every as usize).min(MAX_CHAIN);
+        let Some(chain) = self
+            .runs
+            .get(&write.run)
+            .filter(|c| c.thread == write.thread && c.sequence < write.sequence)
+        else {
+            return Ok((write.snapshot.encode()?, None));
+        };
+        let size_fits = |bytes: usize| {
+            (bytes as u128) * 100 <= (chain.base_bytes as u128) * u128::from(self.compact_percent)
+        };
+        if size_fits(chain.last.delta_bytes) {
+            if (chain.last.deltas as usize) < cap {
+                let link = DeltaLink {
+                    base: chain.base,
+                    parent: chain.last.id,
+                };
+                let delta = SnapshotDelta::between(&chain.last.snapshot, &write.snapshot, link);
+                drop(chain);
+                return Ok((delta.encode()?, Some(link)));
+            }
+            if let Some(anchor) = &chain.anchor
+                && (anchor.deltas as usize) < cap / 2
+            {
+                let link = DeltaLink {
+                    base: chain.base,
+                    parent: anchor.id,
+                };
+                let merged =
+                    SnapshotDelta::between(&anchor.snapshot, &write.snapshot, link).encode()?;
+                let size = plain_size(&merged);
+                if size.saturating_mul(2) <= chain.base_bytes
+                    && size_fits(anchor.delta_bytes.saturating_add(size))
+                {
+                    return Ok((merged, Some(link)));
+                }
+            }
+        }
+        drop(chain);
         Ok((write.snapshot.encode()?, None))
     }
 
@@ -188,37 +232,68 @@ impl Chains {
             self.runs.remove(&write.run);
             return;
         }
-        let prior = self
-            .runs
-            .get(&write.run)
-            .map(|c| (c.sequence, c.base, c.deltas, c.delta_bytes, c.base_bytes));
-        if prior.is_some_and(|(sequence, ..)| sequence >= write.sequence) {
-            return;
-        }
-        let (base, deltas, delta_bytes, base_bytes) = match (link, prior) {
-            (None, _) => (id, 0, 0, bytes),
-            (Some(link), Some((_, base, deltas, delta_bytes, base_bytes))) if base == link.base => {
-                (base, deltas + 1, delta_bytes + bytes, base_bytes)
-            }
-            // A delta of a chain this checkpointer no longer follows: start over with a base.
-            (Some(_), _) => {
-                self.runs.remove(&write.run);
+        let Some(link) = link else {
+            if self
+                .runs
+                .get(&write.run)
+                .is_some_and(|c| c.sequence >= write.sequence)
+            {
                 return;
             }
-        };
-        self.runs.insert(
-            write.run,
-            Chain {
-                thread: write.thread,
-                base,
-                last: id,
-                sequence: write.sequence,
+            let last = Point {
+                id,
                 snapshot: *write.snapshot,
-                deltas,
-                delta_bytes,
-                base_bytes,
-            },
-        );
+                deltas: 0,
+                delta_bytes: 0,
+            };
+            let chain = Chain {
+                thread: write.thread,
+                base: id,
+                sequence: write.sequence,
+                base_bytes: bytes,
+                last,
+                anchor: None,
+            };
+            self.runs.insert(write.run, chain);
+            return;
+        };
+        let Some(mut chain) = self.runs.get_mut(&write.run) else {
+            return;
+        };
+        if chain.sequence >= write.sequence {
+            return;
+        }
+        let parent = if chain.base != link.base {
+            None
+        } else if chain.last.id == link.parent {
+            Some(&chain.last)
+        } else {
+            chain.anchor.as_ref().filter(|a| a.id == link.parent)
+        };
+        // A delta of a chain this checkpointer no longer follows: start over with a base.
+        let Some((deltas, delta_bytes)) = parent.map(|p| (p.deltas, p.delta_bytes)) else {
+            drop(chain);
+            self.runs.remove(&write.run);
+            return;
+        };
+        let point = Point {
+            id,
+            snapshot: *write.snapshot,
+            deltas: deltas.saturating_add(1),
+            delta_bytes: delta_bytes.saturating_add(bytes),
+        };
+        chain.sequence = write.sequence;
+        if chain.last.id == link.parent {
+            let before = std::mem::replace(&mut chain.last, point);
+            // The last checkpoint was the merge point: it stays one.
+            if chain.anchor.is_none() {
+                chain.anchor = Some(before);
+            }
+        } else {
+            // A merged delta: the chain's new merge point.
+            chain.last = point;
+            chain.anchor = None;
+        }
     }
 
     /// Whether checkpoints after a run's first may be deltas.
@@ -231,7 +306,8 @@ impl Chains {
         self.runs.remove(run);
     }
 
-    /// The run's checkpoints continue the chain of the checkpoint it resumed from.
+    /// The run's checkpoints continue the chain of the checkpoint it resumed from, which is
+    /// their first merge point.
     pub(crate) fn continue_from(&self, run: RunId, seed: ChainSeed) {
         if !self.incremental() {
             return;
@@ -241,18 +317,22 @@ impl Chains {
             chain,
             snapshot,
         } = seed;
+        let last = Point {
+            id: chain.last,
+            snapshot,
+            deltas: chain.deltas,
+            delta_bytes: chain.delta_bytes,
+        };
         self.runs.insert(
             run,
             Chain {
                 thread,
                 base: chain.base,
-                last: chain.last,
                 // The run's own sequence: its first write is newer than anything before.
                 sequence: 0,
-                snapshot,
-                deltas: chain.deltas,
-                delta_bytes: chain.delta_bytes,
                 base_bytes: chain.base_bytes,
+                last,
+                anchor: None,
             },
         );
     }

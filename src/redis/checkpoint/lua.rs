@@ -308,36 +308,45 @@ for i = 2, #ARGV do ids[#ids + 1] = ARGV[i] end
 return drop_missing(KEYS[1], ids, ARGV[1])
 "#;
 
-/// Reads a run of checkpoints at once (a delta's chain): the index entries from id `from` to
-/// id `to` (both included; members sort by id text), at most `max`, each with its value (a
-/// hash's fields and values as earlier releases wrote it); entries whose payload expired are
-/// left out. Each value takes one call: a `GET`, which answers a hash (or a key of another
-/// type) with an error, and only then is the key asked its type.
+/// Reads what a delta builds on at once: the checkpoint at `KEYS[1]`, then the parent its
+/// value's header names (a hash's `parent` field, as earlier releases wrote it), and so on,
+/// up to and including the first whole snapshot, at most `max`; it stops at a key that does
+/// not exist, or at a parent that is not an id (which never becomes a key name, so the script
+/// stays in the thread's slot). Each value takes one call: a `GET`, which answers a hash (or a
+/// key of another type) with an error, and only then is the key asked its type.
 ///
-/// KEYS: index zset. ARGV: the thread's checkpoint key prefix, from, to, max.
-/// Returns `{"ok", id, value or {hash fields and values}, id, …}` or `{"wrongtype", key}`.
-pub(crate) const RANGE: &str = r#"
-local t = redis.call('TYPE', KEYS[1])['ok']
-if t == 'none' then return {'ok'} end
-if t ~= 'zset' then return {'wrongtype', KEYS[1]} end
-local ids = redis.call('ZRANGEBYLEX', KEYS[1], '[' .. ARGV[2], '[' .. ARGV[3], 'LIMIT', 0, tonumber(ARGV[4]))
+/// KEYS: the first checkpoint's key. ARGV: the thread's checkpoint key prefix, the first
+/// checkpoint's id, max.
+/// Returns `{"ok", id, value or {hash fields and values}, id, …}`, newest first, or
+/// `{"wrongtype", key}`.
+pub(crate) const CHAIN: &str = r#"
 local out = {'ok'}
-for _, id in ipairs(ids) do
-  local key = ARGV[1] .. id
+local id, key = ARGV[2], KEYS[1]
+for _ = 1, tonumber(ARGV[3]) do
   local value = redis.pcall('GET', key)
+  local parent = nil
   if type(value) == 'table' then
     if redis.call('TYPE', key)['ok'] ~= 'hash' then return {'wrongtype', key} end
     value = redis.call('HGETALL', key)
+    for i = 1, #value - 1, 2 do
+      if value[i] == 'parent' then parent = value[i + 1] end
+    end
+  elseif value and string.sub(value, 1, 5) == 'rvc1d' then
+    parent = string.sub(value, 98, 133)
   end
-  if value then
-    out[#out + 1] = id
-    out[#out + 1] = value
+  if not value then break end
+  out[#out + 1] = id
+  out[#out + 1] = value
+  if type(parent) ~= 'string' or #parent ~= 36
+    or not string.match(parent, '^%x+%-%x+%-%x+%-%x+%-%x+$') then
+    break
   end
+  id, key = parent, ARGV[1] .. parent
 end
 return out
 "#;
 
-/// Reads one checkpoint, with one call unless it is not a string (as for [`RANGE`]).
+/// Reads one checkpoint, with one call unless it is not a string (as for [`CHAIN`]).
 ///
 /// KEYS: its key.
 /// Returns `{"value", value}`, `{"hash", {fields and values}}` (as earlier releases wrote
