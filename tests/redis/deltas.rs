@@ -696,20 +696,24 @@ async fn a_sync_run_writes_deltas_of_flat_size_and_resumes_from_any_of_them() {
         .copied()
         .find(|id| ids.iter().position(|x| x == id) == Some(ids.len() / 2))
         .expect("a middle checkpoint");
-    let forked = thread("sync-chain-fork");
+    fork_finishes(&runtime, &t, middle, "sync-chain-fork").await;
+}
+
+/// Forks `t` from `checkpoint` into thread `into` and runs the fork to its successful end.
+async fn fork_finishes(runtime: &Runtime, t: &ThreadId, checkpoint: CheckpointId, into: &str) {
     let resumed = within(
         "fork",
         runtime.resume(
             ResumeFrom::Fork {
                 thread: t.clone(),
-                checkpoint: middle,
-                into: Some(forked.clone()),
+                checkpoint,
+                into: Some(thread(into)),
             },
             ResumeInput::Continue,
         ),
     )
     .await
-    .expect("fork from a delta");
+    .unwrap_or_else(|e| panic!("fork from {checkpoint}: {e:?}"));
     let outcome = within("the fork", resumed.wait()).await;
     assert_eq!(
         outcome.status(),
@@ -783,26 +787,7 @@ async fn a_large_state_gets_merged_deltas_instead_of_bases_and_every_checkpoint_
         "completed nodes per checkpoint: {completed:?}"
     );
     let fork_at = written[merged[merged.len() / 2]].id;
-    let forked = thread("merged-chain-fork");
-    let resumed = within(
-        "fork",
-        runtime.resume(
-            ResumeFrom::Fork {
-                thread: t.clone(),
-                checkpoint: fork_at,
-                into: Some(forked.clone()),
-            },
-            ResumeInput::Continue,
-        ),
-    )
-    .await
-    .expect("fork from a merged delta");
-    let outcome = within("the fork", resumed.wait()).await;
-    assert_eq!(
-        outcome.status(),
-        runvisor::RunStatus::Succeeded,
-        "{outcome:?}"
-    );
+    fork_finishes(&runtime, &t, fork_at, "merged-chain-fork").await;
 }
 
 /// A chain written by an earlier release (a hash per checkpoint): it is read, restored and

@@ -29,21 +29,22 @@ pub struct RuntimeConfig {
     /// Bytes of background snapshots allowed to wait for the store (during an outage); past
     /// that, runs wait for their snapshot to be stored before going on.
     pub checkpoint_buffer: usize,
-    /// Incremental checkpoints: the most deltas a run writes after a whole snapshot (a base)
-    /// before it writes a whole one again, a bound on the chains a restore reads (in one
-    /// round trip on Redis). 0 writes every checkpoint whole. A state that outweighs this many
-    /// deltas (see `checkpoint_compact_percent`) is written whole every this many steps, so
-    /// the bytes its bases take per step grow with it; a higher value trades restore time
-    /// (each delta read costs a few µs) for fewer base bytes. At most
+    /// Incremental checkpoints: the most deltas a restore applies on a whole snapshot (a
+    /// base), a bound on what it reads (in one round trip on Redis). 0 writes every
+    /// checkpoint whole. A chain that reaches it while its deltas still weigh less than its
+    /// base (see `checkpoint_compact_percent`), a large state, gets a merged delta instead of
+    /// a new base: everything that changed since the chain's last merge point, when that is
+    /// at most half as large as the base and the merge point at most half this many deltas
+    /// deep. A state is then written whole again only once the deltas outweigh it, or after
+    /// about `3 * n * n / 8` steps (n this value). At most
     /// [`MAX_CHAIN`](crate::delta::MAX_CHAIN) counts.
     pub checkpoint_compact_every: u32,
-    /// Incremental checkpoints: a run writes a new base once its deltas since the last one add
-    /// up to more than this percent of that base's bytes (both counted as encoded, before the
-    /// compression of large bases). The bytes encoded for bases then stay within about
-    /// `100 / percent` times the delta bytes (a long run does not rewrite its growing state
-    /// every few steps) while chains end by this rule rather than by
-    /// `checkpoint_compact_every`, and restoring decodes a base and at most this percent of
-    /// it in deltas. 0 writes every checkpoint whole.
+    /// Incremental checkpoints: a run writes a new base once the deltas a restore of its
+    /// last checkpoint applies add up to more than this percent of that base's bytes (both
+    /// counted as encoded, before the compression of large bases). The bytes encoded for bases
+    /// then stay within about `100 / percent` times the delta bytes (a long run does not
+    /// rewrite its growing state every few steps), and restoring decodes a base and at most
+    /// this percent of it in deltas. 0 writes every checkpoint whole.
     pub checkpoint_compact_percent: u32,
     /// In `async` mode, the window over which a run's completions share one snapshot.
     #[serde(with = "humantime_serde")]

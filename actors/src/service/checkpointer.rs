@@ -30,13 +30,17 @@
 //! [`delta`](crate::delta)), holding only what changed since: a node's output, its
 //! messages, the frame's cursor and variables, one iteration's or item's result. Deltas are
 //! computed when written, against what the store holds, so coalesced background snapshots
-//! merge into one delta. A chain is compacted into a new base by size: once its deltas add up
-//! to more than [`checkpoint_compact_percent`](crate::RuntimeConfig::checkpoint_compact_percent)
-//! of its base's bytes (counted before compression: a compressed base costs as much to
-//! encode and restore), so the bytes encoded for bases stay a bounded share of the deltas'
-//! (a step's cost does not grow with the run's state), or after
-//! [`checkpoint_compact_every`](crate::RuntimeConfig::checkpoint_compact_every) deltas, a
-//! safety bound on chain length. A run's final snapshot (stopped, paused, failed, finished)
+//! merge into one delta. A chain is compacted into a new base by size: once the deltas a
+//! restore of its last checkpoint applies add up to more than
+//! [`checkpoint_compact_percent`](crate::RuntimeConfig::checkpoint_compact_percent) of its
+//! base's bytes (counted before compression: a compressed base costs as much to encode and
+//! restore), so the bytes encoded for bases stay a bounded share of the deltas' (a step's
+//! cost does not grow with the run's state). A restore applies at most
+//! [`checkpoint_compact_every`](crate::RuntimeConfig::checkpoint_compact_every) deltas: a chain
+//! that reaches that bound while it is still small next to its base gets a merged delta (a
+//! delta of the chain's last merge point, holding every change since; see `Chains::encode`)
+//! rather than a base, so a large state is not written whole every that many steps. A run's
+//! final snapshot (stopped, paused, failed, finished)
 //! is a delta too, so a thread stopped and resumed again and again keeps one chain rather
 //! than a whole snapshot per stop; one that is not stored is handed back whole (it may be
 //! kept in a spill file and written long after its chain moved on). A delta the store

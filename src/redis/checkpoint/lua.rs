@@ -117,7 +117,9 @@ end
 /// A delta (a base id given) is written only while its base and parent are stored (its value's
 /// header names both). When the base has less than half its TTL left, the chain (from the
 /// parent back to the base, by the parents the headers name) gets the full TTL again, so a
-/// chain lives as long as its newest delta.
+/// chain lives as long as its newest delta. That is what a restore of the newest delta reads:
+/// the deltas a merged delta skips (the steps before a merge point) keep the TTL they were
+/// written with.
 ///
 /// The thread's freshness key spares most writes of a chain two questions. A write that reads
 /// the base's TTL sets it, naming the base, to expire when the base is down to half its TTL
