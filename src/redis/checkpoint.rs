@@ -84,6 +84,7 @@ impl fmt::Debug for RedisCheckpointStore {
 #[derive(Debug, Clone)]
 pub(crate) struct ThreadScripts {
     pub(crate) trim: Lua,
+    skipped: Lua,
     pub(crate) count: Lua,
     list: Lua,
     drop: Lua,
@@ -96,6 +97,7 @@ impl ThreadScripts {
         let with_helpers = |body: &str| Lua::new(format!("{HELPERS}{body}"));
         Self {
             trim: with_helpers(TRIM),
+            skipped: with_helpers(lua::SKIPPED),
             count: with_helpers(COUNT),
             list: with_helpers(lua::LIST),
             drop: with_helpers(lua::DROP),
@@ -556,6 +558,33 @@ impl CheckpointStore for RedisCheckpointStore {
                 Err(wrong_type(items, &first))
             }
             _ => Err(unexpected("chain", &first, &reply)),
+        }
+    }
+
+    async fn prune_skipped(&self, thread: &ThreadId) -> Result<usize, StoreError> {
+        let Some(keep) = self.keep else {
+            return Ok(0);
+        };
+        let index = self.keys.checkpoint_index(thread);
+        let mut invocation = self.scripts.skipped.script().prepare_invoke();
+        invocation
+            .key(&index)
+            .arg(self.keys.checkpoint_prefix(thread))
+            .arg(keep)
+            .arg(THREAD_BUDGET);
+        let reply = self
+            .conn
+            .script("checkpoint skipped", &index, &invocation)
+            .await?;
+        reply::server_error(&reply, "the checkpoint skipped script", &index)?;
+        let items = reply::array(&reply, &index)?;
+        match items.first().map(|s| reply::text(s, &index)).transpose()? {
+            Some("ok") if items.len() == 2 => {
+                let n = reply::int(&items[1], &index)?;
+                usize::try_from(n).map_err(|_| corrupt(&index, "a negative count"))
+            }
+            Some("wrongtype") => Err(wrong_type(items, &index)),
+            _ => Err(unexpected("skipped", &index, &reply)),
         }
     }
 

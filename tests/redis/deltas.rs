@@ -292,6 +292,58 @@ async fn a_long_chain_is_read_in_one_call_and_restores() {
     ));
 }
 
+/// A store keeping 20 holding a chain of 300 deltas, every tenth merged: the deltas the merges
+/// skip go, what the kept 20 build on stays, and each kept checkpoint restores.
+async fn skipped_deltas_go(store: &dyn CheckpointStore, t: &ThreadId) {
+    let run = RunId::new();
+    let cs = merged_chain(run, t, 300);
+    for c in &cs {
+        store.put(t, c.clone(), None).await.expect("put");
+    }
+    // Everything builds on the base: retention by age lets nothing go.
+    assert_eq!(store.list(t).await.expect("list").len(), 301);
+    // The oldest kept, 281, builds on 280, which merges 270's, ... back to the base.
+    let needed: Vec<usize> = (0..=280).step_by(10).collect();
+    assert_eq!(store.prune_skipped(t).await, Ok(301 - 20 - needed.len()));
+    let left = store.list(t).await.expect("list");
+    let expected: Vec<CheckpointId> = needed
+        .iter()
+        .chain(&(281..=300).collect::<Vec<_>>())
+        .map(|&n| cs[n].id)
+        .collect();
+    assert_eq!(left, expected);
+    for n in 281..=300 {
+        let stored = store.get(t, cs[n].id).await.expect("get").expect("kept");
+        assert_eq!(
+            materialize(store, t, &stored).await,
+            Ok(snapshot(run, t, n)),
+            "checkpoint {n}"
+        );
+    }
+    assert_eq!(store.prune_skipped(t).await, Ok(0));
+    assert_eq!(store.prune(t, 20).await, Ok(0));
+    // Retention's own trim lets the skipped deltas go as well.
+    let t = thread(&format!("{}-trimmed", t.as_str()));
+    let cs = merged_chain(run, &t, 300);
+    for c in &cs {
+        store.put(&t, c.clone(), None).await.expect("put");
+    }
+    assert_eq!(store.prune(&t, 20).await, Ok(301 - 20 - needed.len()));
+    assert_eq!(store.list(&t).await.expect("list").len(), 20 + needed.len());
+}
+
+#[tokio::test]
+async fn the_deltas_merged_deltas_skip_go_once_no_kept_checkpoint_builds_on_them() {
+    let server = RedisServer::start();
+    let redis = keeping(&server, 20).await;
+    skipped_deltas_go(&*redis.checkpoints, &thread("skipped")).await;
+    skipped_deltas_go(
+        &MemoryCheckpointStore::keeping(Some(20)),
+        &thread("skipped"),
+    )
+    .await;
+}
+
 #[tokio::test]
 async fn a_delta_whose_base_or_parent_is_gone_is_refused_and_writes_nothing() {
     let server = RedisServer::start();

@@ -100,6 +100,34 @@ fn prunable(stored: &BTreeMap<CheckpointId, StoredCheckpoint>, keep: usize) -> u
     }
 }
 
+/// The checkpoints older than the oldest of the newest `keep` that no kept checkpoint builds
+/// on (the deltas merged deltas skip), oldest first, at most `max`. What a kept checkpoint
+/// builds on is found by following each one's parents while they are older than the oldest
+/// kept one; each checkpoint is visited once.
+fn skipped(
+    stored: &BTreeMap<CheckpointId, StoredCheckpoint>,
+    keep: usize,
+    max: usize,
+) -> Vec<CheckpointId> {
+    let excess = stored.len().saturating_sub(keep);
+    let Some(oldest) = stored.keys().nth(excess).copied() else {
+        return Vec::new();
+    };
+    let mut needed = HashSet::new();
+    for kept in stored.range(oldest..).map(|(_, c)| c) {
+        let mut up = kept.link.map(|l| l.parent);
+        while let Some(id) = up.filter(|id| *id < oldest && needed.insert(*id)) {
+            up = stored.get(&id).and_then(|c| c.link).map(|l| l.parent);
+        }
+    }
+    stored
+        .range(..oldest)
+        .map(|(id, _)| *id)
+        .filter(|id| !needed.contains(id))
+        .take(max)
+        .collect()
+}
+
 #[async_trait]
 impl CheckpointStore for MemoryCheckpointStore {
     async fn put(
@@ -183,18 +211,40 @@ impl CheckpointStore for MemoryCheckpointStore {
             return Ok(0);
         };
         let excess = prunable(&t, keep);
-        let doomed: Vec<CheckpointId> = t.keys().take(excess).copied().collect();
         let mut runs = HashSet::new();
-        for id in &doomed {
-            if let Some(pruned) = t.remove(id) {
-                runs.insert(pruned.run);
+        let mut gone = 0;
+        let mut remove = |t: &mut BTreeMap<CheckpointId, StoredCheckpoint>, ids: Vec<_>| {
+            for id in ids {
+                if let Some(pruned) = t.remove(&id) {
+                    runs.insert(pruned.run);
+                    gone += 1;
+                }
             }
-        }
+        };
+        // The oldest, then what no kept checkpoint builds on among the rest.
+        let oldest = t.keys().take(excess).copied().collect();
+        remove(&mut t, oldest);
+        let skipped = skipped(&t, keep, usize::MAX);
+        remove(&mut t, skipped);
         // A run with no checkpoint left on the thread needs no sequence here.
         runs.retain(|run| !t.values().any(|c| c.run == *run));
         drop(t);
         for run in runs {
             self.sequences.remove(&(thread.clone(), run));
+        }
+        Ok(gone)
+    }
+
+    async fn prune_skipped(&self, thread: &ThreadId) -> Result<usize, StoreError> {
+        let Some(keep) = self.keep else {
+            return Ok(0);
+        };
+        let Some(mut t) = self.threads.get_mut(thread) else {
+            return Ok(0);
+        };
+        let doomed = skipped(&t, keep, usize::MAX);
+        for id in &doomed {
+            t.remove(id);
         }
         Ok(doomed.len())
     }

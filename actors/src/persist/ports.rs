@@ -106,6 +106,16 @@ pub trait CheckpointStore: Send + Sync + 'static {
         }
         Ok(found)
     }
+    /// Lets go of a thread's checkpoints that are older than the oldest one its retention
+    /// keeps and that no kept checkpoint builds on, though older ones are kept: the deltas
+    /// a merged delta skips. Retention otherwise removes the oldest checkpoints only, up to
+    /// the base the oldest kept one builds on, so a chain's skipped deltas would stay until
+    /// its base goes. The checkpointer calls this after it stored a merged delta. Returns how
+    /// many went; the default, for a store without retention, lets go of nothing.
+    async fn prune_skipped(&self, thread: &ThreadId) -> Result<usize, StoreError> {
+        let _ = thread;
+        Ok(0)
+    }
     /// Reads the newest checkpoint of a thread.
     async fn latest(&self, thread: &ThreadId) -> Result<Option<StoredCheckpoint>, StoreError>;
     /// The ids of a thread's checkpoints, oldest first.

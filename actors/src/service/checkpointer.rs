@@ -221,20 +221,21 @@ impl Chains {
     }
 
     /// A checkpoint of the run was stored: the next delta builds on it. A run's final
-    /// checkpoint ends its chain.
+    /// checkpoint ends its chain. Answers the thread when the checkpoint is a merged delta,
+    /// whose skipped deltas the store may let go of ([`release_skipped`]).
     fn stored(
         &self,
         write: SnapshotWrite,
         id: CheckpointId,
         bytes: usize,
         link: Option<DeltaLink>,
-    ) {
+    ) -> Option<ThreadId> {
         if !self.incremental() {
-            return;
+            return None;
         }
         if write.snapshot.status != RunStatus::Running {
             self.runs.remove(&write.run);
-            return;
+            return None;
         }
         let Some(link) = link else {
             if self
@@ -242,7 +243,7 @@ impl Chains {
                 .get(&write.run)
                 .is_some_and(|c| c.sequence >= write.sequence)
             {
-                return;
+                return None;
             }
             let last = Point {
                 id,
@@ -259,13 +260,11 @@ impl Chains {
                 anchor: None,
             };
             self.runs.insert(write.run, chain);
-            return;
+            return None;
         };
-        let Some(mut chain) = self.runs.get_mut(&write.run) else {
-            return;
-        };
+        let mut chain = self.runs.get_mut(&write.run)?;
         if chain.sequence >= write.sequence {
-            return;
+            return None;
         }
         let parent = if chain.base != link.base {
             None
@@ -278,7 +277,7 @@ impl Chains {
         let Some((deltas, delta_bytes)) = parent.map(|p| (p.deltas, p.delta_bytes)) else {
             drop(chain);
             self.runs.remove(&write.run);
-            return;
+            return None;
         };
         let point = Point {
             id,
@@ -293,10 +292,12 @@ impl Chains {
             if chain.anchor.is_none() {
                 chain.anchor = Some(before);
             }
+            None
         } else {
             // A merged delta: the chain's new merge point.
             chain.last = point;
             chain.anchor = None;
+            Some(write.thread)
         }
     }
 
@@ -597,7 +598,9 @@ impl CheckpointerState {
                             .as_ref()
                             .map_or((0, None), |(b, l)| (plain_size(b), *l));
                         let run = p.write.run;
-                        self.chains.stored(p.write, p.id, len, link);
+                        if let Some(thread) = self.chains.stored(p.write, p.id, len, link) {
+                            release_skipped(&self.store, thread);
+                        }
                         self.backlog.bytes.fetch_sub(held, Ordering::Relaxed);
                         self.retry_delay = FIRST_RETRY;
                         let cost = result.map_or(Duration::ZERO, |(_, took)| took);
@@ -651,6 +654,21 @@ impl CheckpointerState {
     }
 }
 
+/// A merged delta of `thread` was stored: the deltas it skips may go, once retention no longer
+/// keeps them ([`CheckpointStore::prune_skipped`]). In a task of its own: housekeeping never
+/// holds a run up, and one that fails is done again after the next merge.
+fn release_skipped(store: &Arc<dyn CheckpointStore>, thread: ThreadId) {
+    let store = store.clone();
+    tokio::spawn(async move {
+        match store.prune_skipped(&thread).await {
+            Ok(pruned) => tracing::debug!(%thread, pruned, "let go of deltas a merged delta skips"),
+            Err(error) => {
+                tracing::debug!(%thread, %error, "could not let go of skipped deltas; the next merge tries again");
+            }
+        }
+    });
+}
+
 /// Writes one snapshot (a delta of the run's chain when it allows one), retrying with backoff
 /// while the store fails transiently, until it is stored, refused, or `deadline` passed; what
 /// was not stored is handed back.
@@ -698,7 +716,11 @@ pub(crate) async fn write_awaited(
             Ok(()) => {
                 span.end(started, attempts, None);
                 let id = stored.id;
-                chains.stored(write, id, plain_size(&stored.bytes), stored.link);
+                if let Some(thread) =
+                    chains.stored(write, id, plain_size(&stored.bytes), stored.link)
+                {
+                    release_skipped(&store, thread);
+                }
                 return Ok(id);
             }
             // An earlier attempt timed out on our side yet reached the store (a frozen or slow
@@ -709,7 +731,11 @@ pub(crate) async fn write_awaited(
             {
                 span.end(started, attempts, None);
                 let id = stored.id;
-                chains.stored(write, id, plain_size(&stored.bytes), stored.link);
+                if let Some(thread) =
+                    chains.stored(write, id, plain_size(&stored.bytes), stored.link)
+                {
+                    release_skipped(&store, thread);
+                }
                 return Ok(id);
             }
             // What the delta builds on is gone: write the checkpoint whole.

@@ -21,6 +21,11 @@
 ///   at rank `excess`; a delta's `base` field): what a kept checkpoint builds on stays. The
 ///   bound is found from the entries kept in the end, not from the first `budget`: a chain
 ///   longer than the budget is pruned over several calls. Returns how many entries went.
+/// - `prune_skipped(index, keep, budget, cp_prefix)` removes up to `budget` entries older than
+///   the oldest of the newest `keep` that no kept entry builds on (the deltas merged deltas
+///   skip), with their payloads: what a kept entry builds on is found by following each kept
+///   entry's parents while they are older than the oldest kept one, each entry visited once.
+///   Returns how many entries went.
 /// - `drop_missing(index, ids, cp_prefix)` removes the entries among `ids` whose payload does
 ///   not exist (it expired); returns how many went.
 /// - `drop_expired_oldest(index, budget, cp_prefix)` removes the oldest entries whose payload
@@ -82,6 +87,42 @@ local function prune_oldest(index, excess, budget, cp_prefix, seq_prefix, spare)
   local sequences = {}
   for run in pairs(runs) do sequences[#sequences + 1] = seq_prefix .. run end
   unlink_all(sequences)
+  return #doomed
+end
+local function prune_skipped(index, keep, budget, cp_prefix)
+  local excess = redis.call('ZCARD', index) - keep
+  if excess <= 0 or budget <= 0 then return 0 end
+  local kept = redis.call('ZRANGE', index, excess, -1)
+  local oldest = kept[1]
+  if not is_id(oldest) then return 0 end
+  local needed = {}
+  for _, k in ipairs(kept) do
+    if is_id(k) then
+      local _, _, up = cp_links(cp_prefix .. k)
+      while is_id(up) and up < oldest and not needed[up] do
+        needed[up] = true
+        local _, _, above = cp_links(cp_prefix .. up)
+        up = above
+      end
+    end
+  end
+  local doomed = {}
+  local start = 0
+  while #doomed < budget and start < excess do
+    local page = redis.call('ZRANGE', index, start, math.min(start + 999, excess - 1))
+    if #page == 0 then break end
+    for _, id in ipairs(page) do
+      if #doomed < budget and is_id(id) and not needed[id] then doomed[#doomed + 1] = id end
+    end
+    start = start + #page
+  end
+  if #doomed == 0 then return 0 end
+  local payloads = {}
+  for i, id in ipairs(doomed) do payloads[i] = cp_prefix .. id end
+  for i = 1, #doomed, 500 do
+    redis.call('ZREM', index, unpack(doomed, i, math.min(i + 499, #doomed)))
+  end
+  unlink_all(payloads)
   return #doomed
 end
 local function drop_missing(index, ids, cp_prefix)
@@ -230,7 +271,8 @@ end
 return {'ok'}
 "#;
 
-/// Trims a thread to its newest `keep` checkpoints, at most `budget` of them per call; in the
+/// Trims a thread to its newest `keep` checkpoints and what they build on, at most `budget` of
+/// them per call (the oldest first, then the deltas merged deltas skip); in the
 /// call that reaches `keep`, also drops the oldest kept entries whose payload expired (up to
 /// `budget`, stopping at the first that exists: payloads expire oldest first). Prepended with
 /// [`HELPERS`].
@@ -252,12 +294,26 @@ end
 local pruned = 0
 if n > keep then
   pruned = prune_oldest(KEYS[1], n - keep, budget, ARGV[1], ARGV[2], spare)
+  pruned = pruned + prune_skipped(KEYS[1], keep, budget - pruned, ARGV[1])
 end
 local dropped = 0
 if n - pruned <= keep and n - pruned > 0 then
   dropped = drop_expired_oldest(KEYS[1], budget, ARGV[1])
 end
 return {'ok', n, pruned, dropped}
+"#;
+
+/// Removes a thread's entries that its retention no longer keeps and no kept entry builds on,
+/// though older ones are kept (the deltas merged deltas skip), at most `budget` per call.
+/// Prepended with [`HELPERS`].
+///
+/// KEYS: index zset. ARGV: the thread's checkpoint key prefix, keep, budget.
+/// Returns `{"ok", entries removed}` or `{"wrongtype", key}`.
+pub(crate) const SKIPPED: &str = r#"
+local t = redis.call('TYPE', KEYS[1])['ok']
+if t == 'none' then return {'ok', 0} end
+if t ~= 'zset' then return {'wrongtype', KEYS[1]} end
+return {'ok', prune_skipped(KEYS[1], tonumber(ARGV[2]), tonumber(ARGV[3]), ARGV[1])}
 "#;
 
 /// Counts a thread's checkpoints: drops the oldest entries whose payload expired (up to
