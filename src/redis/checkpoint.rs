@@ -12,8 +12,10 @@
 //! super::RedisConfig::keep_checkpoints)): the oldest payloads, their index entries and the
 //! sequence keys of their runs (but the writer's) go in the same script, or nothing happens.
 //! A delta (see [`runvisor_actors::delta`]) names its base and parent; `put` of a delta checks
-//! in the same script that both are stored, pruning never removes what the oldest kept
-//! checkpoint builds on, and a chain's TTL is renewed with its newest delta (the thread's
+//! in the same script that both are stored, pruning never removes what a kept checkpoint
+//! builds on (`prune_skipped`, after a merged delta, lets go of the deltas it
+//! skips once no kept checkpoint builds on them), and a chain's TTL is renewed with its
+//! newest delta (the thread's
 //! freshness key, `<p>:cpfresh:{<thread>}`, spares most writes reading the base's TTL and
 //! the index's oldest entry for it).
 //! `prune` trims in batches, each batch one script. Reads follow the index and drop the entries
