@@ -129,8 +129,9 @@ struct Chain {
     sequence: u64,
     base_bytes: usize,
     last: Point,
-    /// The chain's last merge point (its base, the checkpoint the run continued, or its newest
-    /// merged delta) when that is not `last`.
+    /// The checkpoint a merged delta would build on, when one is kept apart from `last`: the
+    /// checkpoint before the first delta after a merge point (the base, the checkpoint the
+    /// run continued, a merged delta) or after it, once a merge could pay.
     anchor: Option<Point>,
 }
 
@@ -178,7 +179,7 @@ impl Chains {
         if !self.incremental() {
             return Ok((write.snapshot.encode()?, None));
         }
-        let cap = (self.compact_every as usize).min(MAX_CHAIN);
+        let cap = self.cap();
         let Some(chain) = self
             .runs
             .get(&write.run)
@@ -288,8 +289,15 @@ impl Chains {
         chain.sequence = write.sequence;
         if chain.last.id == link.parent {
             let before = std::mem::replace(&mut chain.last, point);
-            // The last checkpoint was the merge point: it stays one.
-            if chain.anchor.is_none() {
+            // With no merge point kept, the checkpoint before becomes one when a merge could
+            // pay: when the base outweighs as many deltas as this one as the bound allows
+            // (otherwise the chain ends by size first), and it is shallow enough to be used.
+            // Only then is its state held on to.
+            let cap = self.cap();
+            if chain.anchor.is_none()
+                && (before.deltas as usize) < cap / 2
+                && cap.saturating_mul(bytes) <= chain.base_bytes
+            {
                 chain.anchor = Some(before);
             }
             None
@@ -299,6 +307,11 @@ impl Chains {
             chain.anchor = None;
             Some(write.thread)
         }
+    }
+
+    /// The most deltas a restore applies on a base.
+    fn cap(&self) -> usize {
+        (self.compact_every as usize).min(MAX_CHAIN)
     }
 
     /// Whether checkpoints after a run's first may be deltas.
