@@ -86,6 +86,12 @@ impl NodeHandler for Tagged {
 
 /// The three nestings, each of 3 x 3 units (iterations or items) run one at a time.
 fn shapes() -> Vec<(&'static str, serde_json::Value)> {
+    shapes_of(3)
+}
+
+/// The three nestings, each of `n` x `n` units run one at a time.
+fn shapes_of(n: i64) -> Vec<(&'static str, serde_json::Value)> {
+    let items: Vec<i64> = (0..n).collect();
     let leaf = |inner: &str| {
         json!({"nodes": [
             {"id": "w", "kind": "tagged",
@@ -93,12 +99,12 @@ fn shapes() -> Vec<(&'static str, serde_json::Value)> {
         ]})
     };
     let loop_of = |id: &str, body: serde_json::Value| {
-        json!({"id": id, "kind": "loop", "params": {"mode": "array", "items": [0, 1, 2]},
+        json!({"id": id, "kind": "loop", "params": {"mode": "array", "items": items},
                "body": body})
     };
     let parallel_of = |id: &str, body: serde_json::Value| {
         json!({"id": id, "kind": "parallel",
-               "params": {"items": [0, 1, 2], "max_concurrency": 1}, "body": body})
+               "params": {"items": items, "max_concurrency": 1}, "body": body})
     };
     let workflow = |outer: serde_json::Value| {
         json!({"id": "nested", "nodes": [{"id": "start", "kind": "begin"}, outer],
@@ -269,6 +275,77 @@ async fn a_crash_in_a_nested_body_under_sync_reruns_only_the_unit_in_flight() {
                     "{shape}: unit ({o}, {i}) ran {times} times (calls: {calls:?})"
                 );
             }
+        }
+    }
+}
+
+/// Every checkpoint a run stored, oldest first, read back whole.
+async fn stored_states(
+    store: &dyn CheckpointStore,
+    t: &runvisor_actors::ThreadId,
+) -> Vec<(StoredCheckpoint, runvisor_actors::snapshot::Snapshot)> {
+    let mut states = Vec::new();
+    for id in store.list(t).await.expect("list") {
+        let stored = store.get(t, id).await.expect("get").expect("listed");
+        let whole = materialize(store, t, &stored).await.expect("materializes");
+        states.push((stored, whole));
+    }
+    states
+}
+
+/// With a large state and a low count bound, a `sync` run at any nesting gets merged deltas
+/// (deltas of an earlier checkpoint than the one before), and every checkpoint reads back the
+/// very state the same run stores when each checkpoint is whole.
+#[tokio::test]
+async fn merged_deltas_in_nested_bodies_read_back_the_states_of_whole_checkpoints() {
+    let document = Value::from("x".repeat(20_000));
+    for (shape, json) in shapes_of(5) {
+        let mut runs = Vec::new();
+        for compact_every in [8, 0] {
+            let store: Arc<dyn CheckpointStore> = Arc::new(MemoryCheckpointStore::keeping(None));
+            let rt = Runtime::builder()
+                .lease_store(Arc::new(MemoryLeaseStore::new()))
+                .checkpoint_store(store.clone())
+                .handler(
+                    "tagged",
+                    Tagged {
+                        calls: Arc::default(),
+                        seen: Arc::default(),
+                        store: None,
+                        hold: None,
+                    },
+                )
+                .config(RuntimeConfig {
+                    durability: Durability::Sync,
+                    checkpoint_compact_every: compact_every,
+                    ..RuntimeConfig::default()
+                })
+                .build();
+            let wf = load(&rt, json.clone());
+            let name = "nested-merged";
+            let outcome =
+                run_to_end(&rt, &wf, inputs([("document", document.clone())]), name).await;
+            assert_eq!(
+                outcome.status(),
+                RunStatus::Succeeded,
+                "{shape}: {outcome:#?}"
+            );
+            runs.push(stored_states(&*store, &thread(name)).await);
+        }
+        let (merged, whole) = (&runs[0], &runs[1]);
+        assert!(whole.iter().all(|(c, _)| c.link.is_none()), "{shape}");
+        let merges = merged
+            .windows(2)
+            .filter(|w| w[1].0.link.is_some_and(|l| l.parent != w[0].0.id))
+            .count();
+        assert!(merges >= 3, "{shape}: {merges} merged deltas");
+        assert_eq!(merged.len(), whole.len(), "{shape}: checkpoints written");
+        for (i, ((_, a), (_, b))) in merged.iter().zip(whole).enumerate() {
+            assert_eq!(
+                (a.sequence, a.status, &a.variables, &a.graph),
+                (b.sequence, b.status, &b.variables, &b.graph),
+                "{shape}: checkpoint {i}"
+            );
         }
     }
 }
