@@ -142,16 +142,20 @@ fn runtime(
     tagged: Tagged,
     durability: Durability,
 ) -> (Runtime, Arc<dyn CheckpointStore>) {
-    let rt = Runtime::builder()
+    let config = RuntimeConfig {
+        durability,
+        ..RuntimeConfig::default()
+    };
+    (runtime_with(store.clone(), tagged, config), store)
+}
+
+fn runtime_with(store: Arc<dyn CheckpointStore>, tagged: Tagged, config: RuntimeConfig) -> Runtime {
+    Runtime::builder()
         .lease_store(Arc::new(MemoryLeaseStore::new()))
-        .checkpoint_store(store.clone())
+        .checkpoint_store(store)
         .handler("tagged", tagged)
-        .config(RuntimeConfig {
-            durability,
-            ..RuntimeConfig::default()
-        })
-        .build();
-    (rt, store)
+        .config(config)
+        .build()
 }
 
 #[tokio::test]
@@ -303,24 +307,18 @@ async fn merged_deltas_in_nested_bodies_read_back_the_states_of_whole_checkpoint
         let mut runs = Vec::new();
         for compact_every in [8, 0] {
             let store: Arc<dyn CheckpointStore> = Arc::new(MemoryCheckpointStore::keeping(None));
-            let rt = Runtime::builder()
-                .lease_store(Arc::new(MemoryLeaseStore::new()))
-                .checkpoint_store(store.clone())
-                .handler(
-                    "tagged",
-                    Tagged {
-                        calls: Arc::default(),
-                        seen: Arc::default(),
-                        store: None,
-                        hold: None,
-                    },
-                )
-                .config(RuntimeConfig {
-                    durability: Durability::Sync,
-                    checkpoint_compact_every: compact_every,
-                    ..RuntimeConfig::default()
-                })
-                .build();
+            let tagged = Tagged {
+                calls: Arc::default(),
+                seen: Arc::default(),
+                store: None,
+                hold: None,
+            };
+            let config = RuntimeConfig {
+                durability: Durability::Sync,
+                checkpoint_compact_every: compact_every,
+                ..RuntimeConfig::default()
+            };
+            let rt = runtime_with(store.clone(), tagged, config);
             let wf = load(&rt, json.clone());
             let name = "nested-merged";
             let outcome =
