@@ -392,7 +392,9 @@ fn grown<T: Clone>(
     if !extends {
         return Some(SeqDelta::Replace(new.iter().cloned().collect()));
     }
-    (m > n).then(|| SeqDelta::Append(new.skip(n).into_iter().collect()))
+    // A focus reads the appended tail in place: `Vector::skip` would copy the vector and
+    // split it, cloning the chunk it splits (up to 64 entries) for an append of one.
+    (m > n).then(|| SeqDelta::Append(new.focus().narrow(n..).into_iter().cloned().collect()))
 }
 
 /// A graph's progress sent whole.
