@@ -3,7 +3,8 @@
 //! is stored; retention never removes a base or delta that a kept checkpoint builds on; a
 //! stale writer's delta is fenced; a damaged delta in a chain is a typed error naming its
 //! checkpoint; and a `sync` run writes deltas whose size does not grow with the run, from any
-//! of which it resumes.
+//! of which it resumes; retention racing a live writer never removes what its next delta
+//! builds on.
 
 use std::sync::Arc;
 
@@ -615,6 +616,21 @@ async fn a_damaged_delta_in_a_chain_is_an_error_naming_its_checkpoint() {
     );
 }
 
+/// A workflow of `begin` followed by `nodes` steps in a row.
+fn chain_def(nodes: usize) -> runvisor::WorkflowDef {
+    let mut def =
+        runvisor::WorkflowDef::new("chain").node(runvisor::NodeDef::new("begin", "begin"));
+    let mut prev = "begin".to_owned();
+    for i in 1..=nodes {
+        let id = format!("n{i}");
+        def = def
+            .node(runvisor::NodeDef::new(&id, "step").param("x", i as i64))
+            .edge(&prev, &id);
+        prev = id;
+    }
+    def
+}
+
 /// Runs a chain of `nodes` steps to its end on `t` with `config`, on a Redis keeping every
 /// checkpoint; returns the stores, the runtime and the checkpoints written, oldest first,
 /// each checked to read back whole.
@@ -637,17 +653,7 @@ async fn run_sync_chain(
     let runtime = stores
         .install(Runtime::builder().handler("step", Step).config(config))
         .build();
-    let mut def =
-        runvisor::WorkflowDef::new("chain").node(runvisor::NodeDef::new("begin", "begin"));
-    let mut prev = "begin".to_owned();
-    for i in 1..=nodes {
-        let id = format!("n{i}");
-        def = def
-            .node(runvisor::NodeDef::new(&id, "step").param("x", i as i64))
-            .edge(&prev, &id);
-        prev = id;
-    }
-    let workflow = runtime.validate(def).expect("valid");
+    let workflow = runtime.validate(chain_def(nodes)).expect("valid");
     let run = runtime
         .start(&workflow, inputs, t.clone())
         .await
@@ -840,6 +846,191 @@ async fn a_large_state_gets_merged_deltas_instead_of_bases_and_every_checkpoint_
     );
     let fork_at = written[merged[merged.len() / 2]].id;
     fork_finishes(&runtime, &t, fork_at, "merged-chain-fork").await;
+}
+
+/// A checkpoint store that records what its `put`s stored (id and link, in order) and the
+/// refusals for a missing base or parent, passing every call on to `inner`.
+struct Recorded {
+    inner: Arc<dyn CheckpointStore>,
+    stored: std::sync::Mutex<Vec<(CheckpointId, Option<DeltaLink>)>>,
+    missing: std::sync::Mutex<Vec<StoreError>>,
+}
+
+#[runvisor::async_trait]
+impl CheckpointStore for Recorded {
+    async fn put(
+        &self,
+        thread: &ThreadId,
+        checkpoint: StoredCheckpoint,
+        fence: Option<runvisor::Fence>,
+    ) -> Result<(), StoreError> {
+        let (id, link) = (checkpoint.id, checkpoint.link);
+        let put = self.inner.put(thread, checkpoint, fence).await;
+        match &put {
+            Ok(()) => self.stored.lock().expect("log").push((id, link)),
+            Err(e @ StoreError::MissingParent { .. }) => {
+                self.missing.lock().expect("log").push(e.clone())
+            }
+            Err(_) => {}
+        }
+        put
+    }
+    async fn get(
+        &self,
+        thread: &ThreadId,
+        id: CheckpointId,
+    ) -> Result<Option<StoredCheckpoint>, StoreError> {
+        self.inner.get(thread, id).await
+    }
+    async fn chain(
+        &self,
+        thread: &ThreadId,
+        from: CheckpointId,
+        max: usize,
+    ) -> Result<Vec<StoredCheckpoint>, StoreError> {
+        self.inner.chain(thread, from, max).await
+    }
+    async fn prune_skipped(&self, thread: &ThreadId) -> Result<usize, StoreError> {
+        self.inner.prune_skipped(thread).await
+    }
+    async fn latest(&self, thread: &ThreadId) -> Result<Option<StoredCheckpoint>, StoreError> {
+        self.inner.latest(thread).await
+    }
+    async fn list(&self, thread: &ThreadId) -> Result<Vec<CheckpointId>, StoreError> {
+        self.inner.list(thread).await
+    }
+    async fn prune(&self, thread: &ThreadId, keep: usize) -> Result<usize, StoreError> {
+        self.inner.prune(thread, keep).await
+    }
+    async fn put_workflow(
+        &self,
+        thread: &ThreadId,
+        hash: &str,
+        definition: &str,
+    ) -> Result<(), StoreError> {
+        self.inner.put_workflow(thread, hash, definition).await
+    }
+    async fn get_workflow(
+        &self,
+        thread: &ThreadId,
+        hash: &str,
+    ) -> Result<Option<String>, StoreError> {
+        self.inner.get_workflow(thread, hash).await
+    }
+}
+
+/// Text of `len` letters that does not compress: a state this large is never cheap to write
+/// whole.
+fn incompressible(len: usize) -> String {
+    let mut x: u64 = 0x9e37_79b9_7f4a_7c15;
+    (0..len)
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            char::from(b'a' + (x % 26) as u8)
+        })
+        .collect()
+}
+
+/// Retention racing a live writer: while a `sync` run with a large state writes merged deltas
+/// (bound 8) on a thread keeping 10, another connection (an operator's cleanup, or another
+/// worker's checkpointer) prunes the thread to 10 and lets go of skipped deltas as fast as
+/// it can. Whatever it removes, the writer never finds what its next delta builds on gone (a
+/// merge point is always on the newest checkpoint's path), the run succeeds, and every
+/// checkpoint the thread keeps reads back whole, the newest with every node completed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn retention_racing_a_live_writer_never_removes_what_its_next_delta_builds_on() {
+    let server = RedisServer::start();
+    let t = thread("raced-chain");
+    let writer = keeping(&server, 10).await;
+    let recorded = Arc::new(Recorded {
+        inner: writer.checkpoints.clone(),
+        stored: Default::default(),
+        missing: Default::default(),
+    });
+    let runtime = writer
+        .install(
+            Runtime::builder()
+                .handler("step", Step)
+                .config(RuntimeConfig {
+                    durability: Durability::Sync,
+                    checkpoint_compact_every: 8,
+                    ..RuntimeConfig::default()
+                }),
+        )
+        .checkpoint_store(recorded.clone())
+        .build();
+    let nodes = 300;
+    let workflow = runtime.validate(chain_def(nodes)).expect("valid");
+
+    let pruner = keeping(&server, 10).await;
+    let done = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let racing = tokio::spawn({
+        let (done, t) = (done.clone(), t.clone());
+        async move {
+            let (mut rounds, mut removed) = (0usize, 0usize);
+            while !done.load(std::sync::atomic::Ordering::SeqCst) {
+                removed += pruner.checkpoints.prune(&t, 10).await.expect("prune");
+                removed += pruner
+                    .checkpoints
+                    .prune_skipped(&t)
+                    .await
+                    .expect("prune skipped");
+                rounds += 1;
+            }
+            (rounds, removed)
+        }
+    });
+
+    let mut inputs = Map::new();
+    inputs.insert("document".to_owned(), Value::from(incompressible(20_000)));
+    let run = runtime
+        .start(&workflow, inputs, t.clone())
+        .await
+        .expect("start");
+    let outcome = within("the run", run.wait()).await;
+    done.store(true, std::sync::atomic::Ordering::SeqCst);
+    let (rounds, removed) = within("the pruner", racing).await.expect("the pruner");
+    assert_eq!(
+        outcome.status(),
+        runvisor::RunStatus::Succeeded,
+        "{outcome:?}"
+    );
+    assert!(
+        recorded.missing.lock().expect("log").is_empty(),
+        "a delta found what it builds on gone: {:?}",
+        recorded.missing.lock().expect("log")
+    );
+    let stored = recorded.stored.lock().expect("log").clone();
+    let merged = stored
+        .windows(2)
+        .filter(|w| w[1].1.is_some_and(|link| link.parent != w[0].0))
+        .count();
+    assert!(merged >= 10, "{merged} merged deltas of {}", stored.len());
+    assert!(
+        rounds >= 20 && removed > 0,
+        "the pruner ran {rounds} rounds and removed {removed}"
+    );
+    let kept = writer.checkpoints.list(&t).await.expect("list");
+    assert!(kept.len() < stored.len(), "{} kept", kept.len());
+    let mut newest = None;
+    for id in kept {
+        let checkpoint = writer
+            .checkpoints
+            .get(&t, id)
+            .await
+            .expect("get")
+            .expect("listed");
+        newest = Some(
+            materialize(&*writer.checkpoints, &t, &checkpoint)
+                .await
+                .unwrap_or_else(|e| panic!("checkpoint {id} restores: {e:?}")),
+        );
+    }
+    let newest = newest.expect("a checkpoint");
+    assert_eq!(newest.status, RunStatus::Succeeded);
+    assert_eq!(newest.graph.completed.len(), nodes + 1);
 }
 
 /// A chain written by an earlier release (a hash per checkpoint): it is read, restored and
