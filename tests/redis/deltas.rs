@@ -784,7 +784,8 @@ async fn fork_finishes(runtime: &Runtime, t: &ThreadId, checkpoint: CheckpointId
 /// write the state whole every `checkpoint_compact_every` steps, the chain gets a merged delta
 /// (everything since its last merge point) instead. No restore applies more deltas than the
 /// bound, the state is written whole once, every checkpoint restores, and a fork from one
-/// right after a merge finishes.
+/// right after a merge finishes, its own chain (whole in its thread first, then merging in
+/// turn) restoring at every checkpoint.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_large_state_gets_merged_deltas_instead_of_bases_and_every_checkpoint_restores() {
     let server = RedisServer::start();
@@ -845,7 +846,41 @@ async fn a_large_state_gets_merged_deltas_instead_of_bases_and_every_checkpoint_
         "completed nodes per checkpoint: {completed:?}"
     );
     let fork_at = written[merged[merged.len() / 2]].id;
+    let forked_from = completed[merged[merged.len() / 2]];
     fork_finishes(&runtime, &t, fork_at, "merged-chain-fork").await;
+    // The fork's own chain starts whole in its thread and merges in turn: every checkpoint
+    // it wrote restores, on from where it was forked, to the run's end.
+    let fork = thread("merged-chain-fork");
+    let mut previous: Option<StoredCheckpoint> = None;
+    let (mut fork_bases, mut fork_merged, mut fork_completed) = (0, 0, Vec::new());
+    for id in stores.checkpoints.list(&fork).await.expect("list") {
+        let stored = stores
+            .checkpoints
+            .get(&fork, id)
+            .await
+            .expect("get")
+            .expect("listed");
+        match (stored.link, &previous) {
+            (None, _) => fork_bases += 1,
+            (Some(link), Some(before)) if link.parent != before.id => fork_merged += 1,
+            _ => {}
+        }
+        let whole = materialize(&*stores.checkpoints, &fork, &stored)
+            .await
+            .unwrap_or_else(|e| panic!("fork checkpoint {id} restores: {e:?}"));
+        fork_completed.push(whole.graph.completed.len());
+        previous = Some(stored);
+    }
+    assert!(
+        fork_bases >= 1 && fork_merged >= 1,
+        "{fork_bases} bases, {fork_merged} merged"
+    );
+    assert!(
+        fork_completed.first().is_some_and(|&n| n >= forked_from)
+            && fork_completed.windows(2).all(|w| w[1] >= w[0])
+            && fork_completed.last() == Some(&(200 + 1)),
+        "forked at {forked_from}; completed nodes per fork checkpoint: {fork_completed:?}"
+    );
 }
 
 /// A checkpoint store that records what its `put`s stored (id and link, in order) and the
