@@ -231,7 +231,8 @@ if base ~= '' then
     end
   end
 end
-local added = redis.pcall('ZADD', KEYS[2], 0, ARGV[1])
+-- The score as text: a Lua number is formatted with sprintf on every call.
+local added = redis.pcall('ZADD', KEYS[2], '0', ARGV[1])
 if failed(added) then return {'wrongtype', KEYS[2]} end
 redis.call('SET', KEYS[1], ARGV[4], 'PX', ARGV[5])
 if left and left >= 0 and left < ttl / 2 then
