@@ -102,23 +102,32 @@ impl Setup {
     }
 }
 
-/// Waits (bounded) until `check` holds for what `ps` lists.
+/// How long a listing may take to show what a spawned process does: the debug binaries start
+/// slowly when the suite's other tests load the machine.
+const SPAWNED: Duration = Duration::from_secs(20);
+
+/// Waits (bounded by [`SPAWNED`]) until `check` holds for what `ps` lists; on a timeout the
+/// failure shows the last listing and the logs of the processes the test spawned.
 async fn until_ps(
     setup: &Setup,
     what: &str,
     extra: &[&str],
     check: impl Fn(&[serde_json::Value]) -> bool,
 ) -> Vec<serde_json::Value> {
-    within(what, async {
-        loop {
-            let rows = setup.ps(extra);
-            if check(&rows) {
-                return rows;
-            }
-            tokio::time::sleep(Duration::from_millis(50)).await;
+    let deadline = Instant::now() + SPAWNED;
+    loop {
+        let rows = setup.ps(extra);
+        if check(&rows) {
+            return rows;
         }
-    })
-    .await
+        assert!(
+            Instant::now() < deadline,
+            "waited {SPAWNED:?} for {what}; ps lists {rows:#?}\nrun:\n{}\nworker:\n{}",
+            setup.log("run"),
+            setup.log("worker")
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
