@@ -6,11 +6,13 @@
 //! Also: stores connected to a server with short timeouts, a direct connection for poking at
 //! keys, and bounded waits so a regression fails instead of hanging.
 
+use std::collections::BTreeSet;
 use std::future::Future;
 use std::io::{Read, Write};
 use std::net::{Ipv4Addr, SocketAddrV4, TcpListener, TcpStream};
 use std::path::Path;
 use std::process::{Child, Command, Stdio};
+use std::sync::{Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
 use ::redis::aio::MultiplexedConnection;
@@ -39,7 +41,7 @@ impl std::fmt::Debug for RedisServer {
 }
 
 impl RedisServer {
-    /// Starts a server on a free loopback port and waits until it answers PING.
+    /// Starts a server on a free loopback port and waits until it answers.
     pub(crate) fn start() -> Self {
         Self::start_with(&[])
     }
@@ -115,7 +117,8 @@ impl RedisServer {
         self.port
     }
 
-    /// Starts `redis-server` on this server's port and waits for PONG.
+    /// Starts `redis-server` on this server's port and waits until it answers (itself, not
+    /// whatever else listens there).
     fn launch(&mut self) -> Result<(), String> {
         let log = self.dir.path().join("redis.log");
         let child = Command::new("redis-server")
@@ -154,14 +157,16 @@ impl RedisServer {
                     tail(&log)
                 ));
             }
-            if ping(self.port) {
+            // The server answering must be this one: when it could not bind, another may.
+            let pid = self.child.as_ref().map(Child::id);
+            if pid.is_some() && server_pid(self.port) == pid {
                 return Ok(());
             }
             std::thread::sleep(Duration::from_millis(10));
         }
         self.kill9();
         Err(format!(
-            "redis-server did not answer PING on port {} within {PATIENCE:?}: {}",
+            "redis-server did not answer on port {} within {PATIENCE:?}: {}",
             self.port,
             tail(&log)
         ))
@@ -175,31 +180,58 @@ impl Drop for RedisServer {
     }
 }
 
-/// A loopback port nobody listens on right now (never 6379).
+/// A loopback port nobody listens on right now (never 6379), and that no other test of this
+/// process was given: a test that kills its server and restarts it on the same port must not
+/// find another test's server there, nor another test its own.
 pub(crate) fn free_port() -> u16 {
+    static GIVEN: Mutex<BTreeSet<u16>> = Mutex::new(BTreeSet::new());
     loop {
         let listener = TcpListener::bind(SocketAddrV4::new(Ipv4Addr::LOCALHOST, 0))
             .expect("bind a probe socket on 127.0.0.1");
         let port = listener.local_addr().expect("probe address").port();
-        if port != 6379 {
+        // A test that panicked holding the lock poisoned it; the set is still sound.
+        let mut given = GIVEN.lock().unwrap_or_else(PoisonError::into_inner);
+        if port != 6379 && given.insert(port) {
             return port;
         }
     }
 }
 
-/// Whether a server on `port` answers PING with PONG.
-fn ping(port: u16) -> bool {
+/// The process id of the Redis answering on `port` (`INFO server`'s `process_id`), if one
+/// answers: a server that failed to bind leaves the port to whoever holds it.
+fn server_pid(port: u16) -> Option<u32> {
     let addr = SocketAddrV4::new(Ipv4Addr::LOCALHOST, port);
-    let Ok(mut stream) = TcpStream::connect_timeout(&addr.into(), Duration::from_millis(200))
-    else {
-        return false;
+    let mut stream = TcpStream::connect_timeout(&addr.into(), Duration::from_millis(200)).ok()?;
+    stream
+        .set_read_timeout(Some(Duration::from_millis(200)))
+        .ok()?;
+    stream.write_all(b"INFO server\r\n").ok()?;
+    // A bulk string: `$<length>\r\n<text>\r\n`.
+    let mut reply = Vec::new();
+    let mut chunk = [0u8; 4096];
+    let text = loop {
+        let read = stream.read(&mut chunk).ok()?;
+        if read == 0 {
+            return None;
+        }
+        reply.extend_from_slice(&chunk[..read]);
+        if reply.first() != Some(&b'$') {
+            return None;
+        }
+        let Some(header_end) = reply.windows(2).position(|w| w == b"\r\n") else {
+            continue;
+        };
+        let length: usize = std::str::from_utf8(reply.get(1..header_end)?)
+            .ok()?
+            .parse()
+            .ok()?;
+        if let Some(text) = reply.get(header_end + 2..header_end + 2 + length) {
+            break String::from_utf8_lossy(text).into_owned();
+        }
     };
-    let _ = stream.set_read_timeout(Some(Duration::from_millis(200)));
-    if stream.write_all(b"PING\r\n").is_err() {
-        return false;
-    }
-    let mut reply = [0u8; 7];
-    stream.read_exact(&mut reply).is_ok() && &reply == b"+PONG\r\n"
+    text.lines()
+        .find_map(|line| line.strip_prefix("process_id:"))
+        .and_then(|pid| pid.trim().parse().ok())
 }
 
 fn signal(pid: u32, sig: libc::c_int) {
@@ -361,4 +393,27 @@ pub(crate) async fn set_checkpoint_payload(
     )
     .await
     .expect("SET");
+}
+
+/// The harness itself: a server that cannot bind its port (another holds it) is never taken
+/// for the one answering there, and a killed server's port is not given to another test.
+#[test]
+fn a_server_is_only_ever_its_own_and_its_port_stays_its_own() {
+    let mut first = RedisServer::start();
+    let mut second = RedisServer {
+        child: None,
+        port: first.port(),
+        dir: tempfile::tempdir().expect("temporary directory for redis-server"),
+        extra: Vec::new(),
+    };
+    let refused = second.launch().expect_err("the port is taken");
+    assert!(refused.contains(&first.port().to_string()), "{refused}");
+    assert_eq!(server_pid(first.port()), Some(first.pid()));
+
+    // Down for a while: its port is still its own, and it gets it back.
+    let port = first.port();
+    first.kill9();
+    assert!((0..200).all(|_| free_port() != port));
+    first.restart();
+    assert_eq!(server_pid(port), Some(first.pid()));
 }
