@@ -35,6 +35,10 @@ use crate::persist::{Snapshot, check_graph};
 use crate::service::checkpointer::ChainSeed;
 use crate::workflow::ValidationErrors;
 
+/// How long the record of a paused run a resume answered is tried on in the background when
+/// the run store still failed at the store deadline (see `Runtime::close_answered`).
+pub(crate) const ANSWERED_RETRY_FOR: std::time::Duration = std::time::Duration::from_secs(3600);
+
 /// Where to resume from, and on which thread the run goes on.
 #[derive(Debug, Clone, PartialEq, Eq)]
 #[non_exhaustive]
@@ -662,17 +666,38 @@ impl Runtime {
     }
 
     /// The record of a paused run a resume answered, once the resumed run (`by`) is started:
-    /// `awaiting_input` becomes `answered`, written with the resumed run's token (a store
-    /// failing for a moment is tried again until the store deadline). A failure only leaves
-    /// the record saying it waits (the resumed run goes on).
+    /// `awaiting_input` becomes `answered`, written with the resumed run's token. A store
+    /// failing for a moment is tried again until the store deadline; one still failing then
+    /// is tried on in the background (the resumed run goes on meanwhile) for up to
+    /// [`ANSWERED_RETRY_FOR`], so the paused run is not left listed as waiting once the store
+    /// is back. A refusal (another run took the thread since) ends the trying: the record
+    /// then keeps saying it waits.
     async fn close_answered(&self, mut record: RunRecord, by: RunId, fence: Option<Fence>) {
         let run = record.run_id;
         record.status = RunStatus::Answered;
         let deadline = tokio::time::Instant::now() + self.config().store_deadline;
         let runs = self.run_store();
-        if let Err(gave_up) = retry::until(deadline, || runs.put(&record, fence)).await {
+        let gave_up = match retry::until(deadline, || runs.put(&record, fence)).await {
+            Ok(()) => return,
+            Err(gave_up) => gave_up,
+        };
+        if !gave_up.error.is_transient() {
             tracing::warn!(%run, resumed_by = %by, error = %gave_up.error, "could not record that the paused run was answered");
+            return;
         }
+        tracing::warn!(%run, resumed_by = %by, error = %gave_up.error, "could not record yet that the paused run was answered; trying on in the background");
+        let runs = runs.clone();
+        tokio::spawn(async move {
+            let deadline = tokio::time::Instant::now() + ANSWERED_RETRY_FOR;
+            match retry::until(deadline, || runs.put(&record, fence)).await {
+                Ok(()) => {
+                    tracing::info!(%run, resumed_by = %by, "recorded that the paused run was answered");
+                }
+                Err(gave_up) => {
+                    tracing::warn!(%run, resumed_by = %by, error = %gave_up.error, attempts = gave_up.attempts, "could not record that the paused run was answered");
+                }
+            }
+        });
     }
 
     /// The interactions the checkpoint a resume would start from waits for (the newest of the

@@ -865,10 +865,16 @@ impl runvisor_actors::store::RunStore for BlinksAtAnswered {
     }
 }
 
-/// The write that says a paused run was answered is tried again while the run store fails
-/// for a moment: the paused run is not left listed as waiting.
-#[tokio::test]
-async fn a_paused_run_is_marked_answered_through_a_run_store_blink() {
+/// A runtime on memory stores whose run store fails the first `failures` writes saying a
+/// paused run was answered, and a workflow pausing for a form.
+fn blinking(
+    failures: u32,
+    config: runvisor_actors::RuntimeConfig,
+) -> (
+    runvisor_actors::Runtime,
+    std::sync::Arc<BlinksAtAnswered>,
+    runvisor_actors::Workflow,
+) {
     use runvisor_actors::store::MemoryLeaseStore;
     use runvisor_actors::store::memory::{
         MemoryCheckpointStore, MemoryHistoryStore, MemoryRunStore,
@@ -877,9 +883,10 @@ async fn a_paused_run_is_marked_answered_through_a_run_store_blink() {
     let leases = Arc::new(MemoryLeaseStore::new());
     let runs = Arc::new(BlinksAtAnswered {
         inner: MemoryRunStore::new().fenced_by(leases.clone()),
-        failures: std::sync::atomic::AtomicU32::new(2),
+        failures: std::sync::atomic::AtomicU32::new(failures),
     });
     let rt = runvisor_actors::Runtime::builder()
+        .config(config)
         .lease_store(leases.clone())
         .checkpoint_store(Arc::new(
             MemoryCheckpointStore::new().fenced_by(leases.clone()),
@@ -899,24 +906,67 @@ async fn a_paused_run_is_marked_answered_through_a_run_store_blink() {
             }}
         ], "edges": [{"from": "start", "to": "ask"}]}),
     );
+    (rt, runs, wf)
+}
+
+/// The status a run's record has in `runs`.
+async fn recorded_status(runs: &BlinksAtAnswered, id: RunId) -> RunStatus {
+    let read = runvisor_actors::store::RunStore::get(&runs.inner, id).await;
+    read.expect("read").expect("recorded").status
+}
+
+/// The write that says a paused run was answered is tried again while the run store fails
+/// for a moment: the paused run is not left listed as waiting.
+#[tokio::test]
+async fn a_paused_run_is_marked_answered_through_a_run_store_blink() {
+    let (rt, runs, wf) = blinking(2, runvisor_actors::RuntimeConfig::default());
     let t = thread("blink");
     let run = rt.start(&wf, inputs([]), t.clone()).await.expect("start");
     let first = finish(&run).await;
     let form = paused(&first);
     let second = answer(&rt, &t, form.id, val(json!({"name": "Ann"}))).await;
     completed(&second);
-    let status = |id| {
-        let runs = runs.clone();
-        async move {
-            let read = runvisor_actors::store::RunStore::get(&runs.inner, id).await;
-            read.expect("read").expect("recorded").status
-        }
-    };
-    assert_eq!(status(first.run_id()).await, RunStatus::Answered);
-    assert_eq!(status(second.run_id()).await, RunStatus::Succeeded);
+    assert_eq!(
+        recorded_status(&runs, first.run_id()).await,
+        RunStatus::Answered
+    );
+    assert_eq!(
+        recorded_status(&runs, second.run_id()).await,
+        RunStatus::Succeeded
+    );
     assert_eq!(
         runs.failures.load(std::sync::atomic::Ordering::SeqCst),
         0,
         "both failures were met and tried past"
     );
+}
+
+/// A run store still failing at the store deadline: the resumed run goes on, and the write
+/// that says the paused run was answered is tried on in the background until it lands.
+#[tokio::test]
+async fn a_paused_run_is_marked_answered_once_the_run_store_is_back_after_the_deadline() {
+    use std::sync::atomic::Ordering;
+    // 200 ms of store deadline fit about four attempts; eight failures outlast them.
+    let (rt, runs, wf) = blinking(8, super::support::short_store_deadline());
+    let t = thread("blink-long");
+    let run = rt.start(&wf, inputs([]), t.clone()).await.expect("start");
+    let first = finish(&run).await;
+    let form = paused(&first);
+    let second = answer(&rt, &t, form.id, val(json!({"name": "Ann"}))).await;
+    completed(&second);
+    assert!(
+        runs.failures.load(Ordering::SeqCst) > 0,
+        "the resume gave up waiting before the store was back"
+    );
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    while recorded_status(&runs, first.run_id()).await != RunStatus::Answered {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "still {:?} with {} failures to go",
+            recorded_status(&runs, first.run_id()).await,
+            runs.failures.load(Ordering::SeqCst)
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+    assert_eq!(runs.failures.load(Ordering::SeqCst), 0);
 }
