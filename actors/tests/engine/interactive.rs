@@ -909,6 +909,22 @@ fn blinking(
     (rt, runs, wf)
 }
 
+/// Runs `wf` in thread `id` until it pauses for its form, then answers it: the paused run's
+/// outcome and the answering run's (completed).
+async fn paused_then_answered(
+    rt: &runvisor_actors::Runtime,
+    wf: &runvisor_actors::Workflow,
+    id: &str,
+) -> (runvisor_actors::RunOutcome, runvisor_actors::RunOutcome) {
+    let t = thread(id);
+    let run = rt.start(wf, inputs([]), t.clone()).await.expect("start");
+    let first = finish(&run).await;
+    let form = paused(&first);
+    let second = answer(rt, &t, form.id, val(json!({"name": "Ann"}))).await;
+    completed(&second);
+    (first, second)
+}
+
 /// The status a run's record has in `runs`.
 async fn recorded_status(runs: &BlinksAtAnswered, id: RunId) -> RunStatus {
     let read = runvisor_actors::store::RunStore::get(&runs.inner, id).await;
@@ -920,12 +936,7 @@ async fn recorded_status(runs: &BlinksAtAnswered, id: RunId) -> RunStatus {
 #[tokio::test]
 async fn a_paused_run_is_marked_answered_through_a_run_store_blink() {
     let (rt, runs, wf) = blinking(2, runvisor_actors::RuntimeConfig::default());
-    let t = thread("blink");
-    let run = rt.start(&wf, inputs([]), t.clone()).await.expect("start");
-    let first = finish(&run).await;
-    let form = paused(&first);
-    let second = answer(&rt, &t, form.id, val(json!({"name": "Ann"}))).await;
-    completed(&second);
+    let (first, second) = paused_then_answered(&rt, &wf, "blink").await;
     assert_eq!(
         recorded_status(&runs, first.run_id()).await,
         RunStatus::Answered
@@ -948,12 +959,7 @@ async fn a_paused_run_is_marked_answered_once_the_run_store_is_back_after_the_de
     use std::sync::atomic::Ordering;
     // 200 ms of store deadline fit about four attempts; eight failures outlast them.
     let (rt, runs, wf) = blinking(8, super::support::short_store_deadline());
-    let t = thread("blink-long");
-    let run = rt.start(&wf, inputs([]), t.clone()).await.expect("start");
-    let first = finish(&run).await;
-    let form = paused(&first);
-    let second = answer(&rt, &t, form.id, val(json!({"name": "Ann"}))).await;
-    completed(&second);
+    let (first, _) = paused_then_answered(&rt, &wf, "blink-long").await;
     assert!(
         runs.failures.load(Ordering::SeqCst) > 0,
         "the resume gave up waiting before the store was back"
