@@ -478,36 +478,80 @@ pub(crate) fn seal<T: Serialize>(
     schema: u16,
     value: &T,
 ) -> Result<Vec<u8>, SnapshotError> {
-    let payload = postcard::to_allocvec(value).map_err(|e| SnapshotError::Encode(e.to_string()))?;
-    if payload.len() > MAX_SNAPSHOT_BYTES {
-        return Err(SnapshotError::TooLarge(payload.len()));
+    // The payload is written behind room for the header, in the buffer that is returned: a
+    // payload stored as it is (every delta below the compression threshold) is not copied,
+    // and a small one is written without regrowing the buffer.
+    let mut out = Vec::with_capacity(HEADER_LEN + SEAL_CAPACITY);
+    out.resize(HEADER_LEN, 0);
+    let mut out = postcard::serialize_with_flavor(value, Sealing(out))
+        .map_err(|e| SnapshotError::Encode(e.to_string()))?;
+    let plain = out.len() - HEADER_LEN;
+    if plain > MAX_SNAPSHOT_BYTES {
+        return Err(SnapshotError::TooLarge(plain));
     }
-    let plain_len =
-        u32::try_from(payload.len()).map_err(|_| SnapshotError::TooLarge(payload.len()))?;
-    let (codec, payload) = match compressed(&payload, plain_len) {
-        Some(smaller) => (CODEC_POSTCARD_LZ4, smaller),
-        None => (CODEC_POSTCARD, payload),
-    };
-    frame(magic, schema, codec, &payload)
+    let plain_len = u32::try_from(plain).map_err(|_| SnapshotError::TooLarge(plain))?;
+    if let Some(smaller) = compressed(&out[HEADER_LEN..], plain_len) {
+        return frame(magic, schema, CODEC_POSTCARD_LZ4, &smaller);
+    }
+    let head = header(magic, schema, CODEC_POSTCARD, &out[HEADER_LEN..])?;
+    out[..HEADER_LEN].copy_from_slice(&head);
+    Ok(out)
 }
 
-/// The envelope around a payload already in `codec`: header, checksum, payload.
+/// The room [`seal`] makes for a payload before it grows its buffer: more than most deltas.
+const SEAL_CAPACITY: usize = 256;
+
+/// The postcard output [`seal`] writes into: a vector already holding room for the header.
+struct Sealing(Vec<u8>);
+
+impl postcard::ser_flavors::Flavor for Sealing {
+    type Output = Vec<u8>;
+
+    fn try_push(&mut self, data: u8) -> postcard::Result<()> {
+        self.0.push(data);
+        Ok(())
+    }
+
+    fn try_extend(&mut self, data: &[u8]) -> postcard::Result<()> {
+        self.0.extend_from_slice(data);
+        Ok(())
+    }
+
+    fn finalize(self) -> postcard::Result<Vec<u8>> {
+        Ok(self.0)
+    }
+}
+
+/// The envelope around a payload already in `codec`: header, then payload.
 fn frame(
     magic: &[u8; 4],
     schema: u16,
     codec: u8,
     payload: &[u8],
 ) -> Result<Vec<u8>, SnapshotError> {
-    let len = u32::try_from(payload.len()).map_err(|_| SnapshotError::TooLarge(payload.len()))?;
     let mut out = Vec::with_capacity(HEADER_LEN + payload.len());
-    out.extend_from_slice(magic);
-    out.extend_from_slice(&FORMAT_VERSION.to_be_bytes());
-    out.extend_from_slice(&schema.to_be_bytes());
-    out.push(codec);
-    out.extend_from_slice(&len.to_be_bytes());
-    out.extend_from_slice(&CRC32C.checksum(payload).to_be_bytes());
+    out.extend_from_slice(&header(magic, schema, codec, payload)?);
     out.extend_from_slice(payload);
     Ok(out)
+}
+
+/// The envelope's header for a payload already in `codec`: magic, versions, codec, length
+/// and checksum.
+fn header(
+    magic: &[u8; 4],
+    schema: u16,
+    codec: u8,
+    payload: &[u8],
+) -> Result<[u8; HEADER_LEN], SnapshotError> {
+    let len = u32::try_from(payload.len()).map_err(|_| SnapshotError::TooLarge(payload.len()))?;
+    let mut head = [0u8; HEADER_LEN];
+    head[..4].copy_from_slice(magic);
+    head[4..6].copy_from_slice(&FORMAT_VERSION.to_be_bytes());
+    head[6..8].copy_from_slice(&schema.to_be_bytes());
+    head[8] = codec;
+    head[9..13].copy_from_slice(&len.to_be_bytes());
+    head[13..17].copy_from_slice(&CRC32C.checksum(payload).to_be_bytes());
+    Ok(head)
 }
 
 /// How many bytes of postcard an encoded snapshot or delta holds: its payload's length, or the
