@@ -28,11 +28,11 @@ use async_trait::async_trait;
 
 use crate::kinds::{NodeContext, NodeHandler, Probe, ProbeStop};
 use crate::model::{
-    CheckpointId, Frame, Map, Message, NodeError, NodeId, NodeOutput, NodePath, RunId, RunRecord,
-    StopMode, StopReason, ThreadId, Value,
+    CheckpointId, Fence, Frame, Map, Message, NodeError, NodeId, NodeOutput, NodePath, RunId,
+    RunRecord, StopMode, StopReason, StoreError, ThreadId, Value,
 };
-use crate::persist::Snapshot;
 use crate::persist::snapshot::SnapshotError;
+use crate::persist::{CheckpointStore, DeltaLink, Snapshot, StoredCheckpoint};
 use crate::runtime::{Runtime, RuntimeBuilder};
 /// Where an interrupt fires: a moment in the life of the nodes its target names.
 ///
@@ -512,6 +512,120 @@ impl NodeHandler for Stubborn {
         let mut out = Map::new();
         out.insert("slept".into(), Value::Bool(true));
         Ok(NodeOutput::new(Value::Object(out)))
+    }
+}
+
+/// What a [`WatchedCheckpoints`] does around each `put` of the store it wraps: fail it, hold
+/// it, count it or record its answer. Both steps do nothing unless overridden.
+#[async_trait]
+pub trait PutWatch: Send + Sync {
+    /// Before the put reaches the store; an error is the put's answer (nothing is stored).
+    async fn before(
+        &self,
+        _thread: &ThreadId,
+        _checkpoint: &StoredCheckpoint,
+    ) -> Result<(), StoreError> {
+        Ok(())
+    }
+
+    /// Once the store answered the put of checkpoint `id` (with `link`, a delta's).
+    fn after(
+        &self,
+        _thread: &ThreadId,
+        _id: CheckpointId,
+        _link: Option<DeltaLink>,
+        _answer: &Result<(), StoreError>,
+    ) {
+    }
+}
+
+/// A checkpoint store that passes every call on to `inner`, with a [`PutWatch`] around each
+/// `put`: for tests of what the engine does when writes fail, stall or race.
+pub struct WatchedCheckpoints<W> {
+    inner: Arc<dyn CheckpointStore>,
+    watch: W,
+}
+
+impl<W: std::fmt::Debug> std::fmt::Debug for WatchedCheckpoints<W> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("WatchedCheckpoints")
+            .field("watch", &self.watch)
+            .finish_non_exhaustive()
+    }
+}
+
+impl<W: PutWatch> WatchedCheckpoints<W> {
+    /// `inner` with `watch` around its puts.
+    pub fn new(inner: Arc<dyn CheckpointStore>, watch: W) -> Self {
+        Self { inner, watch }
+    }
+
+    /// The store the calls go to.
+    pub fn inner(&self) -> &Arc<dyn CheckpointStore> {
+        &self.inner
+    }
+
+    /// The watch around the puts.
+    pub fn watch(&self) -> &W {
+        &self.watch
+    }
+}
+
+#[async_trait]
+impl<W: PutWatch + 'static> CheckpointStore for WatchedCheckpoints<W> {
+    async fn put(
+        &self,
+        thread: &ThreadId,
+        checkpoint: StoredCheckpoint,
+        fence: Option<Fence>,
+    ) -> Result<(), StoreError> {
+        self.watch.before(thread, &checkpoint).await?;
+        let (id, link) = (checkpoint.id, checkpoint.link);
+        let answer = self.inner.put(thread, checkpoint, fence).await;
+        self.watch.after(thread, id, link, &answer);
+        answer
+    }
+    async fn get(
+        &self,
+        thread: &ThreadId,
+        id: CheckpointId,
+    ) -> Result<Option<StoredCheckpoint>, StoreError> {
+        self.inner.get(thread, id).await
+    }
+    async fn chain(
+        &self,
+        thread: &ThreadId,
+        from: CheckpointId,
+        max: usize,
+    ) -> Result<Vec<StoredCheckpoint>, StoreError> {
+        self.inner.chain(thread, from, max).await
+    }
+    async fn prune_skipped(&self, thread: &ThreadId) -> Result<usize, StoreError> {
+        self.inner.prune_skipped(thread).await
+    }
+    async fn latest(&self, thread: &ThreadId) -> Result<Option<StoredCheckpoint>, StoreError> {
+        self.inner.latest(thread).await
+    }
+    async fn list(&self, thread: &ThreadId) -> Result<Vec<CheckpointId>, StoreError> {
+        self.inner.list(thread).await
+    }
+    async fn prune(&self, thread: &ThreadId, keep: usize) -> Result<usize, StoreError> {
+        self.inner.prune(thread, keep).await
+    }
+    async fn put_workflow(
+        &self,
+        thread: &ThreadId,
+        hash: &str,
+        definition: &str,
+    ) -> Result<(), StoreError> {
+        self.inner.put_workflow(thread, hash, definition).await
+    }
+    async fn get_workflow(
+        &self,
+        thread: &ThreadId,
+        hash: &str,
+    ) -> Result<Option<String>, StoreError> {
+        self.inner.get_workflow(thread, hash).await
     }
 }
 

@@ -17,6 +17,7 @@ use runvisor::{
     CheckpointId, Durability, LeaseHolder, Map, NodeId, ResumeFrom, ResumeInput, Route, RunId,
     RunLabels, Runtime, RuntimeConfig, StoreError, ThreadId, Value, WorkerId,
 };
+use runvisor_actors::testkit::{PutWatch, WatchedCheckpoints};
 
 /// Outputs `{"value": <its "x" param>}`.
 #[derive(Debug)]
@@ -883,74 +884,29 @@ async fn a_large_state_gets_merged_deltas_instead_of_bases_and_every_checkpoint_
     );
 }
 
-/// A checkpoint store that records what its `put`s stored (id and link, in order) and the
-/// refusals for a missing base or parent, passing every call on to `inner`.
+/// Records what the puts of a checkpoint store stored (id and link, in order) and the
+/// refusals for a missing base or parent.
+#[derive(Default)]
 struct Recorded {
-    inner: Arc<dyn CheckpointStore>,
     stored: std::sync::Mutex<Vec<(CheckpointId, Option<DeltaLink>)>>,
     missing: std::sync::Mutex<Vec<StoreError>>,
 }
 
-#[runvisor::async_trait]
-impl CheckpointStore for Recorded {
-    async fn put(
+impl PutWatch for Recorded {
+    fn after(
         &self,
-        thread: &ThreadId,
-        checkpoint: StoredCheckpoint,
-        fence: Option<runvisor::Fence>,
-    ) -> Result<(), StoreError> {
-        let (id, link) = (checkpoint.id, checkpoint.link);
-        let put = self.inner.put(thread, checkpoint, fence).await;
-        match &put {
+        _thread: &ThreadId,
+        id: CheckpointId,
+        link: Option<DeltaLink>,
+        answer: &Result<(), StoreError>,
+    ) {
+        match answer {
             Ok(()) => self.stored.lock().expect("log").push((id, link)),
             Err(e @ StoreError::MissingParent { .. }) => {
                 self.missing.lock().expect("log").push(e.clone())
             }
             Err(_) => {}
         }
-        put
-    }
-    async fn get(
-        &self,
-        thread: &ThreadId,
-        id: CheckpointId,
-    ) -> Result<Option<StoredCheckpoint>, StoreError> {
-        self.inner.get(thread, id).await
-    }
-    async fn chain(
-        &self,
-        thread: &ThreadId,
-        from: CheckpointId,
-        max: usize,
-    ) -> Result<Vec<StoredCheckpoint>, StoreError> {
-        self.inner.chain(thread, from, max).await
-    }
-    async fn prune_skipped(&self, thread: &ThreadId) -> Result<usize, StoreError> {
-        self.inner.prune_skipped(thread).await
-    }
-    async fn latest(&self, thread: &ThreadId) -> Result<Option<StoredCheckpoint>, StoreError> {
-        self.inner.latest(thread).await
-    }
-    async fn list(&self, thread: &ThreadId) -> Result<Vec<CheckpointId>, StoreError> {
-        self.inner.list(thread).await
-    }
-    async fn prune(&self, thread: &ThreadId, keep: usize) -> Result<usize, StoreError> {
-        self.inner.prune(thread, keep).await
-    }
-    async fn put_workflow(
-        &self,
-        thread: &ThreadId,
-        hash: &str,
-        definition: &str,
-    ) -> Result<(), StoreError> {
-        self.inner.put_workflow(thread, hash, definition).await
-    }
-    async fn get_workflow(
-        &self,
-        thread: &ThreadId,
-        hash: &str,
-    ) -> Result<Option<String>, StoreError> {
-        self.inner.get_workflow(thread, hash).await
     }
 }
 
@@ -979,11 +935,10 @@ async fn retention_racing_a_live_writer_never_removes_what_its_next_delta_builds
     let server = RedisServer::start();
     let t = thread("raced-chain");
     let writer = keeping(&server, 10).await;
-    let recorded = Arc::new(Recorded {
-        inner: writer.checkpoints.clone(),
-        stored: Default::default(),
-        missing: Default::default(),
-    });
+    let recorded = Arc::new(WatchedCheckpoints::new(
+        writer.checkpoints.clone(),
+        Recorded::default(),
+    ));
     let runtime = writer
         .install(
             Runtime::builder()
@@ -1033,11 +988,11 @@ async fn retention_racing_a_live_writer_never_removes_what_its_next_delta_builds
         "{outcome:?}"
     );
     assert!(
-        recorded.missing.lock().expect("log").is_empty(),
+        recorded.watch().missing.lock().expect("log").is_empty(),
         "a delta found what it builds on gone: {:?}",
-        recorded.missing.lock().expect("log")
+        recorded.watch().missing.lock().expect("log")
     );
-    let stored = recorded.stored.lock().expect("log").clone();
+    let stored = recorded.watch().stored.lock().expect("log").clone();
     let merged = stored
         .windows(2)
         .filter(|w| w[1].1.is_some_and(|link| link.parent != w[0].0))

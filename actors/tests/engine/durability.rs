@@ -7,24 +7,24 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
-use runvisor_actors::Fence;
 use runvisor_actors::delta::materialize;
 use runvisor_actors::snapshot::Snapshot;
 use runvisor_actors::store::memory::MemoryCheckpointStore;
 use runvisor_actors::store::{CheckpointStore, HistoryStore, StoredCheckpoint};
+use runvisor_actors::testkit::{PutWatch, WatchedCheckpoints};
 use runvisor_actors::{
-    CheckpointId, Durability, NodeContext, NodeError, NodeHandler, NodeOutput, RunEvent, RunStatus,
-    Runtime, RuntimeConfig, StoreError, ThreadId, Value, async_trait,
+    Durability, NodeContext, NodeError, NodeHandler, NodeOutput, RunEvent, RunStatus, Runtime,
+    RuntimeConfig, StoreError, ThreadId, Value, async_trait,
 };
 use serde_json::json;
 
 use super::support::*;
 
-/// A checkpoint store whose writes fail while `broken` is set, and wait (saying so through
-/// `entered`) until `release` while `hold` is set; it counts the writes it was asked for.
+/// What the writes of a [`Flaky`] store meet: they fail while `broken` is set, and wait
+/// (saying so through `entered`) until `release` while `hold` is set; it counts the writes it
+/// was asked for.
 #[derive(Debug, Default)]
-struct Flaky {
-    inner: MemoryCheckpointStore,
+struct Flakiness {
     broken: AtomicBool,
     hold: AtomicBool,
     entered: tokio::sync::Notify,
@@ -33,13 +33,8 @@ struct Flaky {
 }
 
 #[async_trait]
-impl CheckpointStore for Flaky {
-    async fn put(
-        &self,
-        thread: &ThreadId,
-        checkpoint: StoredCheckpoint,
-        fence: Option<Fence>,
-    ) -> Result<(), StoreError> {
+impl PutWatch for Flakiness {
+    async fn before(&self, _: &ThreadId, _: &StoredCheckpoint) -> Result<(), StoreError> {
         self.puts.fetch_add(1, Ordering::SeqCst);
         if self.hold.load(Ordering::SeqCst) {
             self.entered.notify_one();
@@ -48,39 +43,18 @@ impl CheckpointStore for Flaky {
         if self.broken.load(Ordering::SeqCst) {
             return Err(StoreError::Unavailable("checkpoint store down".into()));
         }
-        self.inner.put(thread, checkpoint, fence).await
+        Ok(())
     }
-    async fn get(
-        &self,
-        thread: &ThreadId,
-        id: CheckpointId,
-    ) -> Result<Option<StoredCheckpoint>, StoreError> {
-        self.inner.get(thread, id).await
-    }
-    async fn latest(&self, thread: &ThreadId) -> Result<Option<StoredCheckpoint>, StoreError> {
-        self.inner.latest(thread).await
-    }
-    async fn list(&self, thread: &ThreadId) -> Result<Vec<CheckpointId>, StoreError> {
-        self.inner.list(thread).await
-    }
-    async fn prune(&self, thread: &ThreadId, keep: usize) -> Result<usize, StoreError> {
-        self.inner.prune(thread, keep).await
-    }
-    async fn put_workflow(
-        &self,
-        thread: &ThreadId,
-        hash: &str,
-        definition: &str,
-    ) -> Result<(), StoreError> {
-        self.inner.put_workflow(thread, hash, definition).await
-    }
-    async fn get_workflow(
-        &self,
-        thread: &ThreadId,
-        hash: &str,
-    ) -> Result<Option<String>, StoreError> {
-        self.inner.get_workflow(thread, hash).await
-    }
+}
+
+/// A memory checkpoint store with [`Flakiness`] around its writes.
+type Flaky = WatchedCheckpoints<Flakiness>;
+
+fn flaky() -> Arc<Flaky> {
+    Arc::new(WatchedCheckpoints::new(
+        Arc::new(MemoryCheckpointStore::default()),
+        Flakiness::default(),
+    ))
 }
 
 /// Records, when it runs, which nodes the thread's newest checkpoint holds as completed.
@@ -188,8 +162,8 @@ async fn exit_writes_only_the_final_checkpoint() {
 /// run waits through any number of them.
 #[tokio::test(start_paused = true)]
 async fn a_failing_store_makes_a_sync_run_wait_and_go_on_when_it_is_back() {
-    let flaky = Arc::new(Flaky::default());
-    flaky.broken.store(true, Ordering::SeqCst);
+    let flaky = flaky();
+    flaky.watch().broken.store(true, Ordering::SeqCst);
     let store: Arc<dyn CheckpointStore> = flaky.clone();
     let rt = runtime(store, Durability::Sync);
     let t = thread("outage");
@@ -222,7 +196,7 @@ async fn a_failing_store_makes_a_sync_run_wait_and_go_on_when_it_is_back() {
     assert!(summary.waiting_for_storage);
     assert_eq!(summary.status, RunStatus::Running);
     // The store comes back: the run goes on and completes, every step stored.
-    flaky.broken.store(false, Ordering::SeqCst);
+    flaky.watch().broken.store(false, Ordering::SeqCst);
     let outcome = finish(&run).await;
     assert_eq!(outcome.status(), RunStatus::Succeeded, "{outcome:#?}");
     assert_eq!(
@@ -239,8 +213,8 @@ async fn a_failing_store_makes_a_sync_run_wait_and_go_on_when_it_is_back() {
 /// waited for the write), and the write's answer, when it comes, starts the next node.
 #[tokio::test(start_paused = true)]
 async fn a_sync_run_answers_queries_while_its_write_is_slow() {
-    let slow = Arc::new(Flaky::default());
-    slow.hold.store(true, Ordering::SeqCst);
+    let slow = flaky();
+    slow.watch().hold.store(true, Ordering::SeqCst);
     let store: Arc<dyn CheckpointStore> = slow.clone();
     // A store deadline longer than the query's wait: the write neither fails nor gives up
     // while the query waits for the run.
@@ -258,14 +232,14 @@ async fn a_sync_run_answers_queries_while_its_write_is_slow() {
         .start(&chain(&rt), inputs([]), thread("slow"))
         .await
         .expect("start");
-    within("a write to begin", slow.entered.notified()).await;
+    within("a write to begin", slow.watch().entered.notified()).await;
     let tree = within("the tree", rt.tree(run.run_id()))
         .await
         .expect("the run answers while its write waits");
     assert_eq!(tree.kind, "run_supervisor");
     assert_eq!(tree.status, "running");
-    slow.hold.store(false, Ordering::SeqCst);
-    slow.release.notify_one();
+    slow.watch().hold.store(false, Ordering::SeqCst);
+    slow.watch().release.notify_one();
     let outcome = finish(&run).await;
     assert_eq!(outcome.status(), RunStatus::Succeeded, "{outcome:#?}");
     assert_eq!(
@@ -654,8 +628,8 @@ struct GatedRun {
 
 /// Starts a [`GatedRun`] on thread `id`; its `start` snapshot waits for the store.
 async fn gated_async_run(id: &str) -> GatedRun {
-    let flaky = Arc::new(Flaky::default());
-    flaky.broken.store(true, Ordering::SeqCst);
+    let flaky = flaky();
+    flaky.watch().broken.store(true, Ordering::SeqCst);
     let writes = Arc::new(Writes::default());
     let gate = Arc::new(tokio::sync::Notify::new());
     let rt = Runtime::builder()
@@ -717,7 +691,7 @@ async fn a_background_write_retried_over_many_flushes_is_one_write() {
         [],
         "a write still being retried has not ended"
     );
-    flaky.broken.store(false, Ordering::SeqCst);
+    flaky.watch().broken.store(false, Ordering::SeqCst);
     tokio::time::sleep(Duration::from_secs(5)).await;
     assert_eq!(
         writes.ended(),
@@ -744,19 +718,19 @@ async fn a_final_write_supersedes_a_background_write_still_waiting() {
     assert_eq!(writes.ended(), []);
     // The store is back and the run ends before that write's next attempt: the run's final
     // snapshot is newer, so the waiting one is dropped rather than written after it.
-    flaky.broken.store(false, Ordering::SeqCst);
-    let attempts_while_down = flaky.puts.load(Ordering::SeqCst);
+    flaky.watch().broken.store(false, Ordering::SeqCst);
+    let attempts_while_down = flaky.watch().puts.load(Ordering::SeqCst);
     gate.notify_one();
     let outcome = finish(&run).await;
     assert_eq!(outcome.status(), RunStatus::Succeeded, "{outcome:#?}");
     tokio::time::sleep(Duration::from_secs(30)).await;
     assert_eq!(
-        flaky.puts.load(Ordering::SeqCst) - attempts_while_down,
+        flaky.watch().puts.load(Ordering::SeqCst) - attempts_while_down,
         1,
         "only the final snapshot is written once the store is back"
     );
     let mut ended = writes.ended();
     ended.sort_unstable();
     assert_eq!(ended, [("async", false), ("final", true)]);
-    assert_eq!(flaky.inner.list(&t).await.map(|ids| ids.len()), Ok(1));
+    assert_eq!(flaky.inner().list(&t).await.map(|ids| ids.len()), Ok(1));
 }

@@ -6,17 +6,17 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use runvisor_actors::snapshot::Snapshot;
-use runvisor_actors::store::memory::{MemoryCheckpointStore, MemoryHistoryStore, MemoryRunStore};
-use runvisor_actors::store::{
-    CheckpointStore, HistoryStore, MemoryLeaseStore, RunStore, SpillStore, SpilledRun,
-};
+use runvisor_actors::store::memory::{MemoryHistoryStore, MemoryRunStore};
+use runvisor_actors::store::{HistoryStore, MemoryLeaseStore, RunStore, SpillStore, SpilledRun};
 use runvisor_actors::{
     CheckpointError, Durability, NodeContext, NodeError, NodeHandler, NodeOutput, ReplayError,
     RunError, RunStatus, Runtime, RuntimeConfig, Spill, StopMode, StoreError, Value, async_trait,
 };
 use serde_json::json;
 
-use super::store_failures::{Failing, FailingCheckpoints, FailingHistory, Faults};
+use super::store_failures::{
+    Failing, FailingCheckpoints, FailingHistory, Faults, failing_checkpoints,
+};
 use super::support::*;
 
 /// Keeps spilled runs in memory; fails when told.
@@ -83,10 +83,7 @@ fn rig_with(mode: Failing, config: RuntimeConfig, spill: Kept) -> Rig {
         inner: MemoryHistoryStore::new(),
         faults: Faults::new(mode),
     });
-    let checkpoints = Arc::new(FailingCheckpoints {
-        inner: MemoryCheckpointStore::new(),
-        faults: Faults::new(mode),
-    });
+    let checkpoints = failing_checkpoints(mode);
     let runs = Arc::new(MemoryRunStore::new());
     let spill = Arc::new(spill);
     let rt = Runtime::builder()
@@ -110,7 +107,7 @@ fn rig_with(mode: Failing, config: RuntimeConfig, spill: Kept) -> Rig {
 impl Rig {
     fn heal(&self) {
         self.history.faults.set(Failing::No);
-        self.checkpoints.faults.set(Failing::No);
+        self.checkpoints.watch().set(Failing::No);
     }
 
     async fn texts(&self, t: &str) -> Vec<String> {
@@ -205,7 +202,7 @@ async fn an_end_the_stores_do_not_take_is_reported_spilled_and_replayed_once() {
     assert_eq!(replayed.checkpoint, Some(checkpoint.id));
     assert!(!replayed.checkpoint_was_stored && replayed.record);
     assert_eq!(rig.texts("spilled").await, ["a", "b"]);
-    let latest = rig.checkpoints.inner.latest(&t).await.expect("latest");
+    let latest = rig.checkpoints.inner().latest(&t).await.expect("latest");
     assert_eq!(latest, Some(checkpoint.clone()));
     let record = rig
         .runs
@@ -220,7 +217,7 @@ async fn an_end_the_stores_do_not_take_is_reported_spilled_and_replayed_once() {
     assert!(again.checkpoint_was_stored, "{again:?}");
     assert_eq!(rig.texts("spilled").await, ["a", "b"]);
     assert_eq!(
-        rig.checkpoints.inner.list(&t).await.expect("list"),
+        rig.checkpoints.inner().list(&t).await.expect("list"),
         [checkpoint.id]
     );
 }
@@ -248,7 +245,7 @@ async fn a_replay_leaves_a_thread_that_moved_on_alone_and_says_why() {
     assert!(later.is_persisted());
     let before = (
         rig.texts("moved-on").await,
-        rig.checkpoints.inner.list(&t).await.expect("list"),
+        rig.checkpoints.inner().list(&t).await.expect("list"),
     );
     let replayed = rig.rt.replay_spilled(&spilled).await.expect("replay");
     let why = replayed.skipped.expect("skipped");
@@ -256,7 +253,7 @@ async fn a_replay_leaves_a_thread_that_moved_on_alone_and_says_why() {
     assert_eq!((replayed.messages, replayed.record), (0, false));
     let after = (
         rig.texts("moved-on").await,
-        rig.checkpoints.inner.list(&t).await.expect("list"),
+        rig.checkpoints.inner().list(&t).await.expect("list"),
     );
     assert_eq!(before, after, "nothing written");
 }
@@ -386,7 +383,7 @@ async fn a_final_checkpoint_not_stored_is_spilled_whole_though_written_as_a_delt
     // `sync`: a base, then a delta once `a` finished, before `b` starts.
     let written = within("two checkpoints", async {
         loop {
-            let ids = rig.checkpoints.inner.list(&t).await.expect("list");
+            let ids = rig.checkpoints.inner().list(&t).await.expect("list");
             if ids.len() >= 2 {
                 break ids;
             }
@@ -396,14 +393,14 @@ async fn a_final_checkpoint_not_stored_is_spilled_whole_though_written_as_a_delt
     .await;
     let last = rig
         .checkpoints
-        .inner
+        .inner()
         .get(&t, written[written.len() - 1])
         .await
         .expect("get")
         .expect("listed");
     assert!(last.link.is_some(), "progress after the first is a delta");
 
-    rig.checkpoints.faults.set(Failing::Always);
+    rig.checkpoints.watch().set(Failing::Always);
     run.stop(StopMode::graceful()).await.expect("stop");
     let outcome = finish(&run).await;
     assert_eq!(outcome.status(), RunStatus::Stopped);
@@ -419,6 +416,6 @@ async fn a_final_checkpoint_not_stored_is_spilled_whole_though_written_as_a_delt
     rig.heal();
     let replayed = rig.rt.replay_spilled(&spilled).await.expect("replay");
     assert_eq!(replayed.checkpoint, Some(checkpoint.id));
-    let latest = rig.checkpoints.inner.latest(&t).await.expect("latest");
+    let latest = rig.checkpoints.inner().latest(&t).await.expect("latest");
     assert_eq!(latest, Some(checkpoint));
 }

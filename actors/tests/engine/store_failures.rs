@@ -8,10 +8,11 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use runvisor_actors::store::memory::{MemoryCheckpointStore, MemoryHistoryStore};
-use runvisor_actors::store::{CheckpointStore, HistoryStore, MemoryLeaseStore, StoredCheckpoint};
+use runvisor_actors::store::{HistoryStore, MemoryLeaseStore, StoredCheckpoint};
+use runvisor_actors::testkit::{PutWatch, WatchedCheckpoints};
 use runvisor_actors::{
-    CheckpointError, CheckpointId, Durability, Fence, Message, RunError, RunStatus, Runtime,
-    RuntimeConfig, StoreError, ThreadId, async_trait,
+    CheckpointError, Durability, Fence, Message, RunError, RunStatus, Runtime, RuntimeConfig,
+    StoreError, ThreadId, async_trait,
 };
 use serde_json::json;
 
@@ -94,55 +95,22 @@ impl HistoryStore for FailingHistory {
     }
 }
 
-/// A checkpoint store whose writes fail as told.
-#[derive(Debug)]
-pub(crate) struct FailingCheckpoints {
-    pub(crate) inner: MemoryCheckpointStore,
-    pub(crate) faults: Faults,
+#[async_trait]
+impl PutWatch for Faults {
+    async fn before(&self, thread: &ThreadId, _: &StoredCheckpoint) -> Result<(), StoreError> {
+        self.check("put", thread.as_str())
+    }
 }
 
-#[async_trait]
-impl CheckpointStore for FailingCheckpoints {
-    async fn put(
-        &self,
-        thread: &ThreadId,
-        checkpoint: StoredCheckpoint,
-        fence: Option<Fence>,
-    ) -> Result<(), StoreError> {
-        self.faults.check("put", thread.as_str())?;
-        self.inner.put(thread, checkpoint, fence).await
-    }
-    async fn get(
-        &self,
-        thread: &ThreadId,
-        id: CheckpointId,
-    ) -> Result<Option<StoredCheckpoint>, StoreError> {
-        self.inner.get(thread, id).await
-    }
-    async fn latest(&self, thread: &ThreadId) -> Result<Option<StoredCheckpoint>, StoreError> {
-        self.inner.latest(thread).await
-    }
-    async fn list(&self, thread: &ThreadId) -> Result<Vec<CheckpointId>, StoreError> {
-        self.inner.list(thread).await
-    }
-    async fn prune(&self, thread: &ThreadId, keep: usize) -> Result<usize, StoreError> {
-        self.inner.prune(thread, keep).await
-    }
-    async fn put_workflow(
-        &self,
-        thread: &ThreadId,
-        hash: &str,
-        definition: &str,
-    ) -> Result<(), StoreError> {
-        self.inner.put_workflow(thread, hash, definition).await
-    }
-    async fn get_workflow(
-        &self,
-        thread: &ThreadId,
-        hash: &str,
-    ) -> Result<Option<String>, StoreError> {
-        self.inner.get_workflow(thread, hash).await
-    }
+/// A memory checkpoint store whose writes fail as its [`Faults`] (its watch) tell.
+pub(crate) type FailingCheckpoints = WatchedCheckpoints<Faults>;
+
+/// A memory checkpoint store whose writes fail as `mode` says.
+pub(crate) fn failing_checkpoints(mode: Failing) -> Arc<FailingCheckpoints> {
+    Arc::new(WatchedCheckpoints::new(
+        Arc::new(MemoryCheckpointStore::new()),
+        Faults::new(mode),
+    ))
 }
 
 fn config(durability: Durability, deadline: Duration) -> RuntimeConfig {
@@ -166,10 +134,7 @@ fn chain(rt: &Runtime) -> runvisor_actors::Workflow {
 
 #[tokio::test(start_paused = true)]
 async fn a_sync_run_whose_progress_is_refused_fails_at_once_instead_of_waiting() {
-    let checkpoints = Arc::new(FailingCheckpoints {
-        inner: MemoryCheckpointStore::new(),
-        faults: Faults::new(Failing::Refused),
-    });
+    let checkpoints = failing_checkpoints(Failing::Refused);
     let rt = Runtime::builder()
         .lease_store(Arc::new(MemoryLeaseStore::new()))
         .checkpoint_store(checkpoints.clone())
@@ -191,7 +156,7 @@ async fn a_sync_run_whose_progress_is_refused_fails_at_once_instead_of_waiting()
     }
     // `b` never ran unsaved, and neither the progress snapshot nor the final one was retried.
     assert_eq!(outcome.output("b"), None);
-    assert_eq!(checkpoints.faults.calls(), 2);
+    assert_eq!(checkpoints.watch().calls(), 2);
 }
 
 #[tokio::test(start_paused = true)]
