@@ -138,6 +138,40 @@ uuid_id!(
     CheckpointId,
     "checkpoint id"
 );
+
+impl CheckpointId {
+    /// A new id that sorts after `floor`: a new time-ordered id when this process's clock is
+    /// past `floor`, otherwise the next id after it (its random bits counted up by one, and
+    /// the millisecond on when they run out), still a valid UUIDv7.
+    ///
+    /// A thread's checkpoints are ordered by id, which is time order only while the processes
+    /// writing them agree on the time: a run that continues a checkpoint written by a process
+    /// whose clock was ahead of this one takes its ids from here, so its checkpoints still
+    /// sort after the one it continues, and the thread's newest is its newest.
+    pub fn after(floor: CheckpointId) -> Self {
+        let now = Self::new();
+        if now > floor {
+            return now;
+        }
+        // UUIDv7: 48 bits of milliseconds, 4 of version, 12 of `rand_a`, 2 of variant, 62 of
+        // `rand_b`; counted up in the random bits, carried into the millisecond.
+        const RAND_B: u128 = (1 << 62) - 1;
+        const RAND_A: u128 = 0xfff << 64;
+        const MILLIS: u128 = ((1 << 48) - 1) << 80;
+        let v = floor.0.as_u128();
+        let next = if v & RAND_B != RAND_B {
+            v + 1
+        } else if v & RAND_A != RAND_A {
+            (v & !RAND_B) + (1 << 64)
+        } else if v & MILLIS != MILLIS {
+            (v & !(RAND_A | RAND_B)) + (1 << 80)
+        } else {
+            // The last id there is: nothing sorts after it.
+            v
+        };
+        Self(uuid::Uuid::from_u128(next))
+    }
+}
 uuid_id!(
     /// One history message.
     MessageId,
@@ -306,5 +340,64 @@ mod tests {
         assert!(a.to_string() < b.to_string() || a == b);
         assert_eq!(a.to_string().parse::<RunId>(), Ok(a));
         assert!("nope".parse::<RunId>().is_err());
+    }
+
+    #[test]
+    fn an_id_after_a_floor_ahead_of_the_clock_sorts_after_it_and_stays_a_uuid_v7() {
+        let v7 = |id: CheckpointId| {
+            let uuid = id.as_uuid();
+            assert_eq!(uuid.get_version_num(), 7, "{uuid}");
+            assert_eq!(uuid.get_variant(), uuid::Variant::RFC4122, "{uuid}");
+        };
+        // A checkpoint from a process whose clock is an hour ahead.
+        let ahead = uuid::Timestamp::from_unix(
+            uuid::NoContext,
+            uuid::Timestamp::now(uuid::NoContext).to_unix().0 + 3600,
+            0,
+        );
+        let floor = CheckpointId(uuid::Uuid::new_v7(ahead));
+        let mut last = floor;
+        for _ in 0..100 {
+            let next = CheckpointId::after(last);
+            v7(next);
+            assert!(
+                next > last && next.to_string() > last.to_string(),
+                "{next} after {last}"
+            );
+            assert_eq!(
+                next.as_uuid().get_timestamp(),
+                floor.as_uuid().get_timestamp()
+            );
+            last = next;
+        }
+        // Behind the clock, a floor changes nothing: the id is a new one.
+        let behind = CheckpointId::new();
+        let next = CheckpointId::after(behind);
+        assert!(next > behind);
+        assert_ne!(next.as_uuid().as_u128(), behind.as_uuid().as_u128() + 1);
+        // The random bits run out: the next id is the following millisecond's first.
+        let full = |millis: u128| {
+            CheckpointId(uuid::Uuid::from_u128(
+                (millis << 80) | (0x7 << 76) | (0xfff << 64) | (0b10 << 62) | ((1 << 62) - 1),
+            ))
+        };
+        let far = (1u128 << 47) + 5;
+        let carried = CheckpointId::after(full(far));
+        v7(carried);
+        assert_eq!(
+            carried.as_uuid().as_u128(),
+            ((far + 1) << 80) | (0x7 << 76) | (0b10 << 62)
+        );
+        // Only `rand_b` full: `rand_a` counts up.
+        let half = CheckpointId(uuid::Uuid::from_u128(
+            (far << 80) | (0x7 << 76) | (0x123 << 64) | (0b10 << 62) | ((1 << 62) - 1),
+        ));
+        let next = CheckpointId::after(half);
+        v7(next);
+        assert_eq!(
+            next.as_uuid().as_u128(),
+            (far << 80) | (0x7 << 76) | (0x124 << 64) | (0b10 << 62)
+        );
+        assert!(next > half);
     }
 }

@@ -567,11 +567,22 @@ impl Runtime {
                 && record.status == RunStatus::AwaitingInput
                 && record.thread == thread
         });
+        // The run's checkpoints sort after the one it continues and, on its own thread, after
+        // the thread's newest, whatever the clock of the process that wrote those.
+        let floor = match &from {
+            ResumeFrom::Checkpoint { .. } => self
+                .checkpoint_store()
+                .latest(&thread)
+                .await
+                .map_err(ResumeError::Store)?
+                .map_or(checkpoint, |newest| newest.id.max(checkpoint)),
+            ResumeFrom::Thread(_) | ResumeFrom::Fork { .. } => checkpoint,
+        };
+        self.services.continue_after(run_id, floor);
         // The run's checkpoints continue the chain of the thread's newest checkpoint when it
         // resumed from that one. Not from an older one:
         // the chain would then interleave with newer checkpoints, which retention keeps only
         // from the oldest kept one's base on.
-        let continues = seed.is_some();
         if let Some(seed) = seed {
             self.services.continue_chain(run_id, seed);
         }
@@ -607,7 +618,7 @@ impl Runtime {
         let launched = Box::pin(self.launch(launch))
             .instrument(launching)
             .await;
-        if launched.is_err() && continues {
+        if launched.is_err() {
             self.services.forget_chain(run_id);
         }
         let handle = launched?;

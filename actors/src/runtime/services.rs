@@ -193,6 +193,13 @@ impl Services {
         self.chains.continue_from(run, *seed);
     }
 
+    /// The checkpoints of `run` sort after checkpoint `floor` of its thread (the one it
+    /// continues, or the thread's newest), even when that one was written by a process whose
+    /// clock is ahead of this one's (called before the run starts).
+    pub(crate) fn continue_after(&self, run: RunId, floor: CheckpointId) {
+        self.chains.continue_after(run, floor);
+    }
+
     /// `run` writes no more checkpoints: its chain, if the checkpointer still follows one,
     /// is forgotten.
     pub(crate) fn forget_chain(&self, run: RunId) {

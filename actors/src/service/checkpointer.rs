@@ -148,6 +148,11 @@ struct Point {
 #[derive(Clone)]
 pub(crate) struct Chains {
     runs: Arc<DashMap<RunId, Chain>>,
+    /// The newest checkpoint id of each run that continues a checkpoint whose id is ahead of
+    /// this process's clock (written by a process whose clock is ahead): the run's ids count
+    /// on from it ([`CheckpointId::after`]) so they sort after what they continue. Empty
+    /// while the processes' clocks agree.
+    floors: Arc<DashMap<RunId, CheckpointId>>,
     compact_every: u32,
     compact_percent: u32,
 }
@@ -159,6 +164,7 @@ impl Chains {
     pub(crate) fn new(compact_every: u32, compact_percent: u32) -> Self {
         Self {
             runs: Arc::new(DashMap::new()),
+            floors: Arc::new(DashMap::new()),
             compact_every,
             compact_percent,
         }
@@ -324,6 +330,38 @@ impl Chains {
         self.runs.remove(run);
     }
 
+    /// The run writes no more checkpoints.
+    fn forget(&self, run: &RunId) {
+        self.runs.remove(run);
+        self.floors.remove(run);
+    }
+
+    /// The id of the run's next checkpoint: a new one, or, while the run counts on from a
+    /// checkpoint ahead of this process's clock ([`Chains::continue_after`]), the next after
+    /// the run's last.
+    fn next_id(&self, run: &RunId) -> CheckpointId {
+        if self.floors.is_empty() {
+            return CheckpointId::new();
+        }
+        match self.floors.get_mut(run) {
+            Some(mut floor) => {
+                let id = CheckpointId::after(*floor);
+                *floor = id;
+                id
+            }
+            None => CheckpointId::new(),
+        }
+    }
+
+    /// The run continues checkpoint `floor` (resumed from it, or from an older one of a
+    /// thread whose newest is `floor`): its checkpoints sort after it, even when it was
+    /// written by a process whose clock is ahead of this one's.
+    pub(crate) fn continue_after(&self, run: RunId, floor: CheckpointId) {
+        if CheckpointId::new() <= floor {
+            self.floors.insert(run, floor);
+        }
+    }
+
     /// The run's checkpoints continue the chain of the checkpoint it resumed from, which is
     /// their first merge point.
     pub(crate) fn continue_from(&self, run: RunId, seed: ChainSeed) {
@@ -462,7 +500,7 @@ impl Actor for Checkpointer {
                     Pending {
                         write,
                         bytes: None,
-                        id: CheckpointId::new(),
+                        id: state.chains.next_id(&run),
                         tried: None,
                     },
                 );
@@ -473,7 +511,7 @@ impl Actor for Checkpointer {
                 state.flush().await;
                 state.schedule(&myself);
             }
-            CheckpointMsg::Forget(run) => state.chains.broken(&run),
+            CheckpointMsg::Forget(run) => state.chains.forget(&run),
         }
         Ok(())
     }
@@ -709,7 +747,7 @@ pub(crate) async fn write_awaited(
     };
     let (bytes, link) = encode(&write).map_err(SaveFailed::from)?;
     let mut stored = StoredCheckpoint {
-        id: CheckpointId::new(),
+        id: chains.next_id(&write.run),
         run: write.run,
         sequence: write.sequence,
         bytes,

@@ -3,6 +3,8 @@
 //! continuing a thread from an older checkpoint leaves the newer ones untouched; shutdown
 //! stops every live run resumably; resume refuses what it cannot continue.
 
+use runvisor_actors::delta::materialize;
+use runvisor_actors::store::StoredCheckpoint;
 use runvisor_actors::testkit::{Interrupt, Script, persisted};
 use runvisor_actors::{
     CheckpointId, MessageId, ResumeError, ResumeFrom, ResumeInput, Role, RunEvent, RunStatus,
@@ -449,4 +451,115 @@ async fn resume_refuses_what_it_cannot_continue() {
         .expect("live");
     assert!(matches!(reply, StopReply::Stopped(_)), "{reply:#?}");
     assert!(k.rt.registry().is_empty());
+}
+
+/// A checkpoint id of a process whose clock is an hour ahead of this one's.
+fn id_an_hour_ahead() -> CheckpointId {
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .expect("after 1970");
+    let millis = (now + std::time::Duration::from_secs(3600)).as_millis();
+    format!(
+        "{:08x}-{:04x}-7000-8000-000000000001",
+        millis >> 16,
+        millis & 0xffff
+    )
+    .parse()
+    .expect("a UUIDv7")
+}
+
+/// A thread's newest checkpoint was written by a process whose clock runs an hour ahead (here:
+/// the stopped run's checkpoint stored again under such an id). The runs that continue it, and
+/// one that continues the thread from an older checkpoint, write checkpoints that sort after
+/// it: the thread's newest stays the newest written, which the next resume continues.
+#[tokio::test]
+async fn runs_continuing_a_checkpoint_of_a_clock_ahead_write_checkpoints_that_sort_after_it() {
+    let k = kit(Script::new()
+        .interrupt(Interrupt::before("b"))
+        .interrupt(Interrupt::before("c")));
+    let wf = load(
+        &k.rt,
+        json!({"id": "skewed", "nodes": [
+            {"id": "start", "kind": "begin"},
+            {"id": "a", "kind": "count"},
+            {"id": "b", "kind": "count"},
+            {"id": "c", "kind": "count"}
+        ], "edges": [
+            {"from": "start", "to": "a"}, {"from": "a", "to": "b"}, {"from": "b", "to": "c"}
+        ]}),
+    );
+    let t = thread("clock-ahead");
+    let store = k.rt.checkpoint_store().clone();
+    let run1 =
+        k.rt.start(&wf, Default::default(), t.clone())
+            .await
+            .expect("start");
+    let out1 = finish(&run1).await;
+    let cp1 = stopped(&out1).checkpoint_id.expect("cp1");
+    let stored = store.get(&t, cp1).await.expect("get").expect("cp1 stored");
+    let whole = materialize(&*store, &t, &stored).await.expect("restores");
+    let ahead = id_an_hour_ahead();
+    store
+        .put(
+            &t,
+            StoredCheckpoint {
+                id: ahead,
+                run: stored.run,
+                sequence: stored.sequence + 1,
+                bytes: whole.encode().expect("encodes"),
+                link: None,
+            },
+            None,
+        )
+        .await
+        .expect("put");
+    assert_eq!(
+        store.latest(&t).await.expect("latest").map(|c| c.id),
+        Some(ahead)
+    );
+
+    let run2 = within("resume", k.rt.resume(t.clone(), ResumeInput::Continue))
+        .await
+        .expect("resumable");
+    let out2 = finish(&run2).await;
+    let cp2 = stopped(&out2).checkpoint_id.expect("cp2");
+    assert_eq!(stopped(&out2).frontier, nodes(&["c"]));
+    assert!(cp2 > ahead, "{cp2} sorts before {ahead}");
+    assert_eq!(
+        store.latest(&t).await.expect("latest").map(|c| c.id),
+        Some(cp2)
+    );
+    // Every checkpoint the run wrote sorts after the one it continued.
+    let listed = store.list(&t).await.expect("list");
+    for id in &listed {
+        let checkpoint = store.get(&t, *id).await.expect("get").expect("listed");
+        if checkpoint.run == run2.run_id() {
+            assert!(*id > ahead, "{id} of the resumed run sorts before {ahead}");
+        }
+    }
+
+    // Continuing the thread from the older checkpoint: after the thread's newest too.
+    let run3 = within(
+        "resume from cp1",
+        k.rt.resume(
+            ResumeFrom::Checkpoint {
+                thread: t.clone(),
+                checkpoint: cp1,
+            },
+            ResumeInput::Continue,
+        ),
+    )
+    .await
+    .expect("resumable");
+    let out3 = finish(&run3).await;
+    assert_eq!(out3.status(), RunStatus::Succeeded, "{out3:#?}");
+    let cp3 = record(&k.rt, run3.run_id())
+        .await
+        .checkpoint_id
+        .expect("final checkpoint");
+    assert!(cp3 > cp2, "{cp3} sorts before {cp2}");
+    assert_eq!(
+        store.latest(&t).await.expect("latest").map(|c| c.id),
+        Some(cp3)
+    );
 }
