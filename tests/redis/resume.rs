@@ -4,13 +4,15 @@
 
 use std::collections::{BTreeMap, HashSet};
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use runvisor::redis::RedisStores;
 use runvisor::{
-    Map, Message, NodeContext, NodeError, NodeHandler, NodeOutput, ResumeInput, RunStatus, Runtime,
-    StopMode, StopReply, ThreadId, Value, async_trait,
+    CheckpointId, Map, Message, NodeContext, NodeError, NodeHandler, NodeOutput, ResumeInput,
+    RunStatus, Runtime, StopMode, StopReply, ThreadId, Value, async_trait,
 };
+use runvisor_actors::delta::materialize;
+use runvisor_actors::store::StoredCheckpoint;
 
 use super::support::{RedisServer, stores, thread, within};
 
@@ -175,4 +177,102 @@ async fn a_run_stopped_in_one_runtime_resumes_in_another() {
     let listed = second_stores.checkpoints.list(&t).await.expect("list");
     assert!(listed.contains(&stop.checkpoint_id.expect("stop checkpoint")));
     assert_eq!(listed.last(), Some(&latest.id));
+}
+
+/// The thread's newest checkpoint came from a process whose clock runs an hour ahead (here:
+/// the stop checkpoint stored again, whole, under such an id). A brand-new runtime resumes the
+/// thread from it: every checkpoint the resumed run writes sorts after it in the thread's
+/// index, and the thread's newest is the resumed run's final one.
+#[tokio::test]
+async fn a_run_resumed_from_a_checkpoint_of_a_clock_ahead_stays_the_newest_on_redis() {
+    let server = RedisServer::start();
+    let t: ThreadId = thread("chat:clock-ahead");
+    let first_step = Step::hanging(&["slow"]);
+    let first_stores = stores(&server).await;
+    let first_rt = runtime(&first_stores, &first_step);
+    let workflow = first_rt.load_json(WORKFLOW).expect("valid workflow");
+    let first = first_rt
+        .start(&workflow, Map::new(), t.clone())
+        .await
+        .expect("start");
+    within("`slow` to start", async {
+        while first_step.calls("slow") == 0 {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    })
+    .await;
+    let stop = match within("force stop", first.stop(StopMode::Force)).await {
+        Ok(StopReply::Stopped(result)) => result,
+        other => panic!("expected the run to stop: {other:?}"),
+    };
+    let at_stop = stop.checkpoint_id.expect("stop checkpoint");
+    let stored = first_stores
+        .checkpoints
+        .get(&t, at_stop)
+        .await
+        .expect("get")
+        .expect("stored");
+    let whole = materialize(&*first_stores.checkpoints, &t, &stored)
+        .await
+        .expect("restores");
+    let millis = (SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .expect("after 1970")
+        + Duration::from_secs(3600))
+    .as_millis();
+    let ahead: CheckpointId = format!(
+        "{:08x}-{:04x}-7000-8000-000000000001",
+        millis >> 16,
+        millis & 0xffff
+    )
+    .parse()
+    .expect("a UUIDv7");
+    first_stores
+        .checkpoints
+        .put(
+            &t,
+            StoredCheckpoint {
+                id: ahead,
+                run: stored.run,
+                sequence: stored.sequence + 1,
+                bytes: whole.encode().expect("encodes"),
+                link: None,
+            },
+            None,
+        )
+        .await
+        .expect("put");
+    drop(first_rt);
+    drop(first_stores);
+
+    let second_stores = stores(&server).await;
+    let second_rt = runtime(&second_stores, &Step::default());
+    let resumed = within("resume", second_rt.resume(t.clone(), ResumeInput::Continue))
+        .await
+        .expect("resumable from Redis");
+    let outcome = within("resumed run", resumed.wait()).await;
+    assert_eq!(outcome.status(), RunStatus::Succeeded, "{outcome:#?}");
+    let latest = second_stores
+        .checkpoints
+        .latest(&t)
+        .await
+        .expect("latest")
+        .expect("a checkpoint");
+    assert_eq!(
+        latest.run,
+        resumed.run_id(),
+        "the newest is the resumed run's"
+    );
+    assert!(latest.id > ahead);
+    for id in second_stores.checkpoints.list(&t).await.expect("list") {
+        let checkpoint = second_stores
+            .checkpoints
+            .get(&t, id)
+            .await
+            .expect("get")
+            .expect("listed");
+        if checkpoint.run == resumed.run_id() {
+            assert!(id > ahead, "{id} of the resumed run sorts before {ahead}");
+        }
+    }
 }
