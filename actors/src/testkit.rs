@@ -428,6 +428,50 @@ pub async fn persisted(runtime: &Runtime, thread: &ThreadId) -> Persisted {
     }
 }
 
+/// Stores checkpoint `id` of `thread` again, whole, under an id of the same run `ahead` of
+/// this process's clock, as a process whose clock runs that far ahead would have written it
+/// (its sequence one past the checkpoint's, unfenced); answers the new id, now the thread's
+/// newest. For tests of what runs continuing such a checkpoint write.
+pub async fn stored_again_ahead(
+    store: &dyn CheckpointStore,
+    thread: &ThreadId,
+    id: CheckpointId,
+    ahead: Duration,
+) -> Result<CheckpointId, String> {
+    use crate::persist::delta::materialize;
+    let stored = store
+        .get(thread, id)
+        .await
+        .map_err(|e| e.to_string())?
+        .ok_or_else(|| format!("checkpoint {id} is not stored"))?;
+    let whole = materialize(store, thread, &stored)
+        .await
+        .map_err(|e| e.to_string())?;
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_err(|e| e.to_string())?;
+    let millis = (now + ahead).as_millis();
+    let later: CheckpointId = format!(
+        "{:08x}-{:04x}-7000-8000-000000000001",
+        millis >> 16,
+        millis & 0xffff
+    )
+    .parse()
+    .map_err(|e: crate::model::InvalidId| e.to_string())?;
+    let checkpoint = StoredCheckpoint {
+        id: later,
+        run: stored.run,
+        sequence: stored.sequence + 1,
+        bytes: whole.encode().map_err(|e| e.to_string())?,
+        link: None,
+    };
+    store
+        .put(thread, checkpoint, None)
+        .await
+        .map_err(|e| e.to_string())?;
+    Ok(later)
+}
+
 /// A handler that streams `text` word by word (one chunk per word, `interval` apart), honours
 /// stops at each chunk, appends the whole text as an assistant message and outputs
 /// `{"text": ...}`. Counts its invocations.

@@ -4,15 +4,14 @@
 
 use std::collections::{BTreeMap, HashSet};
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::Duration;
 
 use runvisor::redis::RedisStores;
 use runvisor::{
-    CheckpointId, Map, Message, NodeContext, NodeError, NodeHandler, NodeOutput, ResumeInput,
-    RunStatus, Runtime, StopMode, StopReply, ThreadId, Value, async_trait,
+    Map, Message, NodeContext, NodeError, NodeHandler, NodeOutput, ResumeInput, RunStatus, Runtime,
+    StopMode, StopReply, ThreadId, Value, async_trait,
 };
-use runvisor_actors::delta::materialize;
-use runvisor_actors::store::StoredCheckpoint;
+use runvisor_actors::testkit::stored_again_ahead;
 
 use super::support::{RedisServer, stores, thread, within};
 
@@ -206,42 +205,14 @@ async fn a_run_resumed_from_a_checkpoint_of_a_clock_ahead_stays_the_newest_on_re
         other => panic!("expected the run to stop: {other:?}"),
     };
     let at_stop = stop.checkpoint_id.expect("stop checkpoint");
-    let stored = first_stores
-        .checkpoints
-        .get(&t, at_stop)
-        .await
-        .expect("get")
-        .expect("stored");
-    let whole = materialize(&*first_stores.checkpoints, &t, &stored)
-        .await
-        .expect("restores");
-    let millis = (SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .expect("after 1970")
-        + Duration::from_secs(3600))
-    .as_millis();
-    let ahead: CheckpointId = format!(
-        "{:08x}-{:04x}-7000-8000-000000000001",
-        millis >> 16,
-        millis & 0xffff
+    let ahead = stored_again_ahead(
+        &*first_stores.checkpoints,
+        &t,
+        at_stop,
+        Duration::from_secs(3600),
     )
-    .parse()
-    .expect("a UUIDv7");
-    first_stores
-        .checkpoints
-        .put(
-            &t,
-            StoredCheckpoint {
-                id: ahead,
-                run: stored.run,
-                sequence: stored.sequence + 1,
-                bytes: whole.encode().expect("encodes"),
-                link: None,
-            },
-            None,
-        )
-        .await
-        .expect("put");
+    .await
+    .expect("stored again");
     drop(first_rt);
     drop(first_stores);
 

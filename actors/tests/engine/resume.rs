@@ -3,9 +3,9 @@
 //! continuing a thread from an older checkpoint leaves the newer ones untouched; shutdown
 //! stops every live run resumably; resume refuses what it cannot continue.
 
-use runvisor_actors::delta::materialize;
-use runvisor_actors::store::StoredCheckpoint;
-use runvisor_actors::testkit::{Interrupt, Script, persisted};
+use std::time::Duration;
+
+use runvisor_actors::testkit::{Interrupt, Script, persisted, stored_again_ahead};
 use runvisor_actors::{
     CheckpointId, MessageId, ResumeError, ResumeFrom, ResumeInput, Role, RunEvent, RunStatus,
     StopMode, StopReason, StopReply, Value,
@@ -453,21 +453,6 @@ async fn resume_refuses_what_it_cannot_continue() {
     assert!(k.rt.registry().is_empty());
 }
 
-/// A checkpoint id of a process whose clock is an hour ahead of this one's.
-fn id_an_hour_ahead() -> CheckpointId {
-    let now = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .expect("after 1970");
-    let millis = (now + std::time::Duration::from_secs(3600)).as_millis();
-    format!(
-        "{:08x}-{:04x}-7000-8000-000000000001",
-        millis >> 16,
-        millis & 0xffff
-    )
-    .parse()
-    .expect("a UUIDv7")
-}
-
 /// A thread's newest checkpoint was written by a process whose clock runs an hour ahead (here:
 /// the stopped run's checkpoint stored again under such an id). The runs that continue it, and
 /// one that continues the thread from an older checkpoint, write checkpoints that sort after
@@ -496,23 +481,9 @@ async fn runs_continuing_a_checkpoint_of_a_clock_ahead_write_checkpoints_that_so
             .expect("start");
     let out1 = finish(&run1).await;
     let cp1 = stopped(&out1).checkpoint_id.expect("cp1");
-    let stored = store.get(&t, cp1).await.expect("get").expect("cp1 stored");
-    let whole = materialize(&*store, &t, &stored).await.expect("restores");
-    let ahead = id_an_hour_ahead();
-    store
-        .put(
-            &t,
-            StoredCheckpoint {
-                id: ahead,
-                run: stored.run,
-                sequence: stored.sequence + 1,
-                bytes: whole.encode().expect("encodes"),
-                link: None,
-            },
-            None,
-        )
+    let ahead = stored_again_ahead(&*store, &t, cp1, Duration::from_secs(3600))
         .await
-        .expect("put");
+        .expect("stored again");
     assert_eq!(
         store.latest(&t).await.expect("latest").map(|c| c.id),
         Some(ahead)
