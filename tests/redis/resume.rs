@@ -8,8 +8,8 @@ use std::time::Duration;
 
 use runvisor::redis::RedisStores;
 use runvisor::{
-    Map, Message, NodeContext, NodeError, NodeHandler, NodeOutput, ResumeInput, RunStatus, Runtime,
-    StopMode, StopReply, ThreadId, Value, async_trait,
+    Map, Message, NodeContext, NodeError, NodeHandler, NodeOutput, ResumeInput, RunHandle,
+    RunStatus, Runtime, StopMode, StopReply, StopResult, ThreadId, Value, async_trait,
 };
 use runvisor_actors::testkit::stored_again_ahead;
 
@@ -87,33 +87,41 @@ fn texts(history: &[Message]) -> Vec<&str> {
     history.iter().map(|m| m.content.as_str()).collect()
 }
 
+/// A process's run of [`WORKFLOW`] on `t` with `inputs`, force-stopped in `slow`, which hangs:
+/// its stores, runtime, run and the stop's result.
+async fn stopped_at_slow(
+    server: &RedisServer,
+    t: &ThreadId,
+    inputs: Map,
+) -> (RedisStores, Runtime, RunHandle, StopResult) {
+    let step = Step::hanging(&["slow"]);
+    let stores = stores(server).await;
+    let rt = runtime(&stores, &step);
+    let workflow = rt.load_json(WORKFLOW).expect("valid workflow");
+    let run = rt.start(&workflow, inputs, t.clone()).await.expect("start");
+    within("`slow` to start", async {
+        while step.calls("slow") == 0 {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    })
+    .await;
+    let stop = match within("force stop", run.stop(StopMode::Force)).await {
+        Ok(StopReply::Stopped(result)) => result,
+        other => panic!("expected the run to stop: {other:?}"),
+    };
+    (stores, rt, run, stop)
+}
+
 #[tokio::test]
 async fn a_run_stopped_in_one_runtime_resumes_in_another() {
     let server = RedisServer::start();
     let t: ThreadId = thread("chat:durable");
 
     // Process one: the run reaches `slow`, which hangs; it is force-stopped there.
-    let first_step = Step::hanging(&["slow"]);
-    let first_stores = stores(&server).await;
-    let first_rt = runtime(&first_stores, &first_step);
-    let workflow = first_rt.load_json(WORKFLOW).expect("valid workflow");
     let inputs: Map = [("query".to_owned(), Value::from("hello"))]
         .into_iter()
         .collect();
-    let first = first_rt
-        .start(&workflow, inputs, t.clone())
-        .await
-        .expect("start");
-    within("`slow` to start", async {
-        while first_step.calls("slow") == 0 {
-            tokio::time::sleep(Duration::from_millis(10)).await;
-        }
-    })
-    .await;
-    let stop = match within("force stop", first.stop(StopMode::Force)).await {
-        Ok(StopReply::Stopped(result)) => result,
-        other => panic!("expected the run to stop: {other:?}"),
-    };
+    let (first_stores, first_rt, first, stop) = stopped_at_slow(&server, &t, inputs).await;
     assert!(stop.checkpoint_id.is_some(), "{stop:#?}");
     assert_eq!(
         within("outcome", first.wait()).await.status(),
@@ -186,24 +194,7 @@ async fn a_run_stopped_in_one_runtime_resumes_in_another() {
 async fn a_run_resumed_from_a_checkpoint_of_a_clock_ahead_stays_the_newest_on_redis() {
     let server = RedisServer::start();
     let t: ThreadId = thread("chat:clock-ahead");
-    let first_step = Step::hanging(&["slow"]);
-    let first_stores = stores(&server).await;
-    let first_rt = runtime(&first_stores, &first_step);
-    let workflow = first_rt.load_json(WORKFLOW).expect("valid workflow");
-    let first = first_rt
-        .start(&workflow, Map::new(), t.clone())
-        .await
-        .expect("start");
-    within("`slow` to start", async {
-        while first_step.calls("slow") == 0 {
-            tokio::time::sleep(Duration::from_millis(10)).await;
-        }
-    })
-    .await;
-    let stop = match within("force stop", first.stop(StopMode::Force)).await {
-        Ok(StopReply::Stopped(result)) => result,
-        other => panic!("expected the run to stop: {other:?}"),
-    };
+    let (first_stores, first_rt, _, stop) = stopped_at_slow(&server, &t, Map::new()).await;
     let at_stop = stop.checkpoint_id.expect("stop checkpoint");
     let ahead = stored_again_ahead(
         &*first_stores.checkpoints,

@@ -8,7 +8,7 @@ use std::time::Duration;
 use runvisor_actors::testkit::{Interrupt, Script, persisted, stored_again_ahead};
 use runvisor_actors::{
     CheckpointId, MessageId, ResumeError, ResumeFrom, ResumeInput, Role, RunEvent, RunStatus,
-    StopMode, StopReason, StopReply, Value,
+    StopMode, StopReason, StopReply, Value, Workflow,
 };
 use serde_json::json;
 
@@ -158,16 +158,15 @@ async fn resume_after_a_stop_continues_where_it_stopped() {
     );
 }
 
-/// `ResumeFrom::Checkpoint` continues the same thread from an older checkpoint (a fork is
-/// `ResumeFrom::Fork`, in `fork.rs`).
-#[tokio::test]
-async fn continuing_a_thread_from_an_older_checkpoint_leaves_the_newer_ones_untouched() {
+/// A kit whose runs stop before `b` and before `c`, and workflow `id`: `start`, `a`, `b`, `c`
+/// in a row.
+fn a_b_c_stopping_before_b_and_c(id: &str) -> (Kit, Workflow) {
     let k = kit(Script::new()
         .interrupt(Interrupt::before("b"))
         .interrupt(Interrupt::before("c")));
     let wf = load(
         &k.rt,
-        json!({"id": "forks", "nodes": [
+        json!({"id": id, "nodes": [
             {"id": "start", "kind": "begin"},
             {"id": "a", "kind": "count"},
             {"id": "b", "kind": "count"},
@@ -176,6 +175,14 @@ async fn continuing_a_thread_from_an_older_checkpoint_leaves_the_newer_ones_unto
             {"from": "start", "to": "a"}, {"from": "a", "to": "b"}, {"from": "b", "to": "c"}
         ]}),
     );
+    (k, wf)
+}
+
+/// `ResumeFrom::Checkpoint` continues the same thread from an older checkpoint (a fork is
+/// `ResumeFrom::Fork`, in `fork.rs`).
+#[tokio::test]
+async fn continuing_a_thread_from_an_older_checkpoint_leaves_the_newer_ones_untouched() {
+    let (k, wf) = a_b_c_stopping_before_b_and_c("forks");
     let t = thread("fork");
     let store = k.rt.checkpoint_store().clone();
 
@@ -459,20 +466,7 @@ async fn resume_refuses_what_it_cannot_continue() {
 /// it: the thread's newest stays the newest written, which the next resume continues.
 #[tokio::test]
 async fn runs_continuing_a_checkpoint_of_a_clock_ahead_write_checkpoints_that_sort_after_it() {
-    let k = kit(Script::new()
-        .interrupt(Interrupt::before("b"))
-        .interrupt(Interrupt::before("c")));
-    let wf = load(
-        &k.rt,
-        json!({"id": "skewed", "nodes": [
-            {"id": "start", "kind": "begin"},
-            {"id": "a", "kind": "count"},
-            {"id": "b", "kind": "count"},
-            {"id": "c", "kind": "count"}
-        ], "edges": [
-            {"from": "start", "to": "a"}, {"from": "a", "to": "b"}, {"from": "b", "to": "c"}
-        ]}),
-    );
+    let (k, wf) = a_b_c_stopping_before_b_and_c("skewed");
     let t = thread("clock-ahead");
     let store = k.rt.checkpoint_store().clone();
     let run1 =
