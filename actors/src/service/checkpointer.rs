@@ -340,9 +340,6 @@ impl Chains {
     /// checkpoint ahead of this process's clock ([`Chains::continue_after`]), the next after
     /// the run's last.
     fn next_id(&self, run: &RunId) -> CheckpointId {
-        if self.floors.is_empty() {
-            return CheckpointId::new();
-        }
         match self.floors.get_mut(run) {
             Some(mut floor) => {
                 let id = CheckpointId::after(*floor);
