@@ -1,7 +1,8 @@
 //! A new run's start in one script on Redis ([`StartStore`]): the lease's acquire
 //! ([`lease::ACQUIRE`]), then the run's first record ([`run::PUT`]) with the new token as its
-//! fencing token and its `fence` field, then the thread's history read whole, all in the
-//! thread's slot. Each step is the script it is alone, called as a Lua function with its own
+//! fencing token and its `fence` field, then the thread's history read whole and its newest
+//! checkpoint id (the index's greatest member: the run's checkpoints sort after it, whatever
+//! the clock of the process that wrote it), all in the thread's slot. Each step is the script it is alone, called as a Lua function with its own
 //! keys and arguments, and runs only when the one before it answered `ok`. The record's
 //! pointer and its index entries go in the same pipeline, as a record's write sends them.
 //!
@@ -15,7 +16,7 @@ use std::time::Duration;
 use ::redis::Value;
 use async_trait::async_trait;
 use runvisor_actors::store::{Begun, RunRecord, StartStore};
-use runvisor_actors::{Fence, LeaseError, LeaseHolder, StoreError};
+use runvisor_actors::{CheckpointId, Fence, LeaseError, LeaseHolder, StoreError};
 
 use super::history;
 use super::keys::Keys;
@@ -26,13 +27,14 @@ use super::scripts::{Lua, Part};
 
 /// Runs the steps in order.
 ///
-/// KEYS: the acquire's, then the record's, then the thread's history list. ARGV: the
-/// acquire's, then the record's (its fencing token and `fence` field as placeholders), then
-/// the acquire's key and argument counts and where the `fence` field's value is among the
-/// record's arguments (1-based). Returns `{'lease', reply}` when the lease is not taken,
-/// `{'record', reply, lease reply}` when the record is not written (the lease is), or
-/// `{'ok', lease reply, record reply, history}` (`history`: `false` when the list is a key of
-/// another type).
+/// KEYS: the acquire's, then the record's, then the thread's history list and its checkpoint
+/// index. ARGV: the acquire's, then the record's (its fencing token and `fence` field as
+/// placeholders), then the acquire's key and argument counts and where the `fence` field's
+/// value is among the record's arguments (1-based). Returns `{'lease', reply}` when the lease
+/// is not taken, `{'record', reply, lease reply}` when the record is not written (the lease
+/// is), or `{'ok', lease reply, record reply, history, newest}` (`history`: `false` when the
+/// list is a key of another type; `newest`: the index's greatest member, `false` when there
+/// is none or the index is a key of another type).
 const STEPS: &str = r#"
 local n = #ARGV
 local lease_keys, lease_args = tonumber(ARGV[n - 2]), tonumber(ARGV[n - 1])
@@ -40,7 +42,7 @@ local at = tonumber(ARGV[n])
 local k, a, rk, ra = {}, {}, {}, {}
 for i = 1, lease_keys do k[i] = KEYS[i] end
 for i = 1, lease_args do a[i] = ARGV[i] end
-for i = lease_keys + 1, #KEYS - 1 do rk[#rk + 1] = KEYS[i] end
+for i = lease_keys + 1, #KEYS - 2 do rk[#rk + 1] = KEYS[i] end
 for i = lease_args + 1, n - 3 do ra[#ra + 1] = ARGV[i] end
 local taken = acquire(k, a)
 if taken[1] ~= 'ok' then return {'lease', taken} end
@@ -48,9 +50,11 @@ ra[2] = taken[2]
 ra[at] = taken[2]
 local recorded = record(rk, ra)
 if recorded[1] ~= 'ok' then return {'record', recorded, taken} end
-local history = redis.pcall('LRANGE', KEYS[#KEYS], 0, -1)
+local history = redis.pcall('LRANGE', KEYS[#KEYS - 1], 0, -1)
 if failed(history) then history = false end
-return {'ok', taken, recorded, history}
+local newest = redis.pcall('ZRANGE', KEYS[#KEYS], -1, -1)
+if failed(newest) or #newest == 0 then newest = false else newest = newest[1] end
+return {'ok', taken, recorded, history, newest}
 "#;
 
 /// The start's script: the steps' scripts as functions whose parameters `KEYS` and `ARGV`
@@ -117,7 +121,7 @@ impl StartStore for RedisStartStore {
         let counts = [taking.keys.len(), taking.args.len(), at];
         let key = written.keys[0].clone();
         let read = Part {
-            keys: vec![history_key.clone()],
+            keys: vec![history_key.clone(), self.keys.checkpoint_index(thread)],
             args: Vec::new(),
         };
         let whole = Part::joined([taking, written, read], &counts);
@@ -150,7 +154,7 @@ impl StartStore for RedisStartStore {
                 }
                 Ok(Begun::NotStarted)
             }
-            ("ok", [_, taken, recorded, read]) => {
+            ("ok", [_, taken, recorded, read, newest]) => {
                 let Attempt::Taken(fence, took_over) = self.leases.attempt(taken, thread)? else {
                     return Err(unexpected(&key, &reply).into());
                 };
@@ -171,6 +175,7 @@ impl StartStore for RedisStartStore {
                 Ok(Begun::Started {
                     acquired: acquired(holder, fence, took_over),
                     history,
+                    newest_checkpoint: newest_id(newest),
                 })
             }
             _ => Err(unexpected(&key, &reply).into()),
@@ -186,6 +191,16 @@ fn field_value_at(args: &[Vec<u8>], name: &str) -> Option<usize> {
         .map(|i| 8 + 2 * i)
         .find(|&i| args.get(i).is_some_and(|field| field == name.as_bytes()))
         .map(|i| i + 2)
+}
+
+/// The index's greatest member as the script answered it: `None` when there is none, or it
+/// is not a checkpoint id (the index holds only ids; anything else orders nothing).
+fn newest_id(newest: &Value) -> Option<CheckpointId> {
+    match newest {
+        Value::BulkString(text) => std::str::from_utf8(text).ok()?.parse().ok(),
+        Value::SimpleString(text) => text.parse().ok(),
+        _ => None,
+    }
 }
 
 fn unexpected(key: &str, reply: &Value) -> StoreError {

@@ -899,8 +899,8 @@ async fn a_whole_end_on_a_cluster_is_one_script_in_its_threads_slot() {
     }
 }
 
-/// A new run's start on a cluster: lease, record and history read in one script in the
-/// thread's slot.
+/// A new run's start on a cluster: lease, record, history and the newest checkpoint id read
+/// in one script in the thread's slot.
 #[tokio::test]
 async fn a_start_on_a_cluster_is_one_script_in_its_threads_slot() {
     use runvisor::store::Begun;
@@ -915,13 +915,38 @@ async fn a_start_on_a_cluster_is_one_script_in_its_threads_slot() {
         .append(&t, &earlier, None)
         .await
         .expect("append");
+    let earlier_run = RunId::new();
+    let mut newest = None;
+    for sequence in 1..=3 {
+        let id = runvisor::CheckpointId::new();
+        stores
+            .checkpoints
+            .put(
+                &t,
+                runvisor::store::StoredCheckpoint {
+                    id,
+                    run: earlier_run,
+                    sequence,
+                    bytes: vec![1, 2, 3],
+                    link: None,
+                },
+                None,
+            )
+            .await
+            .expect("put");
+        newest = Some(id);
+    }
     let run = RunId::new();
     let holder = LeaseHolder {
         worker: WorkerId::new("w1").expect("worker id"),
         run,
     };
     let first = super::support::run_record(run, &t);
-    let Begun::Started { acquired, history } = stores
+    let Begun::Started {
+        acquired,
+        history,
+        newest_checkpoint,
+    } = stores
         .starts
         .begin(&first, &holder, Duration::from_secs(10))
         .await
@@ -930,6 +955,7 @@ async fn a_start_on_a_cluster_is_one_script_in_its_threads_slot() {
         panic!("a free thread must be started")
     };
     assert_eq!(history.expect("history"), earlier.to_vec());
+    assert_eq!(newest_checkpoint, newest);
     assert_eq!(
         stores.leases.lease(&t).await.expect("lease"),
         Some(acquired.lease.clone())

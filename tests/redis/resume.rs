@@ -192,6 +192,23 @@ async fn a_run_stopped_in_one_runtime_resumes_in_another() {
 /// index, and the thread's newest is the resumed run's final one.
 #[tokio::test]
 async fn a_run_resumed_from_a_checkpoint_of_a_clock_ahead_stays_the_newest_on_redis() {
+    after_a_checkpoint_of_a_clock_ahead(Then::Resume).await;
+}
+
+/// The same for a new run started on the thread (not resumed): the start reads the thread's
+/// newest checkpoint id in its one script, and the run's checkpoints sort after it.
+#[tokio::test]
+async fn a_new_run_after_a_checkpoint_of_a_clock_ahead_stays_the_newest_on_redis() {
+    after_a_checkpoint_of_a_clock_ahead(Then::Start).await;
+}
+
+/// How the second process goes on with the thread.
+enum Then {
+    Resume,
+    Start,
+}
+
+async fn after_a_checkpoint_of_a_clock_ahead(then: Then) {
     let server = RedisServer::start();
     let t: ThreadId = thread("chat:clock-ahead");
     let (first_stores, first_rt, _, stop) = stopped_at_slow(&server, &t, Map::new()).await;
@@ -209,10 +226,18 @@ async fn a_run_resumed_from_a_checkpoint_of_a_clock_ahead_stays_the_newest_on_re
 
     let second_stores = stores(&server).await;
     let second_rt = runtime(&second_stores, &Step::default());
-    let resumed = within("resume", second_rt.resume(t.clone(), ResumeInput::Continue))
-        .await
-        .expect("resumable from Redis");
-    let outcome = within("resumed run", resumed.wait()).await;
+    let resumed = match then {
+        Then::Resume => within("resume", second_rt.resume(t.clone(), ResumeInput::Continue))
+            .await
+            .expect("resumable from Redis"),
+        Then::Start => {
+            let workflow = second_rt.load_json(WORKFLOW).expect("valid workflow");
+            within("start", second_rt.start(&workflow, Map::new(), t.clone()))
+                .await
+                .expect("start")
+        }
+    };
+    let outcome = within("second run", resumed.wait()).await;
     assert_eq!(outcome.status(), RunStatus::Succeeded, "{outcome:#?}");
     let latest = second_stores
         .checkpoints
@@ -223,7 +248,7 @@ async fn a_run_resumed_from_a_checkpoint_of_a_clock_ahead_stays_the_newest_on_re
     assert_eq!(
         latest.run,
         resumed.run_id(),
-        "the newest is the resumed run's"
+        "the newest is the second run's"
     );
     assert!(latest.id > ahead);
     for id in second_stores.checkpoints.list(&t).await.expect("list") {
@@ -234,7 +259,7 @@ async fn a_run_resumed_from_a_checkpoint_of_a_clock_ahead_stays_the_newest_on_re
             .expect("get")
             .expect("listed");
         if checkpoint.run == resumed.run_id() {
-            assert!(id > ahead, "{id} of the resumed run sorts before {ahead}");
+            assert!(id > ahead, "{id} of the second run sorts before {ahead}");
         }
     }
 }

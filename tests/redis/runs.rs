@@ -511,7 +511,15 @@ async fn a_start_takes_the_lease_writes_the_record_and_reads_the_history_in_one_
         .await
         .expect("begin")
     {
-        Begun::Started { acquired, history } => (acquired.lease, acquired.took_over, history),
+        Begun::Started {
+            acquired,
+            history,
+            newest_checkpoint,
+        } => {
+            // No checkpoint on the thread yet.
+            assert_eq!(newest_checkpoint, None);
+            (acquired.lease, acquired.took_over, history)
+        }
         other => panic!("a free thread must be started: {other:?}"),
     };
     assert_eq!(took_over, None);
@@ -578,6 +586,26 @@ async fn a_start_takes_the_lease_writes_the_record_and_reads_the_history_in_one_
             ..
         } => assert_eq!(key, list),
         other => panic!("a junk history must be named: {other:?}"),
+    }
+
+    // A checkpoint index of another type orders nothing: started, with no newest checkpoint
+    // (the checkpoint writes meet the index and name it).
+    let odd_index = thread("chat:{start-odd-index}");
+    let index = format!("runvisor:cpidx:{{{odd_index}}}");
+    let _: () = cmd(&mut con, &["SET", &index, "junk"]).await;
+    let sixth = RunId::new();
+    match stores
+        .starts
+        .begin(&run_record(sixth, &odd_index), &holder(sixth), ttl)
+        .await
+        .expect("begin")
+    {
+        Begun::Started {
+            history: Ok(history),
+            newest_checkpoint: None,
+            ..
+        } => assert!(history.is_empty()),
+        other => panic!("a junk index must not stop the start: {other:?}"),
     }
 
     // An expired lease is taken over in the same step, naming whose it was.

@@ -245,6 +245,10 @@ pub enum Begun {
         acquired: Acquired,
         /// The thread's history, oldest first.
         history: Result<Vec<Message>, StoreError>,
+        /// The thread's newest checkpoint id as the step read it (`None`: none, or the store
+        /// does not tell): the run's checkpoints sort after it, even when a process whose
+        /// clock runs ahead wrote it.
+        newest_checkpoint: Option<CheckpointId>,
     },
     /// Nothing is held or written: the caller starts step by step.
     NotStarted,

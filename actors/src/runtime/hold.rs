@@ -7,8 +7,8 @@ use std::sync::Arc;
 
 use super::facade::Runtime;
 use crate::model::{
-    Fence, Lease, LeaseError, LeaseHolder, Message, RunId, RunRecord, RunStatus, StopReason,
-    StoreError, ThreadId, WorkerId, now_ms,
+    CheckpointId, Fence, Lease, LeaseError, LeaseHolder, Message, RunId, RunRecord, RunStatus,
+    StopReason, StoreError, ThreadId, WorkerId, now_ms,
 };
 use crate::persist::retry::Backoff;
 use crate::persist::{Acquired, Begun, LeaseStore};
@@ -33,6 +33,8 @@ pub(crate) struct ThreadHold {
     /// Set when the lease was taken with the run's first record written and the thread's
     /// history read, in one step ([`StartStore`]): the history, or why it could not be read.
     pub(crate) begun: Option<Result<Vec<Message>, StoreError>>,
+    /// The thread's newest checkpoint id, when that step read it.
+    pub(crate) newest_checkpoint: Option<CheckpointId>,
     thread: ThreadId,
     leases: Arc<dyn LeaseStore>,
     handed: bool,
@@ -149,10 +151,18 @@ impl Runtime {
                     self.close_orphan(thread, previous, acquired.lease.fence)
                         .await;
                 }
+                let (begun, mut newest_checkpoint) = begun.unzip();
+                if record.is_some() && begun.is_none() && acquired.took_over.is_some() {
+                    // A start that took a dead worker's thread over step by step: its
+                    // checkpoints sort after the dead run's newest, written moments ago by a
+                    // process whose clock may run ahead (a start store's step reads it).
+                    newest_checkpoint = Some(self.newest_checkpoint(thread).await);
+                }
                 Ok(ThreadHold {
                     claim: Some(claim),
                     lease: acquired.lease,
                     begun,
+                    newest_checkpoint: newest_checkpoint.flatten(),
                     thread: thread.clone(),
                     leases: self.services.leases.clone(),
                     handed: false,
@@ -178,12 +188,16 @@ impl Runtime {
         record: Option<&RunRecord>,
     ) -> (
         Result<Acquired, LeaseError>,
-        Option<Result<Vec<Message>, StoreError>>,
+        Option<(Result<Vec<Message>, StoreError>, Option<CheckpointId>)>,
     ) {
         let ttl = self.config().lease.ttl;
         if let Some((record, starts)) = record.zip(self.services.starts.as_ref()) {
             match starts.begin(record, holder, ttl).await {
-                Ok(Begun::Started { acquired, history }) => return (Ok(acquired), Some(history)),
+                Ok(Begun::Started {
+                    acquired,
+                    history,
+                    newest_checkpoint,
+                }) => return (Ok(acquired), Some((history, newest_checkpoint))),
                 Ok(Begun::NotStarted) => {}
                 Err(e) => return (Err(e), None),
             }
@@ -192,6 +206,18 @@ impl Runtime {
             self.services.leases.acquire(thread, holder, ttl).await,
             None,
         )
+    }
+
+    /// The id of `thread`'s newest checkpoint; `None` when it has none, or when it cannot be
+    /// read (the run then goes on, its ids ordered by this process's clock alone).
+    async fn newest_checkpoint(&self, thread: &ThreadId) -> Option<CheckpointId> {
+        match self.checkpoint_store().latest(thread).await {
+            Ok(newest) => newest.map(|c| c.id),
+            Err(e) => {
+                tracing::warn!(%thread, error = %e, "could not read the thread's newest checkpoint");
+                None
+            }
+        }
     }
 
     /// The record of a run whose thread was just taken over from its dead worker: still

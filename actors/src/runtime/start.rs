@@ -100,6 +100,9 @@ impl Runtime {
             }
         };
         record.fence = Some(hold.lease().fence.0);
+        if let Some(newest) = hold.newest_checkpoint {
+            self.services.continue_after(run_id, newest);
+        }
         let started = Started {
             span,
             record,
@@ -137,6 +140,7 @@ impl Runtime {
                 Ok(handle)
             }
             Err(e) => {
+                self.services.forget_chain(run_id);
                 hold.give_up().await;
                 Err(e)
             }

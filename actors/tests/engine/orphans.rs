@@ -11,8 +11,10 @@ use runvisor_actors::store::memory::{
 use runvisor_actors::store::{
     CheckpointStore, HistoryStore, LeaseStore, MemoryLeaseStore, RunStore, SignalSource,
 };
+use runvisor_actors::testkit::stored_again_ahead;
 use runvisor_actors::{
-    NodePath, RunQuery, RunStatus, RuntimeConfig, StopMode, StopReason, WorkerId,
+    LeaseHolder, NodePath, RunId, RunQuery, RunStatus, RuntimeConfig, StopMode, StopReason,
+    WorkerId,
 };
 use serde_json::json;
 
@@ -242,4 +244,66 @@ async fn an_orphan_is_listed_as_orphaned_and_adopted_once_without_rerunning_fini
             .expect("list")
             .is_empty()
     );
+}
+
+/// A new run takes over a thread whose lease a dead worker still holds (step by step: no start
+/// store here), and the thread's newest checkpoint was written by a process whose clock runs
+/// an hour ahead: the new run's checkpoints sort after it, and the thread's newest is the new
+/// run's final one.
+#[tokio::test(start_paused = true)]
+async fn a_start_taking_a_dead_workers_thread_over_writes_checkpoints_after_its_newest() {
+    let shared = Shared::new();
+    let first = shared.worker("first", false);
+    let wf = workflow(&first);
+    let t = thread("taken-over");
+    let run = first
+        .rt
+        .start(&wf, Default::default(), t.clone())
+        .await
+        .expect("start");
+    assert!(first.log.wait_mark("blocked:started", PATIENCE).await);
+    let stop = match run.stop(StopMode::Force).await.expect("stop") {
+        runvisor_actors::StopReply::Stopped(result) => result,
+        other => panic!("expected a stop: {other:?}"),
+    };
+    finish(&run).await;
+    let ahead = stored_again_ahead(
+        &*shared.checkpoints,
+        &t,
+        stop.checkpoint_id.expect("stop checkpoint"),
+        Duration::from_secs(3600),
+    )
+    .await
+    .expect("stored again");
+    // A worker that no longer heartbeats holds the thread's lease.
+    shared
+        .leases
+        .acquire(
+            &t,
+            &LeaseHolder {
+                worker: WorkerId::new("gone").expect("id"),
+                run: RunId::new(),
+            },
+            Duration::from_secs(3600),
+        )
+        .await
+        .expect("free");
+
+    let next = shared.worker("next", false);
+    next.log.mark("blocked:release");
+    let second = next
+        .rt
+        .start(&wf, Default::default(), t.clone())
+        .await
+        .expect("taken over");
+    let outcome = finish(&second).await;
+    assert_eq!(outcome.status(), RunStatus::Succeeded, "{outcome:#?}");
+    let newest = shared
+        .checkpoints
+        .latest(&t)
+        .await
+        .expect("latest")
+        .expect("a checkpoint");
+    assert_eq!(newest.run, second.run_id(), "the newest is the new run's");
+    assert!(newest.id > ahead);
 }
