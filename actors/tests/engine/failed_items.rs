@@ -122,6 +122,15 @@ async fn stopped_with_a_failed_item(
         panic!("the run ended before item 1 failed");
     })
     .await;
+    // The other items' `f` and `s` wait for the stop: a stop before one of them began would
+    // leave its first call to the resume, where it would wait for a stop that never comes.
+    within("items 0 and 2 to wait for the stop", async {
+        let waiting = ["p/@0/f", "p/@0/s", "p/@2/f", "p/@2/s"];
+        while !waiting.iter().all(|p| flaky.calls().contains_key(*p)) {
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
+    })
+    .await;
     let reply = within("stop", rt.stop(run.run_id(), StopMode::graceful())).await;
     flaky.released.store(true, Ordering::SeqCst);
     let Ok(StopReply::Stopped(_)) = reply else {
