@@ -166,8 +166,9 @@ impl CheckpointId {
         } else if v & MILLIS != MILLIS {
             (v & !(RAND_A | RAND_B)) + (1 << 80)
         } else {
-            // The last id there is: nothing sorts after it.
-            v
+            // The last id there is (its millisecond is past the year 10,000): nothing sorts
+            // after it, and a new id never takes its place.
+            return now;
         };
         Self(uuid::Uuid::from_u128(next))
     }
@@ -399,5 +400,16 @@ mod tests {
             (far << 80) | (0x7 << 76) | (0x124 << 64) | (0b10 << 62)
         );
         assert!(next > half);
+        // Nothing sorts after the last id there is: a new one, never the same.
+        let last = CheckpointId(uuid::Uuid::from_u128(
+            (((1u128 << 48) - 1) << 80)
+                | (0x7 << 76)
+                | (0xfff << 64)
+                | (0b10 << 62)
+                | ((1 << 62) - 1),
+        ));
+        let next = CheckpointId::after(last);
+        assert_ne!(next, last);
+        v7(next);
     }
 }
