@@ -142,7 +142,8 @@ uuid_id!(
 impl CheckpointId {
     /// A new id that sorts after `floor`: a new time-ordered id when this process's clock is
     /// past `floor`, otherwise the next id after it (its random bits counted up by one, and
-    /// the millisecond on when they run out), still a valid UUIDv7.
+    /// the millisecond on when they run out), still a valid UUIDv7. After the last id there is
+    /// (a millisecond past the year 10,000) nothing sorts: the answer is then a new id.
     ///
     /// A thread's checkpoints are ordered by id, which is time order only while the processes
     /// writing them agree on the time: a run that continues a checkpoint written by a process
