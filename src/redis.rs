@@ -114,7 +114,8 @@
 //! - A run's flag clear is one script over the fence counter and the flags.
 //! - A new run's start ([`RedisStartStore`]) is one script in the thread's slot: the lease's
 //!   acquire, then the run's first record fenced by (and naming) the new token, then the
-//!   thread's history read whole. A lease held by another run writes nothing; a record that
+//!   thread's history read whole and its newest checkpoint id (the run's checkpoints sort
+//!   after it). A lease held by another run writes nothing; a record that
 //!   is refused gives the lease back; either way the start goes on step by step.
 //! - A run's end ([`RedisEndStore`]) is one script in the thread's slot made of the scripts
 //!   above as Lua functions, each with its own keys and arguments: the final checkpoint's
@@ -404,7 +405,8 @@ pub struct RedisStores {
     pub leases: Arc<dyn LeaseStore>,
     /// Runs' whole ends in one step (final checkpoint, messages, record, flags, lease).
     pub ends: Arc<dyn EndStore>,
-    /// New runs' starts in one step (lease, first record, history read).
+    /// New runs' starts in one step (lease, first record, history and newest checkpoint id
+    /// read).
     pub starts: Arc<dyn StartStore>,
     /// Where the ends of runs that Redis did not take are kept, to be replayed.
     spill: FileSpill,
