@@ -117,6 +117,9 @@
 //!   thread's history read whole and its newest checkpoint id (the run's checkpoints sort
 //!   after it). A lease held by another run writes nothing; a record that
 //!   is refused gives the lease back; either way the start goes on step by step.
+//! - A resume's first record and the `answered` of the paused run it answers are one script
+//!   in the thread's slot (`RunStore::put_answering`): the record, then, once it is written,
+//!   the paused run's.
 //! - A run's end ([`RedisEndStore`]) is one script in the thread's slot made of the scripts
 //!   above as Lua functions, each with its own keys and arguments: the final checkpoint's
 //!   `put`, then the history's `append` (when the run has messages), then the record's `put`,

@@ -109,6 +109,26 @@ end
 return reply
 "#;
 
+/// Two records of one thread written by [`PUT`] (a Lua function here, with its own keys and
+/// arguments), the second only once the first is: a resumed run's first record, then the
+/// paused run's it answers.
+///
+/// KEYS: the first record's, then the second's. ARGV: the first's, then the second's, then
+/// how many keys and arguments are the first's. Returns `{'first', reply}` when the first is
+/// not written, or `{'ok', first reply, second reply}`.
+const PAIR: &str = r#"
+local n = #ARGV
+local first_keys, first_args = tonumber(ARGV[n - 1]), tonumber(ARGV[n])
+local k1, a1, k2, a2 = {}, {}, {}, {}
+for i = 1, first_keys do k1[i] = KEYS[i] end
+for i = first_keys + 1, #KEYS do k2[#k2 + 1] = KEYS[i] end
+for i = 1, first_args do a1[i] = ARGV[i] end
+for i = first_args + 1, n - 2 do a2[#a2 + 1] = ARGV[i] end
+local first = record(k1, a1)
+if first[1] ~= 'ok' then return {'first', first} end
+return {'ok', first, record(k2, a2)}
+"#;
+
 /// How many of its arguments [`PUT`] reads: all of them when it runs alone.
 pub(crate) const PUT_ALONE: &str = "local ARGC = #ARGV\n";
 
@@ -155,6 +175,7 @@ pub struct RedisRunStore {
     notices: Option<String>,
     put: Lua,
     put_end: Lua,
+    put_pair: Lua,
 }
 
 impl fmt::Debug for RedisRunStore {
@@ -186,6 +207,9 @@ impl RedisRunStore {
             notices,
             put: Lua::new(format!("{FENCE_CHECK}{PUT_ALONE}{PUT}")),
             put_end: Lua::new(format!("{FENCE_CHECK}{}", put_end_script())),
+            put_pair: Lua::new(format!(
+                "{FENCE_CHECK}local function record(KEYS, ARGV)\n{PUT_ALONE}{PUT}end\n{PAIR}"
+            )),
         }
     }
 
@@ -316,6 +340,59 @@ impl RunStore for RedisRunStore {
         Ok(EndWritten::Released {
             announced: self.announces(),
         })
+    }
+
+    /// Both records in one script in their thread's slot (they share it: a resume answers a
+    /// paused run of its own thread), their pointers and index entries in the same pipeline.
+    async fn put_answering(
+        &self,
+        record: &RunRecord,
+        answered: &RunRecord,
+        fence: Option<Fence>,
+    ) -> Result<Result<(), StoreError>, StoreError> {
+        if record.thread != answered.thread {
+            self.put(record, fence).await?;
+            return Ok(self.put(answered, fence).await);
+        }
+        let (first, second) = (
+            self.record_part(record, fence),
+            self.record_part(answered, fence),
+        );
+        let counts = [first.keys.len(), first.args.len()];
+        let (key, answered_key) = (first.keys[0].clone(), second.keys[0].clone());
+        let whole = Part::joined([first, second], &counts);
+        let script = self.put_pair.cmd(&whole.keys, &whole.args);
+        let (reply, indexed) = self
+            .send_many(&self.put_pair, &[record, answered], script)
+            .await?;
+        let mut indexed = indexed.into_iter();
+        let (first_indexed, second_indexed) = (
+            indexed.next().unwrap_or(Ok(())),
+            indexed.next().unwrap_or(Ok(())),
+        );
+        let items = reply::array(&reply, &key)?;
+        match (
+            items.first().map(|s| reply::text(s, &key)).transpose()?,
+            items,
+        ) {
+            (Some("first"), [_, refused]) => {
+                self.recorded(record, fence, &key, refused, first_indexed)
+                    .await?;
+                Err(StoreError::Unavailable(format!(
+                    "the run record script for {key} answered a refusal as a write: {reply:?}"
+                )))
+            }
+            (Some("ok"), [_, written, then]) => {
+                self.recorded(record, fence, &key, written, first_indexed)
+                    .await?;
+                Ok(self
+                    .recorded(answered, fence, &answered_key, then, second_indexed)
+                    .await)
+            }
+            _ => Err(StoreError::Unavailable(format!(
+                "unexpected reply from the run record pair script for {key}: {reply:?}"
+            ))),
+        }
     }
 
     async fn get(&self, run: RunId) -> Result<Option<RunRecord>, StoreError> {
@@ -667,32 +744,77 @@ impl RedisRunStore {
         record: &RunRecord,
         script: ::redis::Cmd,
     ) -> Result<(Value, Result<(), StoreError>), StoreError> {
-        let pointer = self.keys.run_thread(record.run_id);
-        let mut set_pointer = ::redis::cmd("SET");
-        set_pointer
-            .arg(&pointer)
-            .arg(record.thread.as_str())
-            .arg("PX")
-            .arg(self.record_ttl_ms(record.status));
-        let key = self.keys.run(&record.thread, record.run_id);
-        let (index_keys, index_cmds): (Vec<String>, Vec<::redis::Cmd>) =
-            self.index(record).into_iter().unzip();
-        let cmds = [set_pointer, script]
-            .into_iter()
-            .chain(index_cmds)
+        let (reply, indexed) = self.send_many(lua, &[record], script).await?;
+        Ok((reply, indexed.into_iter().next().unwrap_or(Ok(()))))
+    }
+
+    /// [`Self::send`] for a script that writes several records: their pointers first, then
+    /// the script, then their index entries; whether each record's index updates went, in
+    /// order.
+    async fn send_many(
+        &self,
+        lua: &Lua,
+        records: &[&RunRecord],
+        script: ::redis::Cmd,
+    ) -> Result<(Value, Vec<Result<(), StoreError>>), StoreError> {
+        let Some(first) = records.first() else {
+            return Err(StoreError::Unavailable(
+                "a run record script sent for no record".to_owned(),
+            ));
+        };
+        let key = self.keys.run(&first.thread, first.run_id);
+        let pointers: Vec<(String, ::redis::Cmd)> = records
+            .iter()
+            .map(|record| {
+                let pointer = self.keys.run_thread(record.run_id);
+                let mut set = ::redis::cmd("SET");
+                set.arg(&pointer)
+                    .arg(record.thread.as_str())
+                    .arg("PX")
+                    .arg(self.record_ttl_ms(record.status));
+                (pointer, set)
+            })
+            .collect();
+        let indexes: Vec<Vec<(String, ::redis::Cmd)>> =
+            records.iter().map(|record| self.index(record)).collect();
+        let cmds = pointers
+            .iter()
+            .map(|(_, set)| set.clone())
+            .chain([script])
+            .chain(indexes.iter().flatten().map(|(_, cmd)| cmd.clone()))
             .collect();
         let mut replies = lua.run_many(&self.conn, &key, cmds).await?.into_iter();
-        let (Some(pointed), Some(reply)) = (replies.next(), replies.next()) else {
+        for (pointer, _) in &pointers {
+            let Some(pointed) = replies.next() else {
+                return Err(StoreError::Unavailable(format!(
+                    "redis answered no reply to the run record of {key}"
+                )));
+            };
+            reply::server_error(&pointed, "SET", pointer)?;
+        }
+        let Some(reply) = replies.next() else {
             return Err(StoreError::Unavailable(format!(
                 "redis answered no reply to the run record of {key}"
             )));
         };
-        reply::server_error(&pointed, "SET", &pointer)?;
         reply::server_error(&reply, "the run record script", &key)?;
-        let indexed = index_keys
+        // Every reply is read, an error or not, so each record's are its own.
+        let indexed = indexes
             .iter()
-            .zip(replies)
-            .try_for_each(|(key, reply)| reply::server_error(&reply, "a run index update", key));
+            .map(|index| {
+                let mut outcome = Ok(());
+                for (key, _) in index {
+                    let checked = match replies.next() {
+                        Some(reply) => reply::server_error(&reply, "a run index update", key),
+                        None => Err(StoreError::Unavailable(format!(
+                            "redis answered no reply to the index update of {key}"
+                        ))),
+                    };
+                    outcome = outcome.and(checked);
+                }
+                outcome
+            })
+            .collect();
         Ok((reply, indexed))
     }
 

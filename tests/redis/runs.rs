@@ -639,3 +639,93 @@ async fn a_start_takes_the_lease_writes_the_record_and_reads_the_history_in_one_
         other => panic!("an expired lease must be taken: {other:?}"),
     }
 }
+
+/// A resume's first record and the `answered` of the paused run it answers go in one script:
+/// both written under the resumed run's token (the paused run leaves the open runs), neither
+/// under a token the thread has moved past, and an `answered` refused on its own (a key of
+/// another type) leaves the first written and says why.
+#[tokio::test]
+async fn a_resumes_record_and_the_paused_runs_answered_are_one_write() {
+    use std::time::Duration;
+
+    let server = RedisServer::start();
+    let stores = stores(&server).await;
+    let mut con = raw(&server).await;
+    let runs = &stores.runs;
+    let t = thread("chat:{answering}");
+    let paused_run = RunId::new();
+    let first = stores
+        .leases
+        .acquire(&t, &holder(paused_run), Duration::from_secs(30))
+        .await
+        .expect("free");
+    let paused = RunRecord {
+        status: RunStatus::AwaitingInput,
+        started_at_ms: now_ms(),
+        ..run_record(paused_run, &t)
+    };
+    runs.put(&paused, Some(first.lease.fence))
+        .await
+        .expect("paused");
+    stores
+        .leases
+        .release(&t, &first.lease)
+        .await
+        .expect("released");
+
+    let resumed_run = RunId::new();
+    let second = stores
+        .leases
+        .acquire(&t, &holder(resumed_run), Duration::from_secs(30))
+        .await
+        .expect("free again");
+    let resumed = RunRecord {
+        parent_run_id: Some(paused_run),
+        started_at_ms: now_ms(),
+        fence: Some(second.lease.fence.0),
+        ..run_record(resumed_run, &t)
+    };
+    let answered = RunRecord {
+        status: RunStatus::Answered,
+        ..paused.clone()
+    };
+    // Under a token the thread has moved past: neither is written.
+    assert!(matches!(
+        runs.put_answering(&resumed, &answered, Some(first.lease.fence))
+            .await,
+        Err(runvisor::StoreError::Fenced { .. })
+    ));
+    assert_eq!(runs.get(resumed_run).await, Ok(None));
+    assert_eq!(runs.get(paused_run).await, Ok(Some(paused.clone())));
+    // Under the resumed run's: both, and only the resumed run is open.
+    assert_eq!(
+        runs.put_answering(&resumed, &answered, Some(second.lease.fence))
+            .await,
+        Ok(Ok(()))
+    );
+    assert_eq!(runs.get(resumed_run).await, Ok(Some(resumed.clone())));
+    assert_eq!(runs.get(paused_run).await, Ok(Some(answered.clone())));
+    assert_eq!(runs.list_open().await, Ok(vec![resumed.clone()]));
+
+    // The paused run's record key holds another type: the first is written, the `answered`
+    // refused and named.
+    let other_paused = RunId::new();
+    let key = format!("runvisor:run:{{{t}}}:{other_paused}");
+    let _: () = cmd(&mut con, &["SET", &key, "junk"]).await;
+    let again = RunRecord {
+        parent_run_id: Some(other_paused),
+        ..resumed.clone()
+    };
+    let refused = RunRecord {
+        status: RunStatus::Answered,
+        ..run_record(other_paused, &t)
+    };
+    match runs
+        .put_answering(&again, &refused, Some(second.lease.fence))
+        .await
+    {
+        Ok(Err(runvisor::StoreError::Corrupt { key: named, .. })) => assert_eq!(named, key),
+        other => panic!("the refused `answered` must be named: {other:?}"),
+    }
+    assert_eq!(runs.get(resumed_run).await, Ok(Some(again)));
+}

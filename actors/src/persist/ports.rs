@@ -173,6 +173,23 @@ pub trait RunStore: Send + Sync + 'static {
             .await
             .map(|()| EndWritten::Record)
     }
+
+    /// Writes a resumed run's first `record` and, where the store can in the same step (on
+    /// Redis, one script in the thread's slot), `answered`: the record of the paused run the
+    /// resume answers, now `answered`; both fenced by `fence`, the first before the second.
+    /// `Err`: `record` is not written (as [`put`](Self::put) answers); `Ok` holds what came of
+    /// `answered`, which the caller writes again on its own when it is an error.
+    ///
+    /// The default writes `record`, then `answered` once.
+    async fn put_answering(
+        &self,
+        record: &RunRecord,
+        answered: &RunRecord,
+        fence: Option<Fence>,
+    ) -> Result<Result<(), StoreError>, StoreError> {
+        self.put(record, fence).await?;
+        Ok(self.put(answered, fence).await)
+    }
 }
 
 /// How far [`RunStore::put_end`] went.

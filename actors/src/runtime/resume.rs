@@ -613,6 +613,7 @@ impl Runtime {
             retry_failed: options.retry_failed,
             lease: hold.lease().clone(),
             started: None,
+            answering: answered,
         };
         // Boxed, as a start's: the resume's future stays small.
         let launched = Box::pin(self.launch(launch))
@@ -622,9 +623,6 @@ impl Runtime {
             self.services.forget_chain(run_id);
         }
         let handle = launched?;
-        if let Some(record) = answered {
-            self.close_answered(record, run_id, fence).await;
-        }
         Ok(handle)
         }
         .await;
@@ -676,14 +674,20 @@ impl Runtime {
         }
     }
 
-    /// The record of a paused run a resume answered, once the resumed run (`by`) is started:
+    /// The record of a paused run a resume answered, when it did not go with the resumed run's
+    /// (`by`) first record ([`RunStore::put_answering`](crate::store::RunStore::put_answering)):
     /// `awaiting_input` becomes `answered`, written with the resumed run's token. A store
     /// failing for a moment is tried again until the store deadline; one still failing then
     /// is tried on in the background (the resumed run goes on meanwhile) for up to
     /// [`ANSWERED_RETRY_FOR`], so the paused run is not left listed as waiting once the store
     /// is back. A refusal (another run took the thread since) ends the trying: the record
     /// then keeps saying it waits.
-    async fn close_answered(&self, mut record: RunRecord, by: RunId, fence: Option<Fence>) {
+    pub(super) async fn close_answered(
+        &self,
+        mut record: RunRecord,
+        by: RunId,
+        fence: Option<Fence>,
+    ) {
         let run = record.run_id;
         record.status = RunStatus::Answered;
         let deadline = tokio::time::Instant::now() + self.config().store_deadline;

@@ -132,6 +132,7 @@ impl Runtime {
             retry_failed: false,
             lease: hold.lease().clone(),
             started: Some(started),
+            answering: None,
         }))
         .await;
         match result {
@@ -237,6 +238,7 @@ impl Runtime {
             retry_failed,
             lease,
             started,
+            answering,
         } = launch;
         if let Some(kind) = missing_kind(&plan.graph, &self.kinds) {
             return Err(StartError::UnknownKind(kind));
@@ -256,6 +258,7 @@ impl Runtime {
             }
         };
         record.fence = Some(lease.fence.0);
+        let fence = lease.fence;
         span.record("runvisor.lease.fence", lease.fence.0);
         let workflow_id = record.workflow_id.clone();
         // The record and, for a new run, the thread's history (unless both went with the
@@ -268,9 +271,28 @@ impl Runtime {
         let (recorded, workflow_stored, history) = tokio::join!(
             async {
                 if recorded {
-                    return Ok(());
+                    return Ok(None);
                 }
-                self.services.runs.put(&record, Some(lease.fence)).await
+                match &answering {
+                    None => self
+                        .services
+                        .runs
+                        .put(&record, Some(lease.fence))
+                        .await
+                        .map(|()| None),
+                    Some(paused) => {
+                        let answered = RunRecord {
+                            status: RunStatus::Answered,
+                            ..paused.clone()
+                        };
+                        let written = self
+                            .services
+                            .runs
+                            .put_answering(&record, &answered, Some(lease.fence))
+                            .await?;
+                        Ok(written.err().map(|e| (answered, e)))
+                    }
+                }
             },
             async {
                 match workflow {
@@ -295,7 +317,9 @@ impl Runtime {
                 }
             }
         );
-        recorded.map_err(StartError::RunStore)?;
+        // The paused run's `answered`, when it did not go with the record, is written on its
+        // own (in the background past the store deadline) once the run is up.
+        let unanswered = recorded.map_err(StartError::RunStore)?;
         let history = match history {
             Ok(history) => history,
             Err(error) => {
@@ -381,6 +405,10 @@ impl Runtime {
         Actor::spawn(None, RunSupervisor, args)
             .await
             .map_err(|e| StartError::Spawn(e.to_string()))?;
+        if let Some((answered, error)) = unanswered {
+            tracing::debug!(%thread, %run_id, paused = %answered.run_id, error = %error, "the paused run's `answered` did not go with the record; writing it on its own");
+            self.close_answered(answered, run_id, Some(fence)).await;
+        }
         Ok(RunHandle::new(
             run_id,
             thread,
@@ -412,6 +440,9 @@ pub(crate) struct Launch {
     pub(crate) lease: Lease,
     /// The run's span and first record, made before its thread was held; `None`: made here.
     pub(crate) started: Option<Started>,
+    /// The record of the paused run this run answers (a resume's): written `answered` with
+    /// the run's first record, in the same step where the run store can.
+    pub(crate) answering: Option<RunRecord>,
 }
 
 /// A run's span and first record, made before its thread is held (a start store writes the
