@@ -263,3 +263,68 @@ async fn after_a_checkpoint_of_a_clock_ahead(then: Then) {
         }
     }
 }
+
+/// A form pauses a run on Redis; a brand-new runtime answers it: the answering run succeeds,
+/// the paused run's record says `answered` as the resume returns (written with the answering
+/// run's first record), and no run of the thread is listed as open.
+#[tokio::test]
+async fn a_paused_run_answered_from_another_runtime_is_recorded_answered_on_redis() {
+    let server = RedisServer::start();
+    let t: ThreadId = thread("chat:answered");
+    let form = r#"{
+      "id": "form",
+      "nodes": [
+        {"id": "start", "kind": "begin"},
+        {"id": "ask", "kind": "interactive", "params": {
+          "mode": "form_input", "prompt": "Name?",
+          "fields": [{"name": "name", "type": "string", "required": true}]
+        }},
+        {"id": "done", "kind": "step"}
+      ],
+      "edges": [{"from": "start", "to": "ask"}, {"from": "ask", "to": "done"}]
+    }"#;
+    let first_stores = stores(&server).await;
+    let first_rt = runtime(&first_stores, &Step::default());
+    let workflow = first_rt.load_json(form).expect("valid workflow");
+    let first = first_rt
+        .start(&workflow, Map::new(), t.clone())
+        .await
+        .expect("start");
+    let paused = within("the pause", first.wait()).await;
+    assert_eq!(paused.status(), RunStatus::AwaitingInput, "{paused:#?}");
+    let interaction = paused.interaction().expect("a form").id;
+    drop(first_rt);
+    drop(first_stores);
+
+    let second_stores = stores(&server).await;
+    let second_rt = runtime(&second_stores, &Step::default());
+    let answering = within(
+        "resume with the answer",
+        second_rt.resume(
+            t.clone(),
+            ResumeInput::Answer {
+                interaction_id: interaction,
+                value: Value::from_iter([("name", Value::from("Ann"))]),
+            },
+        ),
+    )
+    .await
+    .expect("answerable");
+    let runs = second_stores.runs.clone();
+    assert_eq!(
+        runs.get(first.run_id())
+            .await
+            .expect("get")
+            .map(|r| r.status),
+        Some(RunStatus::Answered)
+    );
+    let outcome = within("the answering run", answering.wait()).await;
+    assert_eq!(outcome.status(), RunStatus::Succeeded, "{outcome:#?}");
+    let answered_by = runs
+        .get(answering.run_id())
+        .await
+        .expect("get")
+        .expect("recorded");
+    assert_eq!(answered_by.parent_run_id, Some(first.run_id()));
+    assert_eq!(runs.list_open().await, Ok(Vec::new()));
+}
