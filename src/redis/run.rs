@@ -763,7 +763,7 @@ impl RedisRunStore {
             ));
         };
         let key = self.keys.run(&first.thread, first.run_id);
-        let pointers: Vec<(String, ::redis::Cmd)> = records
+        let (pointers, sets): (Vec<String>, Vec<::redis::Cmd>) = records
             .iter()
             .map(|record| {
                 let pointer = self.keys.run_thread(record.run_id);
@@ -774,17 +774,18 @@ impl RedisRunStore {
                     .arg(self.record_ttl_ms(record.status));
                 (pointer, set)
             })
-            .collect();
-        let indexes: Vec<Vec<(String, ::redis::Cmd)>> =
-            records.iter().map(|record| self.index(record)).collect();
-        let cmds = pointers
-            .iter()
-            .map(|(_, set)| set.clone())
-            .chain([script])
-            .chain(indexes.iter().flatten().map(|(_, cmd)| cmd.clone()))
-            .collect();
+            .unzip();
+        let mut index_keys: Vec<Vec<String>> = Vec::with_capacity(records.len());
+        let mut index_cmds = Vec::new();
+        for record in records {
+            let (keys, cmds): (Vec<String>, Vec<::redis::Cmd>) =
+                self.index(record).into_iter().unzip();
+            index_keys.push(keys);
+            index_cmds.extend(cmds);
+        }
+        let cmds = sets.into_iter().chain([script]).chain(index_cmds).collect();
         let mut replies = lua.run_many(&self.conn, &key, cmds).await?.into_iter();
-        for (pointer, _) in &pointers {
+        for pointer in &pointers {
             let Some(pointed) = replies.next() else {
                 return Err(StoreError::Unavailable(format!(
                     "redis answered no reply to the run record of {key}"
@@ -799,11 +800,11 @@ impl RedisRunStore {
         };
         reply::server_error(&reply, "the run record script", &key)?;
         // Every reply is read, an error or not, so each record's are its own.
-        let indexed = indexes
+        let indexed = index_keys
             .iter()
-            .map(|index| {
+            .map(|keys| {
                 let mut outcome = Ok(());
-                for (key, _) in index {
+                for key in keys {
                     let checked = match replies.next() {
                         Some(reply) => reply::server_error(&reply, "a run index update", key),
                         None => Err(StoreError::Unavailable(format!(
