@@ -2,8 +2,9 @@
 //! ([`lease::ACQUIRE`]), then the run's first record ([`run::PUT`]) with the new token as its
 //! fencing token and its `fence` field, then the thread's history read whole and its newest
 //! checkpoint id (the index's greatest member: the run's checkpoints sort after it, whatever
-//! the clock of the process that wrote it), all in the thread's slot. Each step is the script it is alone, called as a Lua function with its own
-//! keys and arguments, and runs only when the one before it answered `ok`. The record's
+//! the clock of the process that wrote it), all in the thread's slot. Each step is the script
+//! it is alone, called as a Lua function with its own keys and arguments, and runs only when
+//! the one before it answered `ok`. The record's
 //! pointer and its index entries go in the same pipeline, as a record's write sends them.
 //!
 //! A new run on Redis then takes one round trip before it runs instead of two (the lease,
