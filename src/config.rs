@@ -172,6 +172,18 @@ mod tests {
     }
 
     #[test]
+    fn a_history_window_is_a_count_of_messages() {
+        let config = parse(r#"{"runtime": {"history_window": 20}}"#).expect("valid");
+        assert_eq!(config.runtime.history_window, Some(20));
+        assert_eq!(RuntimeConfig::default().history_window, None);
+        let refused = parse(r#"{"runtime": {"history_window": -1}}"#).expect_err("negative");
+        assert!(
+            refused.to_string().contains("runtime.history_window"),
+            "{refused}"
+        );
+    }
+
+    #[test]
     fn errors_name_the_file_and_the_field() {
         let cases = [
             (

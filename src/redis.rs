@@ -114,8 +114,9 @@
 //! - A run's flag clear is one script over the fence counter and the flags.
 //! - A new run's start ([`RedisStartStore`]) is one script in the thread's slot: the lease's
 //!   acquire, then the run's first record fenced by (and naming) the new token, then the
-//!   thread's history read whole and its newest checkpoint id (the run's checkpoints sort
-//!   after it). A lease held by another run writes nothing; a record that
+//!   thread's history (whole, or its newest messages within the runtime's `history_window`)
+//!   with the list's length and its newest checkpoint id (the run's checkpoints sort after
+//!   it). A lease held by another run writes nothing; a record that
 //!   is refused gives the lease back; either way the start goes on step by step.
 //! - A resume's first record and the `answered` of the paused run it answers are one script
 //!   in the thread's slot (`RunStore::put_answering`): the record, then, once it is written,

@@ -57,8 +57,8 @@ pub mod store {
     pub use crate::persist::memory;
     pub use crate::persist::{
         Acquired, Begun, CheckpointStore, EndFailed, EndStep, EndStore, EndWritten, HistoryStore,
-        LeaseStore, MemoryLeaseStore, Notice, NoticeStream, RunStore, Signal, SignalSource,
-        SpillStore, SpilledRun, StartStore, StoredCheckpoint, WholeEnd,
+        HistoryTail, LeaseStore, MemoryLeaseStore, Notice, NoticeStream, RunStore, Signal,
+        SignalSource, SpillStore, SpilledRun, StartStore, StoredCheckpoint, WholeEnd,
     };
 }
 

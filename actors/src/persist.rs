@@ -24,8 +24,8 @@ pub(crate) use keys::WatchedKeys;
 pub use keys::{SignalConfig, escape_label, render_key};
 pub use ports::{
     Acquired, Begun, CheckpointStore, DeltaLink, EndFailed, EndStep, EndStore, EndWritten,
-    HistoryStore, LeaseStore, Notice, NoticeStream, RunStore, Signal, SignalSource, StartStore,
-    StoredCheckpoint, WholeEnd,
+    HistoryStore, HistoryTail, LeaseStore, Notice, NoticeStream, RunStore, Signal, SignalSource,
+    StartStore, StoredCheckpoint, WholeEnd,
 };
 pub(crate) use snapshot::Snapshot;
 pub use spill::{SpillStore, SpilledRun};

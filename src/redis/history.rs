@@ -17,7 +17,7 @@ use std::time::Duration;
 
 use ::redis::Value;
 use async_trait::async_trait;
-use runvisor_actors::store::HistoryStore;
+use runvisor_actors::store::{HistoryStore, HistoryTail};
 use runvisor_actors::{Fence, Message, StoreError, ThreadId};
 
 use super::conn::Conn;
@@ -54,6 +54,31 @@ redis.call('PEXPIRE', KEYS[2], ARGV[1])
 return {'ok', appended}
 "#;
 
+/// Lua defining `history_tail(list, window)`: how many entries the history `list` holds and
+/// its newest `window` of them, oldest first (all of them when `window` is empty text), read
+/// together; `false, false` when the key holds a value of another type. Prepended with
+/// [`FENCE_CHECK`](super::lease::FENCE_CHECK) (its `failed`).
+pub(crate) const TAIL_READ: &str = r#"
+local function history_tail(list, window)
+  local total = redis.pcall('LLEN', list)
+  if failed(total) then return false, false end
+  local from = 0
+  if window ~= '' then from = math.max(total - tonumber(window), 0) end
+  if from >= total then return {}, total end
+  return redis.call('LRANGE', list, from, -1), total
+end
+"#;
+
+/// Reads a history's tail ([`TAIL_READ`]).
+///
+/// KEYS: history list. ARGV: how many of the newest entries to read (decimal; empty: all).
+/// Returns `{"ok", total, entries}` or `{"wrongtype", key}`.
+const TAIL: &str = r#"
+local entries, total = history_tail(KEYS[1], ARGV[1])
+if not entries then return {'wrongtype', KEYS[1]} end
+return {'ok', total, entries}
+"#;
+
 /// [`HistoryStore`] on Redis: a list of JSON messages and a set of their ids per thread;
 /// `append` is one script, idempotent by message id. See the [key layout](super).
 pub struct RedisHistoryStore {
@@ -61,6 +86,7 @@ pub struct RedisHistoryStore {
     keys: Keys,
     ttl_ms: u64,
     append: ::redis::Script,
+    tail: ::redis::Script,
 }
 
 impl fmt::Debug for RedisHistoryStore {
@@ -79,6 +105,7 @@ impl RedisHistoryStore {
             keys,
             ttl_ms: ttl_ms(ttl),
             append: fenced_script(APPEND),
+            tail: fenced_script(&format!("{TAIL_READ}{TAIL}")),
         }
     }
 
@@ -169,6 +196,37 @@ impl HistoryStore for RedisHistoryStore {
         cmd.arg(&list).arg(0).arg(-1);
         let reply = self.conn.query(&list, &cmd).await?;
         entries(&reply, &list)
+    }
+
+    async fn load_tail(
+        &self,
+        thread: &ThreadId,
+        window: Option<usize>,
+    ) -> Result<HistoryTail, StoreError> {
+        let Some(window) = window else {
+            return Ok(HistoryTail::of(self.load(thread).await?, None));
+        };
+        let list = self.keys.history(thread);
+        let mut invocation = self.tail.prepare_invoke();
+        invocation.key(&list).arg(window);
+        let reply = self.conn.script("history tail", &list, &invocation).await?;
+        let items = reply::array(&reply, &list)?;
+        match items {
+            [status, total, read] if reply::text(status, &list)? == "ok" => {
+                let total = match total {
+                    Value::Int(n) => u64::try_from(*n).ok(),
+                    _ => None,
+                }
+                .ok_or_else(|| corrupt(&list, format!("the history's length reads {total:?}")))?;
+                Ok(HistoryTail::new(entries(read, &list)?, total))
+            }
+            [status, ..] if reply::text(status, &list)? == "wrongtype" => {
+                Err(corrupt(&list, "the key holds a value of another type"))
+            }
+            _ => Err(StoreError::Unavailable(format!(
+                "unexpected reply from the history tail script for {list}: {reply:?}"
+            ))),
+        }
     }
 }
 

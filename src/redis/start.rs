@@ -1,6 +1,7 @@
 //! A new run's start in one script on Redis ([`StartStore`]): the lease's acquire
 //! ([`lease::ACQUIRE`]), then the run's first record ([`run::PUT`]) with the new token as its
-//! fencing token and its `fence` field, then the thread's history read whole and its newest
+//! fencing token and its `fence` field, then the thread's history (whole, or its newest
+//! messages within the runtime's window, with its length) and its newest
 //! checkpoint id (the index's greatest member: the run's checkpoints sort after it, whatever
 //! the clock of the process that wrote it), all in the thread's slot. Each step is the script
 //! it is alone, called as a Lua function with its own keys and arguments, and runs only when
@@ -16,7 +17,7 @@ use std::time::Duration;
 
 use ::redis::Value;
 use async_trait::async_trait;
-use runvisor_actors::store::{Begun, RunRecord, StartStore};
+use runvisor_actors::store::{Begun, HistoryTail, RunRecord, StartStore};
 use runvisor_actors::{CheckpointId, Fence, LeaseError, LeaseHolder, StoreError};
 
 use super::history;
@@ -30,12 +31,13 @@ use super::scripts::{Lua, Part};
 ///
 /// KEYS: the acquire's, then the record's, then the thread's history list and its checkpoint
 /// index. ARGV: the acquire's, then the record's (its fencing token and `fence` field as
-/// placeholders), then the acquire's key and argument counts and where the `fence` field's
-/// value is among the record's arguments (1-based). Returns `{'lease', reply}` when the lease
-/// is not taken, `{'record', reply, lease reply}` when the record is not written (the lease
-/// is), or `{'ok', lease reply, record reply, history, newest}` (`history`: `false` when the
-/// list is a key of another type; `newest`: the index's greatest member, `false` when there
-/// is none or the index is a key of another type).
+/// placeholders), then how many of the history's newest messages to read (empty: all), then
+/// the acquire's key and argument counts and where the `fence` field's value is among the
+/// record's arguments (1-based). Returns `{'lease', reply}` when the lease is not taken,
+/// `{'record', reply, lease reply}` when the record is not written (the lease is), or
+/// `{'ok', lease reply, record reply, history, newest, length}` (`history` and `length`:
+/// `false` when the list is a key of another type; `newest`: the index's greatest member,
+/// `false` when there is none or the index is a key of another type).
 const STEPS: &str = r#"
 local n = #ARGV
 local lease_keys, lease_args = tonumber(ARGV[n - 2]), tonumber(ARGV[n - 1])
@@ -44,31 +46,31 @@ local k, a, rk, ra = {}, {}, {}, {}
 for i = 1, lease_keys do k[i] = KEYS[i] end
 for i = 1, lease_args do a[i] = ARGV[i] end
 for i = lease_keys + 1, #KEYS - 2 do rk[#rk + 1] = KEYS[i] end
-for i = lease_args + 1, n - 3 do ra[#ra + 1] = ARGV[i] end
+for i = lease_args + 1, n - 4 do ra[#ra + 1] = ARGV[i] end
 local taken = acquire(k, a)
 if taken[1] ~= 'ok' then return {'lease', taken} end
 ra[2] = taken[2]
 ra[at] = taken[2]
 local recorded = record(rk, ra)
 if recorded[1] ~= 'ok' then return {'record', recorded, taken} end
-local history = redis.pcall('LRANGE', KEYS[#KEYS - 1], 0, -1)
-if failed(history) then history = false end
+local history, length = history_tail(KEYS[#KEYS - 1], ARGV[n - 3])
 local newest = redis.pcall('ZRANGE', KEYS[#KEYS], -1, -1)
 if failed(newest) or #newest == 0 then newest = false else newest = newest[1] end
-return {'ok', taken, recorded, history, newest}
+return {'ok', taken, recorded, history, newest, length}
 "#;
 
 /// The start's script: the steps' scripts as functions whose parameters `KEYS` and `ARGV`
 /// stand for the globals they read alone, then [`STEPS`].
 fn start_script() -> String {
     format!(
-        "{FENCE_CHECK}\
+        "{FENCE_CHECK}{tail}\
          local function acquire(KEYS, ARGV)\n{acquire}end\n\
          local function record(KEYS, ARGV)\n{alone}{record}end\n\
          {STEPS}",
         acquire = lease::ACQUIRE,
         alone = run::PUT_ALONE,
         record = run::PUT,
+        tail = history::TAIL_READ,
     )
 }
 
@@ -106,6 +108,7 @@ impl StartStore for RedisStartStore {
         record: &RunRecord,
         holder: &LeaseHolder,
         ttl: Duration,
+        history_window: Option<usize>,
     ) -> Result<Begun, LeaseError> {
         let thread = &record.thread;
         let taking = self.leases.acquire_part(thread, holder, ttl, None);
@@ -123,7 +126,12 @@ impl StartStore for RedisStartStore {
         let key = written.keys[0].clone();
         let read = Part {
             keys: vec![history_key.clone(), self.keys.checkpoint_index(thread)],
-            args: Vec::new(),
+            args: vec![
+                history_window
+                    .map(|w| w.to_string())
+                    .unwrap_or_default()
+                    .into_bytes(),
+            ],
         };
         let whole = Part::joined([taking, written, read], &counts);
         let (reply, indexed) = self
@@ -155,7 +163,7 @@ impl StartStore for RedisStartStore {
                 }
                 Ok(Begun::NotStarted)
             }
-            ("ok", [_, taken, recorded, read, newest]) => {
+            ("ok", [_, taken, recorded, read, newest, length]) => {
                 let Attempt::Taken(fence, took_over) = self.leases.attempt(taken, thread)? else {
                     return Err(unexpected(&key, &reply).into());
                 };
@@ -166,12 +174,15 @@ impl StartStore for RedisStartStore {
                 self.runs
                     .recorded(&fenced, Some(fence), &key, recorded, indexed)
                     .await?;
-                let history = match read {
-                    Value::Boolean(false) | Value::Nil => Err(reply::corrupt(
+                let history = match (read, length) {
+                    (Value::Array(_), Value::Int(length)) => history::entries(read, &history_key)
+                        .map(|messages| {
+                            HistoryTail::new(messages, u64::try_from(*length).unwrap_or(0))
+                        }),
+                    _ => Err(reply::corrupt(
                         &history_key,
                         "the key holds a value of another type",
                     )),
-                    read => history::entries(read, &history_key),
                 };
                 Ok(Begun::Started {
                     acquired: acquired(holder, fence, took_over),

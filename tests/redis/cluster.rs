@@ -903,7 +903,7 @@ async fn a_whole_end_on_a_cluster_is_one_script_in_its_threads_slot() {
 /// in one script in the thread's slot.
 #[tokio::test]
 async fn a_start_on_a_cluster_is_one_script_in_its_threads_slot() {
-    use runvisor::store::Begun;
+    use runvisor::store::{Begun, HistoryTail};
     use runvisor::{LeaseHolder, RunId, WorkerId};
 
     let cluster = RedisCluster::start();
@@ -948,13 +948,16 @@ async fn a_start_on_a_cluster_is_one_script_in_its_threads_slot() {
         newest_checkpoint,
     } = stores
         .starts
-        .begin(&first, &holder, Duration::from_secs(10))
+        .begin(&first, &holder, Duration::from_secs(10), None)
         .await
         .expect("begin")
     else {
         panic!("a free thread must be started")
     };
-    assert_eq!(history.expect("history"), earlier.to_vec());
+    assert_eq!(
+        history.expect("history"),
+        HistoryTail::new(earlier.to_vec(), 2)
+    );
     assert_eq!(newest_checkpoint, newest);
     assert_eq!(
         stores.leases.lease(&t).await.expect("lease"),

@@ -481,12 +481,100 @@ async fn a_whole_end_writes_checkpoint_messages_record_flags_and_lease_in_order(
     assert_eq!(left, 1, "the new run's flag stays");
 }
 
+/// A runtime's history window on Redis: the start's script and the history store read the
+/// thread's newest messages alone, with the history's length; a window of 0 reads none, one
+/// past the length reads all, and a list of another type is named.
+#[tokio::test]
+async fn a_history_window_reads_the_newest_messages_and_the_length_on_redis() {
+    use runvisor::store::{Begun, HistoryTail};
+    use runvisor::{Message, StoreError};
+    use std::time::Duration;
+
+    let server = RedisServer::start();
+    let stores = stores(&server).await;
+    let mut con = raw(&server).await;
+    let t = thread("chat:{window}");
+    let messages: Vec<Message> = (0..5).map(|i| Message::user(format!("m{i}"))).collect();
+    stores
+        .history
+        .append(&t, &messages, None)
+        .await
+        .expect("append");
+
+    for (window, from) in [
+        (Some(2), 3),
+        (Some(0), 5),
+        (Some(5), 0),
+        (Some(9), 0),
+        (None, 0),
+    ] {
+        let tail = stores.history.load_tail(&t, window).await.expect("tail");
+        assert_eq!(
+            tail,
+            HistoryTail::new(messages[from..].to_vec(), 5),
+            "window {window:?}"
+        );
+    }
+    assert_eq!(
+        stores
+            .history
+            .load_tail(&thread("chat:{window-none}"), Some(3))
+            .await,
+        Ok(HistoryTail::default())
+    );
+
+    let run = RunId::new();
+    match stores
+        .starts
+        .begin(
+            &run_record(run, &t),
+            &holder(run),
+            Duration::from_secs(10),
+            Some(2),
+        )
+        .await
+        .expect("begin")
+    {
+        Begun::Started {
+            history: Ok(history),
+            ..
+        } => assert_eq!(history, HistoryTail::new(messages[3..].to_vec(), 5)),
+        other => panic!("the thread must be started with its tail: {other:?}"),
+    }
+
+    let odd = thread("chat:{window-odd}");
+    let list = format!("runvisor:hist:{{{odd}}}");
+    let _: () = cmd(&mut con, &["SET", &list, "junk"]).await;
+    match stores.history.load_tail(&odd, Some(2)).await {
+        Err(StoreError::Corrupt { key, .. }) => assert_eq!(key, list),
+        other => panic!("a junk history must be named: {other:?}"),
+    }
+    let fourth = RunId::new();
+    match stores
+        .starts
+        .begin(
+            &run_record(fourth, &odd),
+            &holder(fourth),
+            Duration::from_secs(10),
+            Some(2),
+        )
+        .await
+        .expect("begin")
+    {
+        Begun::Started {
+            history: Err(StoreError::Corrupt { key, .. }),
+            ..
+        } => assert_eq!(key, list),
+        other => panic!("a junk history must be named: {other:?}"),
+    }
+}
+
 /// A new run's start in one step: the thread's lease taken, the run's first record written
 /// with the new token, the thread's history read; a held lease or a refused record leaves
 /// nothing held or written.
 #[tokio::test]
 async fn a_start_takes_the_lease_writes_the_record_and_reads_the_history_in_one_step() {
-    use runvisor::store::Begun;
+    use runvisor::store::{Begun, HistoryTail};
     use runvisor::{Message, StoreError};
     use std::time::Duration;
 
@@ -507,7 +595,7 @@ async fn a_start_takes_the_lease_writes_the_record_and_reads_the_history_in_one_
     let first = run_record(run, &t);
     let (lease, took_over, history) = match stores
         .starts
-        .begin(&first, &holder(run), ttl)
+        .begin(&first, &holder(run), ttl, None)
         .await
         .expect("begin")
     {
@@ -523,7 +611,10 @@ async fn a_start_takes_the_lease_writes_the_record_and_reads_the_history_in_one_
         other => panic!("a free thread must be started: {other:?}"),
     };
     assert_eq!(took_over, None);
-    assert_eq!(history.expect("history"), earlier.to_vec());
+    assert_eq!(
+        history.expect("history"),
+        HistoryTail::new(earlier.to_vec(), 2)
+    );
     assert_eq!(
         stores.leases.lease(&t).await.expect("lease"),
         Some(lease.clone())
@@ -542,7 +633,7 @@ async fn a_start_takes_the_lease_writes_the_record_and_reads_the_history_in_one_
     let second = RunId::new();
     match stores
         .starts
-        .begin(&run_record(second, &t), &holder(second), ttl)
+        .begin(&run_record(second, &t), &holder(second), ttl, None)
         .await
         .expect("begin")
     {
@@ -559,7 +650,7 @@ async fn a_start_takes_the_lease_writes_the_record_and_reads_the_history_in_one_
     let _: () = cmd(&mut con, &["SET", &key, "junk"]).await;
     match stores
         .starts
-        .begin(&run_record(third, &junk), &holder(third), ttl)
+        .begin(&run_record(third, &junk), &holder(third), ttl, None)
         .await
         .expect("begin")
     {
@@ -577,7 +668,7 @@ async fn a_start_takes_the_lease_writes_the_record_and_reads_the_history_in_one_
     let fourth = RunId::new();
     match stores
         .starts
-        .begin(&run_record(fourth, &odd), &holder(fourth), ttl)
+        .begin(&run_record(fourth, &odd), &holder(fourth), ttl, None)
         .await
         .expect("begin")
     {
@@ -596,7 +687,7 @@ async fn a_start_takes_the_lease_writes_the_record_and_reads_the_history_in_one_
     let sixth = RunId::new();
     match stores
         .starts
-        .begin(&run_record(sixth, &odd_index), &holder(sixth), ttl)
+        .begin(&run_record(sixth, &odd_index), &holder(sixth), ttl, None)
         .await
         .expect("begin")
     {
@@ -604,7 +695,7 @@ async fn a_start_takes_the_lease_writes_the_record_and_reads_the_history_in_one_
             history: Ok(history),
             newest_checkpoint: None,
             ..
-        } => assert!(history.is_empty()),
+        } => assert_eq!(history, HistoryTail::default()),
         other => panic!("a junk index must not stop the start: {other:?}"),
     }
 
@@ -620,7 +711,7 @@ async fn a_start_takes_the_lease_writes_the_record_and_reads_the_history_in_one_
     let fifth = RunId::new();
     match stores
         .starts
-        .begin(&run_record(fifth, &old), &holder(fifth), ttl)
+        .begin(&run_record(fifth, &old), &holder(fifth), ttl, None)
         .await
         .expect("begin")
     {

@@ -57,6 +57,13 @@ pub struct RuntimeConfig {
     /// `checkpoint_flush_timeout`, still accepted.
     #[serde(with = "humantime_serde", alias = "checkpoint_flush_timeout")]
     pub store_deadline: Duration,
+    /// How many of the thread's newest messages a run reads at its start: what its nodes see
+    /// of the thread's history before the run's own messages (`ctx.history()`). `None` (the
+    /// default) reads the whole history; a window keeps a start's cost flat on a long thread
+    /// (on Redis only the window is read). What is stored is never cut: runs append to the
+    /// whole history, and a fork copies it up to its checkpoint.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub history_window: Option<usize>,
     /// Stop and cancel flags: key formats and timings.
     pub signals: SignalConfig,
     /// How many finished runs keep their outcome in memory, so a stop that arrives after a run
@@ -115,6 +122,7 @@ impl Default for RuntimeConfig {
             checkpoint_compact_percent: 100,
             checkpoint_coalesce: Duration::from_millis(20),
             store_deadline: Duration::from_secs(10),
+            history_window: None,
             signals: SignalConfig::default(),
             finished_outcomes: 1024,
             worker_id: None,

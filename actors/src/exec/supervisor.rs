@@ -34,7 +34,7 @@ use crate::model::{
     StoreError, Value, now_ms,
 };
 use crate::persist::snapshot::{GraphState, SnapshotWrite};
-use crate::persist::{Durability, Notice, Snapshot};
+use crate::persist::{Durability, HistoryTail, Notice, Snapshot};
 use crate::workflow::Plan;
 
 /// How long aborted nodes get to hand over their reports before they are given up on.
@@ -110,7 +110,10 @@ pub(crate) struct Restore {
 pub(crate) struct RunArgs {
     pub(crate) plan: Arc<Plan>,
     pub(crate) run: Arc<RunInfo>,
-    pub(crate) history: Vec<Message>,
+    /// The thread's history as the run read it: what its nodes see of it (the newest
+    /// messages, within the runtime's window), and how many it holds (where its snapshots say
+    /// the history stood).
+    pub(crate) history: HistoryTail,
     /// Messages of the run known at its start (the user's query or instruction).
     pub(crate) produced: Vec<Message>,
     pub(crate) record: RunRecord,
@@ -204,8 +207,8 @@ impl Actor for RunSupervisor {
         sys.insert("thread_id".into(), Value::String(run.thread.to_string()));
         sys.insert("workflow_id".into(), Value::String(plan.def.id.clone()));
         let span = args.span;
-        let history_before = u64::try_from(args.history.len()).unwrap_or(u64::MAX);
-        let mut history = args.history;
+        let history_before = args.history.total;
+        let mut history = args.history.messages;
         history.extend(args.produced.iter().cloned());
         let exec = GraphExec::new(
             plan.graph.clone(),

@@ -13,7 +13,8 @@ use dashmap::DashMap;
 
 use super::leases::MemoryLeaseStore;
 use super::ports::{
-    CheckpointStore, HistoryStore, Notice, NoticeStream, RunStore, SignalSource, StoredCheckpoint,
+    CheckpointStore, HistoryStore, HistoryTail, Notice, NoticeStream, RunStore, SignalSource,
+    StoredCheckpoint,
 };
 use crate::model::{CheckpointId, Fence, Message, MessageId, RunId, ThreadId};
 use crate::model::{RunRecord, StoreError};
@@ -393,6 +394,22 @@ impl HistoryStore for MemoryHistoryStore {
             .map(|t| t.0.clone())
             .unwrap_or_default())
     }
+
+    async fn load_tail(
+        &self,
+        thread: &ThreadId,
+        window: Option<usize>,
+    ) -> Result<HistoryTail, StoreError> {
+        let Some(entry) = self.threads.get(thread) else {
+            return Ok(HistoryTail::default());
+        };
+        let list = &entry.0;
+        let from = window.map_or(0, |window| list.len().saturating_sub(window));
+        Ok(HistoryTail::new(
+            list[from..].to_vec(),
+            u64::try_from(list.len()).unwrap_or(u64::MAX),
+        ))
+    }
 }
 
 /// Stop and cancel flags in memory, with expiry, and a notice channel.
@@ -695,6 +712,35 @@ mod tests {
                 .is_err()
         );
         assert_eq!(store.load(&thread()).await.map(|h| h.len()), Ok(2));
+    }
+
+    #[tokio::test]
+    async fn a_history_tail_is_the_newest_messages_with_the_length() {
+        let store = MemoryHistoryStore::new();
+        let all: Vec<Message> = (0..4).map(|i| Message::user(format!("m{i}"))).collect();
+        store.append(&thread(), &all, None).await.expect("append");
+        for (window, from) in [
+            (Some(1), 3),
+            (Some(0), 4),
+            (Some(4), 0),
+            (Some(7), 0),
+            (None, 0),
+        ] {
+            let tail = store.load_tail(&thread(), window).await.expect("tail");
+            assert_eq!(
+                tail,
+                HistoryTail::new(all[from..].to_vec(), 4),
+                "{window:?}"
+            );
+            // The trait's default, over a whole read, says the same.
+            let whole = store.load(&thread()).await.expect("load");
+            assert_eq!(HistoryTail::of(whole, window), tail, "{window:?}");
+        }
+        let none = ThreadId::new("none").expect("id");
+        assert_eq!(
+            store.load_tail(&none, Some(2)).await,
+            Ok(HistoryTail::default())
+        );
     }
 
     #[tokio::test]

@@ -234,7 +234,9 @@ pub trait EndStore: Send + Sync + 'static {
 #[async_trait]
 pub trait StartStore: Send + Sync + 'static {
     /// Takes `record.thread`'s lease for `holder` for `ttl`, writes `record` with its
-    /// [`fence`](RunRecord::fence) set to the new token, and reads the thread's history.
+    /// [`fence`](RunRecord::fence) set to the new token, and reads the thread's history: its
+    /// newest `history_window` messages (all when `None`) and how many it holds, as
+    /// [`HistoryStore::load_tail`] does.
     ///
     /// [`Begun::NotStarted`] leaves the start to the steps alone: the lease is held by another
     /// run (by a live or a dead worker: a takeover from a dead worker is
@@ -248,6 +250,7 @@ pub trait StartStore: Send + Sync + 'static {
         record: &RunRecord,
         holder: &LeaseHolder,
         ttl: Duration,
+        history_window: Option<usize>,
     ) -> Result<Begun, LeaseError>;
 }
 
@@ -260,8 +263,9 @@ pub enum Begun {
     Started {
         /// The lease taken.
         acquired: Acquired,
-        /// The thread's history, oldest first.
-        history: Result<Vec<Message>, StoreError>,
+        /// The thread's history as read (its newest messages, oldest first, and how many
+        /// it holds).
+        history: Result<HistoryTail, StoreError>,
         /// The thread's newest checkpoint id as the step read it (`None`: none, or the store
         /// does not tell): the run's checkpoints sort after it, even when a process whose
         /// clock runs ahead wrote it.
@@ -325,6 +329,48 @@ pub trait HistoryStore: Send + Sync + 'static {
     ) -> Result<(), StoreError>;
     /// Reads a thread's history, oldest first.
     async fn load(&self, thread: &ThreadId) -> Result<Vec<Message>, StoreError>;
+    /// Reads a thread's newest `window` messages (all of them when `None`), oldest first, and
+    /// how many the history holds, read together: what a run reads at its start.
+    ///
+    /// The default reads the whole history with [`load`](Self::load) and keeps its tail; a
+    /// store that can read the tail alone (as Redis does) overrides it.
+    async fn load_tail(
+        &self,
+        thread: &ThreadId,
+        window: Option<usize>,
+    ) -> Result<HistoryTail, StoreError> {
+        Ok(HistoryTail::of(self.load(thread).await?, window))
+    }
+}
+
+/// A thread's newest messages and how many its history holds ([`HistoryStore::load_tail`]).
+#[derive(Debug, Clone, Default, PartialEq)]
+#[non_exhaustive]
+pub struct HistoryTail {
+    /// The newest messages, oldest first.
+    pub messages: Vec<Message>,
+    /// How many messages the history holds, those above included.
+    pub total: u64,
+}
+
+impl HistoryTail {
+    /// `messages` as read and how many the history holds (at least as many as were read).
+    pub fn new(messages: Vec<Message>, total: u64) -> Self {
+        let total = total.max(u64::try_from(messages.len()).unwrap_or(u64::MAX));
+        Self { messages, total }
+    }
+
+    /// The newest `window` of a whole history (all of it when `None`).
+    pub fn of(mut history: Vec<Message>, window: Option<usize>) -> Self {
+        let total = u64::try_from(history.len()).unwrap_or(u64::MAX);
+        if let Some(window) = window {
+            history.drain(..history.len().saturating_sub(window));
+        }
+        Self {
+            messages: history,
+            total,
+        }
+    }
 }
 
 /// What a signal flag asks of its run. The key a flag sits under says which one: the

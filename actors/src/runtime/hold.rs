@@ -7,11 +7,11 @@ use std::sync::Arc;
 
 use super::facade::Runtime;
 use crate::model::{
-    CheckpointId, Fence, Lease, LeaseError, LeaseHolder, Message, RunId, RunRecord, RunStatus,
-    StopReason, StoreError, ThreadId, WorkerId, now_ms,
+    CheckpointId, Fence, Lease, LeaseError, LeaseHolder, RunId, RunRecord, RunStatus, StopReason,
+    StoreError, ThreadId, WorkerId, now_ms,
 };
 use crate::persist::retry::Backoff;
-use crate::persist::{Acquired, Begun, LeaseStore};
+use crate::persist::{Acquired, Begun, HistoryTail, LeaseStore};
 use crate::service::ThreadClaim;
 
 /// Why a thread could not be held.
@@ -32,7 +32,7 @@ pub(crate) struct ThreadHold {
     lease: Lease,
     /// Set when the lease was taken with the run's first record written and the thread's
     /// history read, in one step ([`StartStore`]): the history, or why it could not be read.
-    pub(crate) begun: Option<Result<Vec<Message>, StoreError>>,
+    pub(crate) begun: Option<Result<HistoryTail, StoreError>>,
     /// The thread's newest checkpoint id, when that step read it.
     pub(crate) newest_checkpoint: Option<CheckpointId>,
     thread: ThreadId,
@@ -188,11 +188,12 @@ impl Runtime {
         record: Option<&RunRecord>,
     ) -> (
         Result<Acquired, LeaseError>,
-        Option<(Result<Vec<Message>, StoreError>, Option<CheckpointId>)>,
+        Option<(Result<HistoryTail, StoreError>, Option<CheckpointId>)>,
     ) {
         let ttl = self.config().lease.ttl;
         if let Some((record, starts)) = record.zip(self.services.starts.as_ref()) {
-            match starts.begin(record, holder, ttl).await {
+            let window = self.config().history_window;
+            match starts.begin(record, holder, ttl, window).await {
                 Ok(Begun::Started {
                     acquired,
                     history,

@@ -19,7 +19,7 @@ use crate::model::{
     Lease, MAX_DEPTH, Map, Message, NodePath, RunId, RunLabels, RunRecord, RunStatus, StoreError,
     ThreadId, Value, now_ms,
 };
-use crate::persist::WatchedKeys;
+use crate::persist::{HistoryTail, WatchedKeys};
 use crate::workflow::{GraphPlan, NodeSpec, Plan, Workflow};
 
 impl Runtime {
@@ -148,10 +148,12 @@ impl Runtime {
         }
     }
 
-    pub(crate) async fn load_history(&self, thread: &ThreadId) -> Result<Vec<Message>, StartError> {
+    /// The thread's history as a run reads it at its start: its newest messages, within the
+    /// runtime's [`history_window`](crate::RuntimeConfig::history_window).
+    pub(crate) async fn load_history(&self, thread: &ThreadId) -> Result<HistoryTail, StartError> {
         self.services
             .history
-            .load(thread)
+            .load_tail(thread, self.services.config.history_window)
             .await
             .map_err(|error| StartError::History {
                 thread: thread.clone(),
@@ -427,8 +429,9 @@ pub(crate) struct Launch {
     pub(crate) plan: Arc<Plan>,
     pub(crate) inputs: Map,
     pub(crate) thread: ThreadId,
-    /// The thread's history; `None`: read it while the run is recorded.
-    pub(crate) history: Option<Vec<Message>>,
+    /// The thread's history as read (within the runtime's window); `None`: read it while
+    /// the run is recorded.
+    pub(crate) history: Option<HistoryTail>,
     pub(crate) produced: Vec<Message>,
     pub(crate) restore: Option<Restore>,
     /// Answers to interactions, by the path of their node.
@@ -456,7 +459,7 @@ pub(crate) struct Started {
     /// step ([`ThreadHold`]'s `begun`): the history, or why it could not be read.
     ///
     /// [`ThreadHold`]: super::hold::ThreadHold
-    pub(crate) begun: Option<Result<Vec<Message>, StoreError>>,
+    pub(crate) begun: Option<Result<HistoryTail, StoreError>>,
     /// Whether the workflow's definition was stored while the thread was taken, or why not.
     pub(crate) workflow: Result<(), StoreError>,
 }

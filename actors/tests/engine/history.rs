@@ -310,6 +310,61 @@ async fn node_events_are_ordered_per_node_on_a_multi_thread_runtime() {
     }
 }
 
+/// With a history window, a run's nodes see the thread's newest messages within it (then the
+/// run's own), while the whole history stays stored and every checkpoint says how many
+/// messages the thread held (what a fork from it copies).
+#[tokio::test]
+async fn a_history_window_shows_the_newest_messages_and_keeps_the_whole_history() {
+    let h = host_with(|b, _| {
+        b.config(runvisor_actors::RuntimeConfig {
+            history_window: Some(3),
+            ..Default::default()
+        })
+    });
+    let wf = load(
+        &h.rt,
+        json!({"id": "remember", "nodes": [
+            {"id": "start", "kind": "begin"},
+            {"id": "greet", "kind": "message", "params": {"template": "Hello, {{sys.query}}!"}},
+            {"id": "look", "kind": "probe"},
+            {"id": "reply", "kind": "message", "params": {"template": "I have seen {{look.count}}"}}
+        ], "edges": [
+            {"from": "start", "to": "greet"}, {"from": "greet", "to": "look"},
+            {"from": "look", "to": "reply"}
+        ]}),
+    );
+    for (query, seen_count) in [("first", 2), ("second", 5), ("third", 5)] {
+        let outcome = run_to_end(&h.rt, &wf, inputs([("query", query.into())]), "window").await;
+        assert_eq!(text(&outcome, "reply"), format!("I have seen {seen_count}"));
+    }
+    let histories = h.log.histories();
+    assert_eq!(
+        histories.last().map(|(_, seen)| seen.clone()),
+        Some(vec![
+            seen(Role::User, "second"),
+            seen(Role::Assistant, "Hello, second!"),
+            seen(Role::Assistant, "I have seen 5"),
+            seen(Role::User, "third"),
+            seen(Role::Assistant, "Hello, third!"),
+        ])
+    );
+    // Stored whole: nine messages, three per run.
+    assert_eq!(stored(&h.rt, "window").await.len(), 9);
+    // The last run started on six messages, and its checkpoint says so.
+    let t = thread("window");
+    let newest =
+        h.rt.checkpoint_store()
+            .latest(&t)
+            .await
+            .expect("latest")
+            .expect("a checkpoint");
+    let snapshot =
+        runvisor_actors::delta::materialize(h.rt.checkpoint_store().as_ref(), &t, &newest)
+            .await
+            .expect("the checkpoint reads back whole");
+    assert_eq!(snapshot.history_len, Some(6));
+}
+
 #[tokio::test]
 async fn messages_the_history_store_refuses_are_reported_not_lost() {
     let store = Arc::new(MemoryHistoryStore::new());
