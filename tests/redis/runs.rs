@@ -481,6 +481,24 @@ async fn a_whole_end_writes_checkpoint_messages_record_flags_and_lease_in_order(
     assert_eq!(left, 1, "the new run's flag stays");
 }
 
+/// A new run's start on `t` through the start store, reading the newest two messages.
+async fn begin_with_window(
+    stores: &runvisor::redis::RedisStores,
+    t: &ThreadId,
+) -> runvisor::store::Begun {
+    let run = RunId::new();
+    stores
+        .starts
+        .begin(
+            &run_record(run, t),
+            &holder(run),
+            std::time::Duration::from_secs(10),
+            Some(2),
+        )
+        .await
+        .expect("begin")
+}
+
 /// A runtime's history window on Redis: the start's script and the history store read the
 /// thread's newest messages alone, with the history's length; a window of 0 reads none, one
 /// past the length reads all, and a list of another type is named.
@@ -488,7 +506,6 @@ async fn a_whole_end_writes_checkpoint_messages_record_flags_and_lease_in_order(
 async fn a_history_window_reads_the_newest_messages_and_the_length_on_redis() {
     use runvisor::store::{Begun, HistoryTail};
     use runvisor::{Message, StoreError};
-    use std::time::Duration;
 
     let server = RedisServer::start();
     let stores = stores(&server).await;
@@ -523,18 +540,7 @@ async fn a_history_window_reads_the_newest_messages_and_the_length_on_redis() {
         Ok(HistoryTail::default())
     );
 
-    let run = RunId::new();
-    match stores
-        .starts
-        .begin(
-            &run_record(run, &t),
-            &holder(run),
-            Duration::from_secs(10),
-            Some(2),
-        )
-        .await
-        .expect("begin")
-    {
+    match begin_with_window(&stores, &t).await {
         Begun::Started {
             history: Ok(history),
             ..
@@ -549,18 +555,7 @@ async fn a_history_window_reads_the_newest_messages_and_the_length_on_redis() {
         Err(StoreError::Corrupt { key, .. }) => assert_eq!(key, list),
         other => panic!("a junk history must be named: {other:?}"),
     }
-    let fourth = RunId::new();
-    match stores
-        .starts
-        .begin(
-            &run_record(fourth, &odd),
-            &holder(fourth),
-            Duration::from_secs(10),
-            Some(2),
-        )
-        .await
-        .expect("begin")
-    {
+    match begin_with_window(&stores, &odd).await {
         Begun::Started {
             history: Err(StoreError::Corrupt { key, .. }),
             ..

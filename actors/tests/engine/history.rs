@@ -30,6 +30,22 @@ fn seen(role: Role, content: &str) -> (Role, String) {
     (role, content.to_owned())
 }
 
+/// Greets, counts the history its `look` node sees, and says how many it saw.
+fn remember(rt: &Runtime) -> runvisor_actors::Workflow {
+    load(
+        rt,
+        json!({"id": "remember", "nodes": [
+            {"id": "start", "kind": "begin"},
+            {"id": "greet", "kind": "message", "params": {"template": "Hello, {{sys.query}}!"}},
+            {"id": "look", "kind": "probe"},
+            {"id": "reply", "kind": "message", "params": {"template": "I have seen {{look.count}}"}}
+        ], "edges": [
+            {"from": "start", "to": "greet"}, {"from": "greet", "to": "look"},
+            {"from": "look", "to": "reply"}
+        ]}),
+    )
+}
+
 #[tokio::test]
 async fn message_text_is_persisted_after_the_users_query_in_order() {
     let rt = runtime();
@@ -99,18 +115,7 @@ async fn an_empty_query_adds_no_user_message() {
 #[tokio::test]
 async fn a_later_run_on_the_same_thread_sees_earlier_messages() {
     let h = host();
-    let wf = load(
-        &h.rt,
-        json!({"id": "remember", "nodes": [
-            {"id": "start", "kind": "begin"},
-            {"id": "greet", "kind": "message", "params": {"template": "Hello, {{sys.query}}!"}},
-            {"id": "look", "kind": "probe"},
-            {"id": "reply", "kind": "message", "params": {"template": "I have seen {{look.count}}"}}
-        ], "edges": [
-            {"from": "start", "to": "greet"}, {"from": "greet", "to": "look"},
-            {"from": "look", "to": "reply"}
-        ]}),
-    );
+    let wf = remember(&h.rt);
     let first = run_to_end(&h.rt, &wf, inputs([("query", "first".into())]), "same").await;
     assert_eq!(text(&first, "reply"), "I have seen 2");
     let second = run_to_end(&h.rt, &wf, inputs([("query", "second".into())]), "same").await;
@@ -321,18 +326,7 @@ async fn a_history_window_shows_the_newest_messages_and_keeps_the_whole_history(
             ..Default::default()
         })
     });
-    let wf = load(
-        &h.rt,
-        json!({"id": "remember", "nodes": [
-            {"id": "start", "kind": "begin"},
-            {"id": "greet", "kind": "message", "params": {"template": "Hello, {{sys.query}}!"}},
-            {"id": "look", "kind": "probe"},
-            {"id": "reply", "kind": "message", "params": {"template": "I have seen {{look.count}}"}}
-        ], "edges": [
-            {"from": "start", "to": "greet"}, {"from": "greet", "to": "look"},
-            {"from": "look", "to": "reply"}
-        ]}),
-    );
+    let wf = remember(&h.rt);
     for (query, seen_count) in [("first", 2), ("second", 5), ("third", 5)] {
         let outcome = run_to_end(&h.rt, &wf, inputs([("query", query.into())]), "window").await;
         assert_eq!(text(&outcome, "reply"), format!("I have seen {seen_count}"));
