@@ -7,8 +7,8 @@ use std::time::Duration;
 
 use runvisor_actors::testkit::{Interrupt, Script, persisted, stored_again_ahead};
 use runvisor_actors::{
-    CheckpointId, MessageId, ResumeError, ResumeFrom, ResumeInput, Role, RunEvent, RunStatus,
-    StopMode, StopReason, StopReply, Value, Workflow,
+    CheckpointId, MessageId, ResumeError, ResumeFrom, ResumeInput, Role, RunEvent, RunHandle,
+    RunStatus, Runtime, StopMode, StopReason, StopReply, ThreadId, Value, Workflow,
 };
 use serde_json::json;
 
@@ -158,6 +158,22 @@ async fn resume_after_a_stop_continues_where_it_stopped() {
     );
 }
 
+/// A resume of thread `t` from its checkpoint `checkpoint`, continuing the run it stopped.
+async fn from_checkpoint(
+    rt: &Runtime,
+    t: &ThreadId,
+    checkpoint: CheckpointId,
+) -> Result<RunHandle, ResumeError> {
+    rt.resume(
+        ResumeFrom::Checkpoint {
+            thread: t.clone(),
+            checkpoint,
+        },
+        ResumeInput::Continue,
+    )
+    .await
+}
+
 /// A kit whose runs stop before `b` and before `c`, and workflow `id`: `start`, `a`, `b`, `c`
 /// in a row.
 fn a_b_c_stopping_before_b_and_c(id: &str) -> (Kit, Workflow) {
@@ -210,18 +226,9 @@ async fn continuing_a_thread_from_an_older_checkpoint_leaves_the_newer_ones_unto
         (1, 1, 0)
     );
 
-    let fork = within(
-        "fork",
-        k.rt.resume(
-            ResumeFrom::Checkpoint {
-                thread: t.clone(),
-                checkpoint: cp1,
-            },
-            ResumeInput::Continue,
-        ),
-    )
-    .await
-    .expect("forkable");
+    let fork = within("fork", from_checkpoint(&k.rt, &t, cp1))
+        .await
+        .expect("forkable");
     let out3 = finish(&fork).await;
     assert_eq!(out3.status(), RunStatus::Succeeded, "{out3:#?}");
     // The fork continued from cp1's frontier: b ran again, then c; a did not.
@@ -504,18 +511,9 @@ async fn runs_continuing_a_checkpoint_of_a_clock_ahead_write_checkpoints_that_so
     }
 
     // Continuing the thread from the older checkpoint: after the thread's newest too.
-    let run3 = within(
-        "resume from cp1",
-        k.rt.resume(
-            ResumeFrom::Checkpoint {
-                thread: t.clone(),
-                checkpoint: cp1,
-            },
-            ResumeInput::Continue,
-        ),
-    )
-    .await
-    .expect("resumable");
+    let run3 = within("resume from cp1", from_checkpoint(&k.rt, &t, cp1))
+        .await
+        .expect("resumable");
     let out3 = finish(&run3).await;
     assert_eq!(out3.status(), RunStatus::Succeeded, "{out3:#?}");
     let cp3 = record(&k.rt, run3.run_id())
