@@ -70,6 +70,11 @@ pub struct RuntimeConfig {
     /// ended still gets its outcome (past that, it gets the run's record). Each kept outcome
     /// holds the run's outputs; 0 keeps none.
     pub finished_outcomes: usize,
+    /// How many bytes the kept outcomes of finished runs may weigh together (their outputs,
+    /// variables, messages and streamed text, as estimated in memory): the oldest go first,
+    /// and an outcome heavier than this is not kept. With `finished_outcomes` it bounds what
+    /// a long-lived worker keeps of the runs it finished, whatever their size.
+    pub finished_outcomes_bytes: usize,
     /// This runtime's worker id, as run records, leases and logs name it. By default one is
     /// made from the host name, the process id and a random part.
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -125,6 +130,7 @@ impl Default for RuntimeConfig {
             history_window: None,
             signals: SignalConfig::default(),
             finished_outcomes: 1024,
+            finished_outcomes_bytes: 64 * 1024 * 1024,
             worker_id: None,
             lease: LeaseConfig::default(),
             adopt_orphans: false,

@@ -242,6 +242,44 @@ impl RunOutcome {
         }
     }
 
+    /// About how many bytes the outcome holds in memory: its outputs, variables, messages
+    /// and streamed text (see [`Value::weight`]), what the bound on the outcomes a runtime
+    /// keeps counts.
+    pub(crate) fn weight(&self) -> usize {
+        let flush = self.history();
+        let messages = flush
+            .persisted
+            .iter()
+            .chain(&flush.not_persisted)
+            .map(|m| std::mem::size_of::<Message>() + m.content.len())
+            .fold(0usize, usize::saturating_add);
+        let outputs = self
+            .outputs()
+            .iter()
+            .map(|(node, value)| {
+                std::mem::size_of::<(NodeId, Arc<Value>)>() + node.as_ref().len() + value.weight()
+            })
+            .fold(0usize, usize::saturating_add);
+        let own = match self {
+            RunOutcome::Completed { variables, .. } => variables
+                .iter()
+                .map(|(key, value)| std::mem::size_of::<String>() + key.len() + value.weight())
+                .fold(0usize, usize::saturating_add),
+            RunOutcome::Stopped(stop) => stop
+                .interrupted
+                .iter()
+                .filter_map(|i| i.partial.as_ref())
+                .chain(&stop.partial_response)
+                .map(String::len)
+                .fold(0usize, usize::saturating_add),
+            RunOutcome::Failed { .. } | RunOutcome::AwaitingInput { .. } => 0,
+        };
+        std::mem::size_of::<Self>()
+            .saturating_add(messages)
+            .saturating_add(outputs)
+            .saturating_add(own)
+    }
+
     /// The error, if the run failed.
     pub fn error(&self) -> Option<&RunError> {
         match self {

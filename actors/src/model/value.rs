@@ -77,6 +77,14 @@ impl Value {
         }
     }
 
+    /// About how many bytes this value takes in memory, itself and what it owns (texts,
+    /// items, entries): what a bound on the values kept in memory counts. An estimate:
+    /// spare capacity and the allocator's own overhead are not counted. Linear in the
+    /// value's size, and any depth (it walks with a stack of its own).
+    pub(crate) fn weight(&self) -> usize {
+        weigh([self])
+    }
+
     /// Whether this is `null`.
     pub fn is_null(&self) -> bool {
         matches!(self, Value::Null)
@@ -252,6 +260,27 @@ impl Value {
             }
         }
     }
+}
+
+/// The [`Value::weight`] of these values together.
+pub(crate) fn weigh<'a>(values: impl IntoIterator<Item = &'a Value>) -> usize {
+    let mut stack: Vec<&Value> = values.into_iter().collect();
+    let mut total = 0usize;
+    while let Some(value) = stack.pop() {
+        total = total.saturating_add(std::mem::size_of::<Value>());
+        match value {
+            Value::String(text) => total = total.saturating_add(text.len()),
+            Value::Array(items) => stack.extend(items),
+            Value::Object(map) => {
+                for (key, item) in map.iter() {
+                    total = total.saturating_add(std::mem::size_of::<String>() + key.len());
+                    stack.push(item);
+                }
+            }
+            Value::Null | Value::Bool(_) | Value::Int(_) | Value::Float(_) => {}
+        }
+    }
+    total
 }
 
 impl From<&serde_json::Value> for Value {
@@ -539,6 +568,24 @@ impl<'de> Visitor<'de> for JsonVisitor {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A value weighs its texts, items and entries, linearly: a thousand copies of an object
+    /// weigh a thousand times one, plus the array's slots.
+    #[test]
+    fn a_value_weighs_its_texts_items_and_entries() {
+        let slot = std::mem::size_of::<Value>();
+        assert_eq!(Value::Int(7).weight(), slot);
+        assert_eq!(Value::String("x".repeat(1000)).weight(), slot + 1000);
+        let one = sample();
+        let many = Value::Array(vec![one.clone(); 1000]);
+        assert_eq!(many.weight(), slot + 1000 * one.weight());
+        let mut entry = Map::new();
+        entry.insert("key".into(), Value::String("text".into()));
+        assert_eq!(
+            Value::Object(entry).weight(),
+            slot + std::mem::size_of::<String>() + 3 + slot + 4
+        );
+    }
 
     fn sample() -> Value {
         let mut m = Map::new();

@@ -109,7 +109,7 @@ impl Services {
             runs,
             checkpoints,
             signals,
-            registry: RunRegistry::new(config.finished_outcomes),
+            registry: RunRegistry::new(config.finished_outcomes, config.finished_outcomes_bytes),
             config,
             checkpointer: tokio::sync::OnceCell::new(),
             chains,

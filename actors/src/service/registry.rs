@@ -49,16 +49,28 @@ pub struct RunRegistry {
 
 impl Default for RunRegistry {
     fn default() -> Self {
-        Self::new(crate::exec::RuntimeConfig::default().finished_outcomes)
+        let config = crate::exec::RuntimeConfig::default();
+        Self::new(config.finished_outcomes, config.finished_outcomes_bytes)
     }
 }
 
-/// The outcomes of the last runs that ended, oldest first out.
+/// The outcomes of the last runs that ended, oldest first out: at most `capacity` of them,
+/// weighing at most `budget` bytes together ([`RunOutcome::weight`]).
 #[derive(Debug, Default)]
 struct Finished {
     capacity: usize,
+    budget: usize,
     order: VecDeque<RunId>,
-    outcomes: HashMap<RunId, Arc<RunOutcome>>,
+    outcomes: HashMap<RunId, Kept>,
+    /// What the kept outcomes weigh together.
+    weight: usize,
+}
+
+/// A kept outcome and its weight.
+#[derive(Debug)]
+struct Kept {
+    outcome: Arc<RunOutcome>,
+    weight: usize,
 }
 
 /// A thread claimed for a run that is starting. Dropping it gives the thread back; once the
@@ -90,13 +102,15 @@ impl Drop for ThreadClaim {
 }
 
 impl RunRegistry {
-    /// A registry keeping the outcomes of the last `finished_outcomes` runs that ended.
-    pub(crate) fn new(finished_outcomes: usize) -> Self {
+    /// A registry keeping the outcomes of the last `finished_outcomes` runs that ended, as
+    /// many of them as weigh `finished_outcomes_bytes` together.
+    pub(crate) fn new(finished_outcomes: usize, finished_outcomes_bytes: usize) -> Self {
         Self {
             runs: Arc::default(),
             threads: Arc::default(),
             finished: Arc::new(Mutex::new(Finished {
                 capacity: finished_outcomes,
+                budget: finished_outcomes_bytes,
                 ..Finished::default()
             })),
         }
@@ -157,7 +171,7 @@ impl RunRegistry {
             .unwrap_or_else(|e| e.into_inner())
             .outcomes
             .get(run_id)
-            .cloned()
+            .map(|kept| kept.outcome.clone())
     }
 
     /// Forgets the waiting runs of a thread (it is being resumed).
@@ -222,16 +236,26 @@ fn summary(run_id: RunId, run: &LiveRun) -> RunSummary {
 
 impl Finished {
     fn insert(&mut self, run_id: RunId, outcome: Arc<RunOutcome>) {
-        if self.capacity == 0 {
+        if let Some(earlier) = self.outcomes.remove(&run_id) {
+            self.order.retain(|id| *id != run_id);
+            self.weight -= earlier.weight;
+        }
+        let weight = outcome.weight();
+        // An outcome heavier than the whole budget is not kept: keeping it would push out
+        // every other one, and it would go with the next run's end anyway.
+        if self.capacity == 0 || weight > self.budget {
             return;
         }
-        if self.outcomes.insert(run_id, outcome).is_none() {
-            self.order.push_back(run_id);
-        }
-        while self.order.len() > self.capacity {
-            if let Some(oldest) = self.order.pop_front() {
-                self.outcomes.remove(&oldest);
+        while self.order.len() >= self.capacity || self.weight + weight > self.budget {
+            let Some(oldest) = self.order.pop_front() else {
+                break;
+            };
+            if let Some(gone) = self.outcomes.remove(&oldest) {
+                self.weight -= gone.weight;
             }
         }
+        self.outcomes.insert(run_id, Kept { outcome, weight });
+        self.order.push_back(run_id);
+        self.weight += weight;
     }
 }

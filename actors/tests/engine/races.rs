@@ -313,3 +313,52 @@ async fn a_stop_after_a_run_completed_gets_its_outcome_then_its_record_once_evic
         other => panic!("{other:?}"),
     }
 }
+
+/// Kept outcomes are bounded by bytes as well as by count: outcomes of about 80 KB each (the
+/// begin node's 40 KB input and the template's copy of it), in a budget of 200 KB, keep the
+/// two newest; one of 600 KB is not kept, and pushes none of them out. Past the budget a late
+/// stop gets the run's record, as past the count.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn finished_outcomes_are_kept_within_a_byte_budget() {
+    let config = RuntimeConfig {
+        finished_outcomes: 100,
+        finished_outcomes_bytes: 200 * 1024,
+        ..RuntimeConfig::default()
+    };
+    let rt = Runtime::builder().config(config).build();
+    let wf = load(
+        &rt,
+        json!({"id": "big", "nodes": [
+            {"id": "start", "kind": "begin"},
+            {"id": "t", "kind": "template", "params": {"template": "{{start.text}}"}}
+        ], "edges": [{"from": "start", "to": "t"}]}),
+    );
+    let mut ids = Vec::new();
+    for (i, size) in [40_000, 40_000, 40_000, 40_000, 300_000]
+        .into_iter()
+        .enumerate()
+    {
+        let text = Value::String("x".repeat(size));
+        let run = rt
+            .start(&wf, inputs([("text", text)]), thread(&format!("big-{i}")))
+            .await
+            .expect("start");
+        let outcome = finish(&run).await;
+        assert_eq!(outcome.status(), RunStatus::Succeeded);
+        ids.push(run.run_id());
+    }
+    let kept: Vec<bool> = ids
+        .iter()
+        .map(|id| rt.registry().outcome(id).is_some())
+        .collect();
+    assert_eq!(kept, [false, false, true, true, false]);
+    // A late stop of a run whose outcome went still gets how it ended, from its record.
+    match rt.stop(ids[0], StopMode::Force).await {
+        Ok(StopReply::AlreadyFinished(finished)) => {
+            assert_eq!(finished.status, RunStatus::Succeeded);
+            assert_eq!(finished.outcome, None);
+            assert!(finished.record.is_some());
+        }
+        other => panic!("{other:?}"),
+    }
+}
