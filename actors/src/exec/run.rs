@@ -78,8 +78,15 @@ pub(crate) trait RunServices: Send + Sync + 'static {
     /// returns.
     async fn stop_renewing(&self, run: RunId);
     /// Gives a run's lease up (after [`stop_renewing`](Self::stop_renewing): a renewal landing
-    /// after the release would take the thread again).
-    async fn release_lease(&self, run: RunId, thread: &ThreadId, lease: &Lease);
+    /// after the release would take the thread again), trying a store that fails transiently
+    /// again until `deadline`: a lease left behind keeps the thread busy until it expires.
+    async fn release_lease(
+        &self,
+        run: RunId,
+        thread: &ThreadId,
+        lease: &Lease,
+        deadline: tokio::time::Instant,
+    );
 }
 
 /// What a run's whole end writes after its final checkpoint ([`RunServices::save_end`]).

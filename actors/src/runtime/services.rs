@@ -15,6 +15,7 @@ use crate::model::{
     CheckpointError, CheckpointId, Lease, RunId, RunOutcome, RunRecord, StopMode, StoreError,
     ThreadId, WorkerInfo,
 };
+use crate::persist::retry;
 use crate::persist::snapshot::{SaveFailed, SnapshotWrite};
 use crate::persist::{
     CheckpointStore, EndFailed, EndStep, EndStore, HistoryStore, LeaseStore, RunStore,
@@ -477,10 +478,18 @@ impl RunServices for Services {
         }
     }
 
-    async fn release_lease(&self, run: RunId, thread: &ThreadId, lease: &Lease) {
-        if let Err(e) = self.leases.release(thread, lease).await {
+    async fn release_lease(
+        &self,
+        run: RunId,
+        thread: &ThreadId,
+        lease: &Lease,
+        deadline: tokio::time::Instant,
+    ) {
+        // A release removes the lease only while it is this run's: made again after a lost
+        // answer, it changes nothing.
+        if let Err(gave_up) = retry::until(deadline, || self.leases.release(thread, lease)).await {
             // The lease expires by itself; the thread is busy until then.
-            tracing::warn!(%run, %thread, error = %e, "could not give the thread's lease up");
+            tracing::warn!(%run, %thread, error = %gave_up.error, attempts = gave_up.attempts, "could not give the thread's lease up");
         }
     }
 }

@@ -8,11 +8,13 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use runvisor_actors::store::memory::{MemoryCheckpointStore, MemoryHistoryStore};
-use runvisor_actors::store::{HistoryStore, MemoryLeaseStore, StoredCheckpoint};
+use runvisor_actors::store::{
+    Acquired, HistoryStore, LeaseStore, MemoryLeaseStore, StoredCheckpoint,
+};
 use runvisor_actors::testkit::{PutWatch, WatchedCheckpoints};
 use runvisor_actors::{
-    CheckpointError, Durability, Fence, Message, RunError, RunStatus, Runtime, RuntimeConfig,
-    StoreError, ThreadId, async_trait,
+    CheckpointError, Durability, Fence, Lease, LeaseError, LeaseHolder, Message, RunError,
+    RunStatus, Runtime, RuntimeConfig, StoreError, ThreadId, WorkerId, WorkerInfo, async_trait,
 };
 use serde_json::json;
 
@@ -92,6 +94,49 @@ impl HistoryStore for FailingHistory {
     }
     async fn load(&self, thread: &ThreadId) -> Result<Vec<Message>, StoreError> {
         self.inner.load(thread).await
+    }
+}
+
+/// A memory lease store whose releases fail as told; everything else as the store it wraps.
+#[derive(Debug)]
+pub(crate) struct FailingReleases {
+    pub(crate) inner: MemoryLeaseStore,
+    pub(crate) faults: Faults,
+}
+
+#[async_trait]
+impl LeaseStore for FailingReleases {
+    async fn heartbeat(&self, worker: &WorkerInfo, ttl: Duration) -> Result<(), StoreError> {
+        self.inner.heartbeat(worker, ttl).await
+    }
+    async fn retire(&self, worker: &WorkerId) -> Result<(), StoreError> {
+        self.inner.retire(worker).await
+    }
+    async fn workers(&self, ids: &[WorkerId]) -> Result<Vec<Option<WorkerInfo>>, StoreError> {
+        self.inner.workers(ids).await
+    }
+    async fn acquire(
+        &self,
+        thread: &ThreadId,
+        holder: &LeaseHolder,
+        ttl: Duration,
+    ) -> Result<Acquired, LeaseError> {
+        self.inner.acquire(thread, holder, ttl).await
+    }
+    async fn renew(
+        &self,
+        thread: &ThreadId,
+        lease: &Lease,
+        ttl: Duration,
+    ) -> Result<(), LeaseError> {
+        self.inner.renew(thread, lease, ttl).await
+    }
+    async fn release(&self, thread: &ThreadId, lease: &Lease) -> Result<(), StoreError> {
+        self.faults.check("release", thread.as_str())?;
+        self.inner.release(thread, lease).await
+    }
+    async fn lease(&self, thread: &ThreadId) -> Result<Option<Lease>, StoreError> {
+        self.inner.lease(thread).await
     }
 }
 
@@ -188,6 +233,30 @@ async fn a_store_failing_for_a_while_at_the_end_is_retried_until_it_is_back() {
         .map(|m| m.content)
         .collect();
     assert_eq!(texts, ["a", "b"]);
+}
+
+/// A lease the run could not give up at its first try keeps the thread busy until it
+/// expires: the release is tried again like the rest of the end, and the thread is free as
+/// the outcome comes.
+#[tokio::test(start_paused = true)]
+async fn a_lease_release_failing_for_a_while_is_retried_and_the_thread_is_free_at_the_end() {
+    let leases = Arc::new(FailingReleases {
+        inner: MemoryLeaseStore::new(),
+        faults: Faults::new(Failing::First(2)),
+    });
+    let rt = Runtime::builder()
+        .lease_store(leases.clone())
+        .config(config(Durability::Exit, Duration::from_secs(30)))
+        .build();
+    let t = thread("release");
+    let run = rt
+        .start(&chain(&rt), inputs([]), t.clone())
+        .await
+        .expect("start");
+    let outcome = finish(&run).await;
+    assert_eq!(outcome.status(), RunStatus::Succeeded, "{outcome:#?}");
+    assert_eq!(leases.faults.calls(), 3);
+    assert_eq!(leases.inner.lease(&t).await.expect("lease"), None);
 }
 
 #[tokio::test(start_paused = true)]

@@ -257,6 +257,7 @@ impl RunState {
                         self.run.run_id,
                         &self.run.thread,
                         &self.run.lease,
+                        deadline,
                     )
                 );
             }
