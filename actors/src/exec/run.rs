@@ -78,8 +78,9 @@ pub(crate) trait RunServices: Send + Sync + 'static {
     /// returns.
     async fn stop_renewing(&self, run: RunId);
     /// Gives a run's lease up (after [`stop_renewing`](Self::stop_renewing): a renewal landing
-    /// after the release would take the thread again), trying a store that fails transiently
-    /// again until `deadline`: a lease left behind keeps the thread busy until it expires.
+    /// after the release would take the thread again). A store that fails transiently is
+    /// tried again until `deadline`, in the background after the first attempt: a lease left
+    /// behind keeps the thread busy until it expires, and the run's outcome does not wait.
     async fn release_lease(
         &self,
         run: RunId,

@@ -485,12 +485,25 @@ impl RunServices for Services {
         lease: &Lease,
         deadline: tokio::time::Instant,
     ) {
-        // A release removes the lease only while it is this run's: made again after a lost
-        // answer, it changes nothing.
-        if let Err(gave_up) = retry::until(deadline, || self.leases.release(thread, lease)).await {
+        let error = match self.leases.release(thread, lease).await {
+            Ok(()) => return,
+            Err(error) => error,
+        };
+        if !error.is_transient() {
             // The lease expires by itself; the thread is busy until then.
-            tracing::warn!(%run, %thread, error = %gave_up.error, attempts = gave_up.attempts, "could not give the thread's lease up");
+            tracing::warn!(%run, %thread, %error, "could not give the thread's lease up");
+            return;
         }
+        // Tried again in the background, so a store out of reach does not hold the run's
+        // outcome back. A release removes the lease only while it is this run's: made again
+        // after a lost answer, or after another run took the thread, it changes nothing.
+        tracing::debug!(%run, %thread, %error, "giving the thread's lease up again");
+        let (leases, thread, lease) = (self.leases.clone(), thread.clone(), lease.clone());
+        tokio::spawn(async move {
+            if let Err(gave_up) = retry::until(deadline, || leases.release(&thread, &lease)).await {
+                tracing::warn!(%run, %thread, error = %gave_up.error, attempts = gave_up.attempts + 1, "could not give the thread's lease up");
+            }
+        });
     }
 }
 

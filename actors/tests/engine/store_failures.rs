@@ -235,9 +235,9 @@ async fn a_store_failing_for_a_while_at_the_end_is_retried_until_it_is_back() {
     assert_eq!(texts, ["a", "b"]);
 }
 
-/// A lease the run could not give up at its first try keeps the thread busy until it
-/// expires: the release is tried again like the rest of the end, and the thread is free as
-/// the outcome comes.
+/// A lease the run could not give up at its first try would keep the thread busy until it
+/// expires: the release is tried again until the store deadline, in the background, so the
+/// outcome does not wait for it, and the thread is free once the store is back.
 #[tokio::test(start_paused = true)]
 async fn a_lease_release_failing_for_a_while_is_retried_and_the_thread_is_free_at_the_end() {
     let leases = Arc::new(FailingReleases {
@@ -255,6 +255,9 @@ async fn a_lease_release_failing_for_a_while_is_retried_and_the_thread_is_free_a
         .expect("start");
     let outcome = finish(&run).await;
     assert_eq!(outcome.status(), RunStatus::Succeeded, "{outcome:#?}");
+    assert!(leases.inner.lease(&t).await.expect("lease").is_some());
+    // The first retry after 50 ms, the second 100 ms later (the paused clock).
+    tokio::time::sleep(Duration::from_millis(200)).await;
     assert_eq!(leases.faults.calls(), 3);
     assert_eq!(leases.inner.lease(&t).await.expect("lease"), None);
 }
