@@ -14,7 +14,8 @@ use runvisor_actors::store::{
 use runvisor_actors::testkit::{PutWatch, WatchedCheckpoints};
 use runvisor_actors::{
     CheckpointError, Durability, Fence, Lease, LeaseError, LeaseHolder, Message, RunError,
-    RunStatus, Runtime, RuntimeConfig, StoreError, ThreadId, WorkerId, WorkerInfo, async_trait,
+    RunOutcome, RunStatus, Runtime, RuntimeConfig, StoreError, ThreadId, WorkerId, WorkerInfo,
+    async_trait,
 };
 use serde_json::json;
 
@@ -177,6 +178,15 @@ fn chain(rt: &Runtime) -> runvisor_actors::Workflow {
     )
 }
 
+/// Runs [`chain`] on `thread` to its end.
+async fn run_chain(rt: &Runtime, thread: ThreadId) -> RunOutcome {
+    let run = rt
+        .start(&chain(rt), inputs([]), thread)
+        .await
+        .expect("start");
+    finish(&run).await
+}
+
 #[tokio::test(start_paused = true)]
 async fn a_sync_run_whose_progress_is_refused_fails_at_once_instead_of_waiting() {
     let checkpoints = failing_checkpoints(Failing::Refused);
@@ -185,11 +195,7 @@ async fn a_sync_run_whose_progress_is_refused_fails_at_once_instead_of_waiting()
         .checkpoint_store(checkpoints.clone())
         .config(config(Durability::Sync, Duration::from_secs(3600)))
         .build();
-    let run = rt
-        .start(&chain(&rt), inputs([]), thread("refused"))
-        .await
-        .expect("start");
-    let outcome = finish(&run).await;
+    let outcome = run_chain(&rt, thread("refused")).await;
     assert_eq!(outcome.status(), RunStatus::Failed, "{outcome:#?}");
     match outcome.error() {
         Some(RunError::Storage(CheckpointError::Refused(StoreError::Rejected {
@@ -216,11 +222,7 @@ async fn a_store_failing_for_a_while_at_the_end_is_retried_until_it_is_back() {
         .config(config(Durability::Exit, Duration::from_secs(30)))
         .build();
     let t = thread("blip");
-    let run = rt
-        .start(&chain(&rt), inputs([]), t.clone())
-        .await
-        .expect("start");
-    let outcome = finish(&run).await;
+    let outcome = run_chain(&rt, t.clone()).await;
     assert_eq!(outcome.status(), RunStatus::Succeeded, "{outcome:#?}");
     assert!(outcome.history().not_persisted.is_empty(), "{outcome:#?}");
     assert_eq!(history.faults.calls(), 4);
@@ -249,11 +251,7 @@ async fn a_lease_release_failing_for_a_while_is_retried_and_the_thread_is_free_a
         .config(config(Durability::Exit, Duration::from_secs(30)))
         .build();
     let t = thread("release");
-    let run = rt
-        .start(&chain(&rt), inputs([]), t.clone())
-        .await
-        .expect("start");
-    let outcome = finish(&run).await;
+    let outcome = run_chain(&rt, t.clone()).await;
     assert_eq!(outcome.status(), RunStatus::Succeeded, "{outcome:#?}");
     assert!(leases.inner.lease(&t).await.expect("lease").is_some());
     // The first retry after 50 ms, the second 100 ms later (the paused clock).
@@ -274,11 +272,7 @@ async fn a_store_failing_past_the_deadline_is_given_up_and_a_refusal_is_not_retr
             .history_store(history.clone())
             .config(config(Durability::Exit, Duration::from_secs(1)))
             .build();
-        let run = rt
-            .start(&chain(&rt), inputs([]), thread("outage"))
-            .await
-            .expect("start");
-        let outcome = finish(&run).await;
+        let outcome = run_chain(&rt, thread("outage")).await;
         let flush = outcome.history();
         assert_eq!(flush.not_persisted.len(), 2, "{mode:?}");
         let error = flush.error.as_ref().expect("the store's error");
