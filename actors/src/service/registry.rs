@@ -238,24 +238,25 @@ impl Finished {
     fn insert(&mut self, run_id: RunId, outcome: Arc<RunOutcome>) {
         if let Some(earlier) = self.outcomes.remove(&run_id) {
             self.order.retain(|id| *id != run_id);
-            self.weight -= earlier.weight;
+            self.weight = self.weight.saturating_sub(earlier.weight);
         }
         let weight = outcome.weight();
         // An outcome heavier than the whole budget is not kept: keeping it would push out
-        // every other one, and it would go with the next run's end anyway.
+        // every other one.
         if self.capacity == 0 || weight > self.budget {
             return;
         }
-        while self.order.len() >= self.capacity || self.weight + weight > self.budget {
+        while self.order.len() >= self.capacity || self.weight.saturating_add(weight) > self.budget
+        {
             let Some(oldest) = self.order.pop_front() else {
                 break;
             };
             if let Some(gone) = self.outcomes.remove(&oldest) {
-                self.weight -= gone.weight;
+                self.weight = self.weight.saturating_sub(gone.weight);
             }
         }
         self.outcomes.insert(run_id, Kept { outcome, weight });
         self.order.push_back(run_id);
-        self.weight += weight;
+        self.weight = self.weight.saturating_add(weight);
     }
 }
