@@ -199,6 +199,13 @@ impl CheckpointStore for MemoryCheckpointStore {
             .and_then(|t| t.values().next_back().cloned()))
     }
 
+    async fn newest_id(&self, thread: &ThreadId) -> Result<Option<CheckpointId>, StoreError> {
+        Ok(self
+            .threads
+            .get(thread)
+            .and_then(|t| t.keys().next_back().copied()))
+    }
+
     async fn list(&self, thread: &ThreadId) -> Result<Vec<CheckpointId>, StoreError> {
         Ok(self
             .threads
@@ -538,6 +545,9 @@ mod tests {
             .await
             .expect("second write");
         assert_eq!(store.latest(&thread()).await, Ok(Some(second.clone())));
+        assert_eq!(store.newest_id(&thread()).await, Ok(Some(second.id)));
+        let none = ThreadId::new("none").expect("valid id");
+        assert_eq!(store.newest_id(&none).await, Ok(None));
         assert_eq!(
             store.get(&thread(), first.id).await,
             Ok(Some(first.clone()))

@@ -118,6 +118,13 @@ pub trait CheckpointStore: Send + Sync + 'static {
     }
     /// Reads the newest checkpoint of a thread.
     async fn latest(&self, thread: &ThreadId) -> Result<Option<StoredCheckpoint>, StoreError>;
+    /// The id of a thread's newest checkpoint, `None` when it has none. A run started without
+    /// a [`StartStore`] reads it so its own checkpoints sort after it, whatever the clock of
+    /// the process that wrote it. The default reads the checkpoint with
+    /// [`latest`](Self::latest); a store that can answer the id alone should.
+    async fn newest_id(&self, thread: &ThreadId) -> Result<Option<CheckpointId>, StoreError> {
+        Ok(self.latest(thread).await?.map(|checkpoint| checkpoint.id))
+    }
     /// The ids of a thread's checkpoints, oldest first.
     async fn list(&self, thread: &ThreadId) -> Result<Vec<CheckpointId>, StoreError>;
     /// Deletes all but the newest `keep` checkpoints of a thread; returns how many went.

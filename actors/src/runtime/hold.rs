@@ -152,10 +152,11 @@ impl Runtime {
                         .await;
                 }
                 let (begun, mut newest_checkpoint) = begun.unzip();
-                if record.is_some() && begun.is_none() && acquired.took_over.is_some() {
-                    // A start that took a dead worker's thread over step by step: its
-                    // checkpoints sort after the dead run's newest, written moments ago by a
-                    // process whose clock may run ahead (a start store's step reads it).
+                if record.is_some() && begun.is_none() {
+                    // A start that held its thread step by step: its checkpoints sort after
+                    // the thread's newest, which the run before it (ended, or of a dead
+                    // worker taken over) may have written moments ago in a process whose
+                    // clock runs ahead (a start store's step reads it).
                     newest_checkpoint = Some(self.newest_checkpoint(thread).await);
                 }
                 Ok(ThreadHold {
@@ -212,8 +213,8 @@ impl Runtime {
     /// The id of `thread`'s newest checkpoint; `None` when it has none, or when it cannot be
     /// read (the run then goes on, its ids ordered by this process's clock alone).
     async fn newest_checkpoint(&self, thread: &ThreadId) -> Option<CheckpointId> {
-        match self.checkpoint_store().latest(thread).await {
-            Ok(newest) => newest.map(|c| c.id),
+        match self.checkpoint_store().newest_id(thread).await {
+            Ok(newest) => newest,
             Err(e) => {
                 tracing::warn!(%thread, error = %e, "could not read the thread's newest checkpoint");
                 None

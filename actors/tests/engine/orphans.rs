@@ -307,3 +307,50 @@ async fn a_start_taking_a_dead_workers_thread_over_writes_checkpoints_after_its_
     assert_eq!(newest.run, second.run_id(), "the newest is the new run's");
     assert!(newest.id > ahead);
 }
+
+/// A new run on a thread whose last run ended cleanly in another process (step by step: no
+/// start store here), that process's clock an hour ahead: the new run's checkpoints sort after
+/// the thread's newest, so the thread's newest is the new run's final one, and a resume of the
+/// thread would continue the new run, not the one before it.
+#[tokio::test(start_paused = true)]
+async fn a_start_after_a_run_that_ended_writes_checkpoints_after_the_threads_newest() {
+    let shared = Shared::new();
+    let first = shared.worker("first", false);
+    let wf = workflow(&first);
+    let t = thread("ended");
+    first.log.mark("blocked:release");
+    let run = first
+        .rt
+        .start(&wf, Default::default(), t.clone())
+        .await
+        .expect("start");
+    let outcome = finish(&run).await;
+    assert_eq!(outcome.status(), RunStatus::Succeeded, "{outcome:#?}");
+    let last = shared
+        .checkpoints
+        .newest_id(&t)
+        .await
+        .expect("newest")
+        .expect("a checkpoint");
+    let ahead = stored_again_ahead(&*shared.checkpoints, &t, last, Duration::from_secs(3600))
+        .await
+        .expect("stored again");
+
+    let next = shared.worker("next", false);
+    next.log.mark("blocked:release");
+    let second = next
+        .rt
+        .start(&wf, Default::default(), t.clone())
+        .await
+        .expect("start");
+    let outcome = finish(&second).await;
+    assert_eq!(outcome.status(), RunStatus::Succeeded, "{outcome:#?}");
+    let newest = shared
+        .checkpoints
+        .latest(&t)
+        .await
+        .expect("latest")
+        .expect("a checkpoint");
+    assert_eq!(newest.run, second.run_id(), "the newest is the new run's");
+    assert!(newest.id > ahead);
+}
