@@ -14,7 +14,7 @@ use super::record::RunRecord;
 use super::status::RunStatus;
 use super::stop::StopReason;
 use super::usage::Usage;
-use super::value::{Map, Value};
+use super::value::{Map, Value, weigh};
 
 /// The outputs of a run's nodes, by id. Shared with the run's state: an outcome holds the
 /// outputs, it does not copy them.
@@ -243,8 +243,8 @@ impl RunOutcome {
     }
 
     /// About how many bytes the outcome holds in memory: its outputs, variables, messages
-    /// and streamed text (see [`Value::weight`]), what the bound on the outcomes a runtime
-    /// keeps counts.
+    /// and streamed text (values as [`weigh`] counts them), what the bound on the outcomes a
+    /// runtime keeps counts.
     pub(crate) fn weight(&self) -> usize {
         let flush = self.history();
         let messages = flush
@@ -255,16 +255,16 @@ impl RunOutcome {
             .fold(0usize, usize::saturating_add);
         let outputs = self
             .outputs()
-            .iter()
-            .map(|(node, value)| {
-                std::mem::size_of::<(NodeId, Arc<Value>)>() + node.as_ref().len() + value.weight()
-            })
-            .fold(0usize, usize::saturating_add);
+            .keys()
+            .map(|node| std::mem::size_of::<(NodeId, Arc<Value>)>() + node.as_ref().len())
+            .fold(0usize, usize::saturating_add)
+            .saturating_add(weigh(self.outputs().values().map(|value| &**value)));
         let own = match self {
             RunOutcome::Completed { variables, .. } => variables
                 .iter()
-                .map(|(key, value)| std::mem::size_of::<String>() + key.len() + value.weight())
-                .fold(0usize, usize::saturating_add),
+                .map(|(key, _)| std::mem::size_of::<String>() + key.len())
+                .fold(0usize, usize::saturating_add)
+                .saturating_add(weigh(variables.iter().map(|(_, value)| value))),
             RunOutcome::Stopped(stop) => stop
                 .interrupted
                 .iter()

@@ -77,14 +77,6 @@ impl Value {
         }
     }
 
-    /// About how many bytes this value takes in memory, itself and what it owns (texts,
-    /// items, entries): what a bound on the values kept in memory counts. An estimate:
-    /// spare capacity and the allocator's own overhead are not counted. Linear in the
-    /// value's size, and any depth (it walks with a stack of its own).
-    pub(crate) fn weight(&self) -> usize {
-        weigh([self])
-    }
-
     /// Whether this is `null`.
     pub fn is_null(&self) -> bool {
         matches!(self, Value::Null)
@@ -262,22 +254,29 @@ impl Value {
     }
 }
 
-/// The [`Value::weight`] of these values together.
+/// About how many bytes these values take in memory, themselves and what they own (texts,
+/// items, entries): what a bound on the values kept in memory counts. An estimate: spare
+/// capacity and the allocator's own overhead are not counted. Linear in the values' size, and
+/// any depth: one stack of its own serves them all, and only values inside arrays and objects
+/// go on it, so weighing texts and numbers allocates nothing.
 pub(crate) fn weigh<'a>(values: impl IntoIterator<Item = &'a Value>) -> usize {
-    let mut stack: Vec<&Value> = values.into_iter().collect();
+    let mut stack: Vec<&Value> = Vec::new();
     let mut total = 0usize;
-    while let Some(value) = stack.pop() {
-        total = total.saturating_add(std::mem::size_of::<Value>());
-        match value {
-            Value::String(text) => total = total.saturating_add(text.len()),
-            Value::Array(items) => stack.extend(items),
-            Value::Object(map) => {
-                for (key, item) in map.iter() {
-                    total = total.saturating_add(std::mem::size_of::<String>() + key.len());
-                    stack.push(item);
+    for root in values {
+        let mut next = Some(root);
+        while let Some(value) = next.take().or_else(|| stack.pop()) {
+            total = total.saturating_add(std::mem::size_of::<Value>());
+            match value {
+                Value::String(text) => total = total.saturating_add(text.len()),
+                Value::Array(items) => stack.extend(items),
+                Value::Object(map) => {
+                    for (key, item) in map.iter() {
+                        total = total.saturating_add(std::mem::size_of::<String>() + key.len());
+                        stack.push(item);
+                    }
                 }
+                Value::Null | Value::Bool(_) | Value::Int(_) | Value::Float(_) => {}
             }
-            Value::Null | Value::Bool(_) | Value::Int(_) | Value::Float(_) => {}
         }
     }
     total
@@ -574,15 +573,16 @@ mod tests {
     #[test]
     fn a_value_weighs_its_texts_items_and_entries() {
         let slot = std::mem::size_of::<Value>();
-        assert_eq!(Value::Int(7).weight(), slot);
-        assert_eq!(Value::String("x".repeat(1000)).weight(), slot + 1000);
+        assert_eq!(weigh([&Value::Int(7)]), slot);
+        assert_eq!(weigh([&Value::String("x".repeat(1000))]), slot + 1000);
         let one = sample();
         let many = Value::Array(vec![one.clone(); 1000]);
-        assert_eq!(many.weight(), slot + 1000 * one.weight());
+        assert_eq!(weigh([&many]), slot + 1000 * weigh([&one]));
+        assert_eq!(weigh([&one, &many]), weigh([&one]) + weigh([&many]));
         let mut entry = Map::new();
         entry.insert("key".into(), Value::String("text".into()));
         assert_eq!(
-            Value::Object(entry).weight(),
+            weigh([&Value::Object(entry)]),
             slot + std::mem::size_of::<String>() + 3 + slot + 4
         );
     }
