@@ -13,8 +13,8 @@ use runvisor_actors::store::{
 };
 use runvisor_actors::testkit::stored_again_ahead;
 use runvisor_actors::{
-    LeaseHolder, NodePath, RunId, RunQuery, RunStatus, RuntimeConfig, StopMode, StopReason,
-    WorkerId,
+    CheckpointId, LeaseHolder, NodePath, RunId, RunQuery, RunStatus, RuntimeConfig, StopMode,
+    StopReason, ThreadId, WorkerId,
 };
 use serde_json::json;
 
@@ -289,23 +289,7 @@ async fn a_start_taking_a_dead_workers_thread_over_writes_checkpoints_after_its_
         .await
         .expect("free");
 
-    let next = shared.worker("next", false);
-    next.log.mark("blocked:release");
-    let second = next
-        .rt
-        .start(&wf, Default::default(), t.clone())
-        .await
-        .expect("taken over");
-    let outcome = finish(&second).await;
-    assert_eq!(outcome.status(), RunStatus::Succeeded, "{outcome:#?}");
-    let newest = shared
-        .checkpoints
-        .latest(&t)
-        .await
-        .expect("latest")
-        .expect("a checkpoint");
-    assert_eq!(newest.run, second.run_id(), "the newest is the new run's");
-    assert!(newest.id > ahead);
+    next_run_is_newest(&shared, &wf, &t, ahead).await;
 }
 
 /// A new run on a thread whose last run ended cleanly in another process (step by step: no
@@ -336,21 +320,32 @@ async fn a_start_after_a_run_that_ended_writes_checkpoints_after_the_threads_new
         .await
         .expect("stored again");
 
+    next_run_is_newest(&shared, &wf, &t, ahead).await;
+}
+
+/// A new worker runs `wf` on `t` to its end; its final checkpoint is the thread's newest, and
+/// sorts after `ahead`.
+async fn next_run_is_newest(
+    shared: &Shared,
+    wf: &runvisor_actors::Workflow,
+    t: &ThreadId,
+    ahead: CheckpointId,
+) {
     let next = shared.worker("next", false);
     next.log.mark("blocked:release");
-    let second = next
+    let run = next
         .rt
-        .start(&wf, Default::default(), t.clone())
+        .start(wf, Default::default(), t.clone())
         .await
         .expect("start");
-    let outcome = finish(&second).await;
+    let outcome = finish(&run).await;
     assert_eq!(outcome.status(), RunStatus::Succeeded, "{outcome:#?}");
     let newest = shared
         .checkpoints
-        .latest(&t)
+        .latest(t)
         .await
         .expect("latest")
         .expect("a checkpoint");
-    assert_eq!(newest.run, second.run_id(), "the newest is the new run's");
+    assert_eq!(newest.run, run.run_id(), "the newest is the new run's");
     assert!(newest.id > ahead);
 }
