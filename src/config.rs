@@ -184,6 +184,33 @@ mod tests {
     }
 
     #[test]
+    fn kept_outcomes_are_bounded_by_a_count_and_a_number_of_bytes() {
+        let config =
+            parse(r#"{"runtime": {"finished_outcomes": 10, "finished_outcomes_bytes": 1048576}}"#)
+                .expect("valid");
+        assert_eq!(
+            (
+                config.runtime.finished_outcomes,
+                config.runtime.finished_outcomes_bytes
+            ),
+            (10, 1 << 20)
+        );
+        let default = RuntimeConfig::default();
+        assert_eq!(
+            (default.finished_outcomes, default.finished_outcomes_bytes),
+            (1024, 64 << 20)
+        );
+        let refused =
+            parse(r#"{"runtime": {"finished_outcomes_bytes": "64MiB"}}"#).expect_err("a text");
+        assert!(
+            refused
+                .to_string()
+                .contains("runtime.finished_outcomes_bytes"),
+            "{refused}"
+        );
+    }
+
+    #[test]
     fn errors_name_the_file_and_the_field() {
         let cases = [
             (
