@@ -146,10 +146,12 @@ impl RunRegistry {
     /// outcome is kept for late stop callers before it stops being live, and its thread is
     /// given back.
     pub(crate) fn finish(&self, run_id: RunId, waiting: bool, outcome: Arc<RunOutcome>) {
+        // Weighed before the lock: a large outcome's walk holds no other run's end back.
+        let weight = outcome.weight();
         self.finished
             .lock()
             .unwrap_or_else(|e| e.into_inner())
-            .insert(run_id, outcome);
+            .insert(run_id, Kept { outcome, weight });
         let thread = if waiting {
             self.runs.get_mut(&run_id).map(|mut run| {
                 run.supervisor = None;
@@ -235,12 +237,12 @@ fn summary(run_id: RunId, run: &LiveRun) -> RunSummary {
 }
 
 impl Finished {
-    fn insert(&mut self, run_id: RunId, outcome: Arc<RunOutcome>) {
+    fn insert(&mut self, run_id: RunId, kept: Kept) {
         if let Some(earlier) = self.outcomes.remove(&run_id) {
             self.order.retain(|id| *id != run_id);
             self.weight = self.weight.saturating_sub(earlier.weight);
         }
-        let weight = outcome.weight();
+        let weight = kept.weight;
         // An outcome heavier than the whole budget is not kept: keeping it would push out
         // every other one.
         if self.capacity == 0 || weight > self.budget {
@@ -255,7 +257,7 @@ impl Finished {
                 self.weight = self.weight.saturating_sub(gone.weight);
             }
         }
-        self.outcomes.insert(run_id, Kept { outcome, weight });
+        self.outcomes.insert(run_id, kept);
         self.order.push_back(run_id);
         self.weight = self.weight.saturating_add(weight);
     }

@@ -260,6 +260,27 @@ async fn a_lease_release_failing_for_a_while_is_retried_and_the_thread_is_free_a
     assert_eq!(leases.inner.lease(&t).await.expect("lease"), None);
 }
 
+/// A release the store refuses for good is not tried again: the lease expires by itself, and
+/// the run's outcome is as it would be.
+#[tokio::test(start_paused = true)]
+async fn a_lease_release_refused_is_not_retried() {
+    let leases = Arc::new(FailingReleases {
+        inner: MemoryLeaseStore::new(),
+        faults: Faults::new(Failing::Refused),
+    });
+    let rt = Runtime::builder()
+        .lease_store(leases.clone())
+        .config(config(Durability::Exit, Duration::from_secs(30)))
+        .build();
+    let t = thread("refused-release");
+    let outcome = run_chain(&rt, t.clone()).await;
+    assert_eq!(outcome.status(), RunStatus::Succeeded, "{outcome:#?}");
+    // Past several retries' worth of backoff, within the lease's life (the paused clock).
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    assert_eq!(leases.faults.calls(), 1);
+    assert!(leases.inner.lease(&t).await.expect("lease").is_some());
+}
+
 #[tokio::test(start_paused = true)]
 async fn a_store_failing_past_the_deadline_is_given_up_and_a_refusal_is_not_retried() {
     for (mode, retried) in [(Failing::Always, true), (Failing::Refused, false)] {
